@@ -1,0 +1,83 @@
+"""Gradient events per second of wall time of `simulate_schedule`.
+
+For λ in {8, 128, 1024} workers and every policy, on a jittered 1 : 2.6
+cluster, measure gradients simulated per wall-clock second (one CPU core).
+Compare with the limit: a bare `heapq` loop that only pushes/pops one event
+per gradient with pre-drawn compute times (what any discrete-event
+simulator must at least do). Ends with one JSON line.
+
+Targets (issue #2): >= 100,000 events/s at λ = 8 and >= 50,000 at λ = 1024.
+
+    python benchmarks/schedule_speed.py [--quick]
+"""
+
+import argparse
+import heapq
+import json
+import time
+
+import numpy as np
+
+from staleness import cluster as C
+from staleness import policies as P
+from staleness.sim import simulate_schedule
+
+POLICIES = ["bsp", "asp", "ssp:3", "dssp:3:12", "dssp:3:12:nocap", "softsync:4", "backup:1"]
+
+
+def bare_heap_loop(seconds: np.ndarray, num_gradients: int, seed: int = 0) -> float:
+    """Events/s of the minimal ASP event loop: one heap pop + push per gradient."""
+    lam = len(seconds)
+    rng = np.random.default_rng(seed)
+    draws = (seconds[None, :] * rng.lognormal(-0.005, 0.1, (3 * (num_gradients // lam) + 10, lam))).tolist()
+    clock = [0] * lam
+    heap = [(draws[0][w], w) for w in range(lam)]
+    heapq.heapify(heap)
+    t0 = time.perf_counter()
+    for _ in range(num_gradients):
+        t, w = heapq.heappop(heap)
+        clock[w] += 1
+        heapq.heappush(heap, (t + draws[clock[w]][w], w))
+    return num_gradients / (time.perf_counter() - t0)
+
+
+def measure(policy: str, lam: int, min_gradients: int) -> dict:
+    pol = P.parse(policy)
+    secs = [1.0] * (lam // 2) + [2.6] * (lam - lam // 2)
+    cluster = C.heterogeneous(secs).jitter(0.1)
+    per_update = {"bsp": lam, "backup:1": lam - 1, "softsync:4": lam // 4}.get(policy, 1)
+    num_updates = max(1, min_gradients // per_update)
+    simulate_schedule(pol, cluster, num_updates=max(1, num_updates // 20), seed=1)  # warm caches
+    t0 = time.perf_counter()
+    sched = simulate_schedule(pol, cluster, num_updates=num_updates, seed=0)
+    dt = time.perf_counter() - t0
+    return {"policy": policy, "workers": lam, "gradients": sched.num_gradients,
+            "seconds": dt, "events_per_s": sched.num_gradients / dt}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer events (smoke run)")
+    args = ap.parse_args()
+    n = 20_000 if args.quick else 200_000
+    rows = []
+    limit = {}
+    print(f"{'policy':>16} {'λ':>5} {'gradients':>10} {'events/s':>10} {'vs bare heap':>12}")
+    for lam in (8, 128, 1024):
+        limit[lam] = bare_heap_loop(np.array([1.0] * (lam // 2) + [2.6] * (lam - lam // 2)), n)
+        for pol in POLICIES:
+            r = measure(pol, lam, n)
+            r["vs_bare_heap"] = r["events_per_s"] / limit[lam]
+            rows.append(r)
+            print(f"{pol:>16} {lam:>5} {r['gradients']:>10} {r['events_per_s']:>10,.0f} {r['vs_bare_heap']:>12.3f}")
+        print(f"{'bare heap loop':>16} {lam:>5} {n:>10} {limit[lam]:>10,.0f} {1.0:>12.3f}")
+    worst = {lam: min(r["events_per_s"] for r in rows if r["workers"] == lam) for lam in (8, 128, 1024)}
+    ok = worst[8] >= 100_000 and worst[1024] >= 50_000
+    print(f"slowest policy: λ=8 {worst[8]:,.0f}/s (target 100,000), λ=1024 {worst[1024]:,.0f}/s (target 50,000): "
+          f"{'met' if ok else 'NOT met'}")
+    print(json.dumps({"benchmark": "schedule_speed", "rows": rows, "bare_heap_events_per_s": limit,
+                      "worst_events_per_s": worst, "targets_met": ok}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Discrete-event scheduler: (policy, cluster, budget, seed) -> Schedule.
+
+Only timing and control are simulated here; numerics come later, when
+`staleness.engine` replays the schedule. A worker's life, as in the real
+runtime: released by the gate at `pull_time` (it pulls the current version),
+params arrive after the cluster's pull delay (`start`), it computes for the
+cluster's compute time (`end`), its push reaches the server after the push
+delay (`push_time`), where the policy decides on the gradient and on the
+worker's next release.
+
+Why a bare `heapq` loop rather than SimPy: one heap entry per gradient (the
+push arrival) plus one per membership change, and no generator switching;
+the design note measured SimPy at ~300k vs ~700k events/s for a bare heap on
+a trivial model, and our per-event policy work leaves no room for a 2x tax.
+Cost per gradient: O(log λ) heap work + O(1) amortized clock tracking.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from staleness import policies as _policies
+from staleness.schedule import NOT_APPLIED, Schedule
+
+__all__ = ["simulate_schedule"]
+
+_PUSH, _FAIL, _JOIN = 0, 1, 2
+
+
+def simulate_schedule(
+    policy,
+    cluster,
+    *,
+    num_updates: int | None = None,
+    max_time: float | None = None,
+    seed: int = 0,
+    max_gradients: int | None = None,
+) -> Schedule:
+    """Simulate when every gradient is computed, pushed and applied.
+
+    Args:
+      policy: a `staleness.policies` policy (or a spec string like "ssp:3").
+      cluster: a `staleness.cluster.Cluster` (or a spec string).
+      num_updates: stop after this many server updates.
+      max_time: stop at this simulated time (seconds); events after it are not run.
+      seed: seeds the cluster's random draws; same seed -> identical schedule.
+      max_gradients: optional cap on pushed gradients (a guard for sweeps).
+    At least one of num_updates / max_time / max_gradients is required.
+
+    Returns: a `Schedule` holding every gradient pushed (applied or dropped)
+    and every gradient lost to a failure. Gradients still in flight, or
+    pushed but not yet aggregated, when the budget runs out are not included.
+    """
+    if isinstance(policy, str):
+        policy = _policies.parse(policy)
+    if not isinstance(policy, _policies.Policy):
+        raise TypeError(f"policy = {policy!r} must be a staleness.policies policy or a spec string")
+    if isinstance(cluster, str):
+        from staleness import cluster as _cluster
+
+        cluster = _cluster.parse(cluster)
+    if num_updates is None and max_time is None and max_gradients is None:
+        raise ValueError("simulate_schedule: give a budget: num_updates, max_time or max_gradients")
+    if num_updates is not None and (not isinstance(num_updates, (int, np.integer)) or num_updates < 1):
+        raise ValueError(f"num_updates = {num_updates!r} must be an integer >= 1")
+    if max_time is not None and not (isinstance(max_time, (int, float)) and math.isfinite(max_time) and max_time > 0):
+        raise ValueError(f"max_time = {max_time!r} must be a finite number of seconds > 0")
+    if max_gradients is not None and (not isinstance(max_gradients, (int, np.integer)) or max_gradients < 1):
+        raise ValueError(f"max_gradients = {max_gradients!r} must be an integer >= 1")
+    if not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed = {seed!r} must be an integer")
+    update_budget = int(num_updates) if num_updates is not None else math.inf
+    time_budget = float(max_time) if max_time is not None else math.inf
+    grad_budget = int(max_gradients) if max_gradients is not None else math.inf
+
+    lam = cluster.num_workers
+    sampler = cluster.sampler(int(seed))
+    state = policy.init(lam, 0.0)
+    compute_time, push_delay, pull_delay = sampler.compute_time, sampler.push_delay, sampler.pull_delay
+
+    # Column lists (appended per gradient; turned into arrays at the end).
+    c_worker, c_iter, c_pullv, c_applyv = [], [], [], []
+    c_pullt, c_start, c_end, c_push, c_wait, c_drop, c_lost = [], [], [], [], [], [], []
+    update_time: list[float] = []
+    buffer: list[int] = []  # row indices of accepted gradients awaiting the next update
+
+    # In-flight gradient per worker (set at release, cleared at push/loss).
+    fl_iter = [0] * lam
+    fl_pullv = [0] * lam
+    fl_pullt = [0.0] * lam
+    fl_start = [0.0] * lam
+    fl_end = [0.0] * lam
+    fl_wait = [0.0] * lam
+    in_flight = [False] * lam
+    ready = [0.0] * lam      # time the worker became ready for its next iteration
+    epoch = [0] * lam        # invalidates heap entries of a worker that failed
+
+    heap: list = []
+    seq = 0
+
+    def release(w: int, now: float) -> None:
+        nonlocal seq
+        it = state.clocks[w]
+        start = now + pull_delay(w, it)
+        end = start + compute_time(w, it, start)
+        arrive = end + push_delay(w, it)
+        fl_iter[w] = it
+        fl_pullv[w] = state.version
+        fl_pullt[w] = now
+        fl_start[w] = start
+        fl_end[w] = end
+        fl_wait[w] = now - ready[w]
+        in_flight[w] = True
+        seq += 1
+        heapq.heappush(heap, (arrive, seq, _PUSH, w, epoch[w]))
+
+    def record(w: int, push_t: float, dropped: bool, lost: bool) -> int:
+        c_worker.append(w)
+        c_iter.append(fl_iter[w])
+        c_pullv.append(fl_pullv[w])
+        c_applyv.append(NOT_APPLIED)
+        c_pullt.append(fl_pullt[w])
+        c_start.append(fl_start[w])
+        c_end.append(fl_end[w])
+        c_push.append(push_t)
+        c_wait.append(fl_wait[w])
+        c_drop.append(dropped)
+        c_lost.append(lost)
+        in_flight[w] = False
+        return len(c_worker) - 1
+
+    def apply_update(now: float) -> None:
+        v = len(update_time)
+        for g in buffer:
+            c_applyv[g] = v
+        buffer.clear()
+        update_time.append(now)
+
+    for t, kind, w in sampler.membership_events():
+        seq += 1
+        heapq.heappush(heap, (float(t), seq, _FAIL if kind == "fail" else _JOIN, int(w), -1))
+    for w in range(lam):
+        release(w, 0.0)
+
+    now = 0.0
+    pushed = 0
+    heappop = heapq.heappop
+    while heap:
+        t, _, kind, w, ep = heappop(heap)
+        if t > time_budget:
+            now = time_budget
+            break
+        now = t
+        if kind == _PUSH:
+            if ep != epoch[w]:
+                continue
+            pv = fl_pullv[w]
+            out = policy.push(state, w, pv, t)
+            g = record(w, t, not out.accepted, False)
+            pushed += 1
+            ready[w] = t
+            if out.accepted:
+                buffer.append(g)
+            if out.update:
+                apply_update(t)
+            for r in out.released:
+                release(r, t)
+        elif kind == _FAIL:
+            if not state.live[w]:
+                continue
+            epoch[w] += 1
+            if in_flight[w]:
+                record(w, math.nan, False, True)
+            out = policy.fail(state, w, t)
+            if out.update:
+                apply_update(t)
+            for r in out.released:
+                release(r, t)
+        else:  # _JOIN
+            if state.live[w]:
+                continue
+            out = policy.join(state, w, t)
+            ready[w] = t
+            for r in out.released:
+                release(r, t)
+        if len(update_time) >= update_budget or pushed >= grad_budget:
+            break
+
+    # Gradients pushed but not aggregated when the budget ran out are not part of the run.
+    keep = np.ones(len(c_worker), bool)
+    if buffer:
+        keep[buffer] = False
+    columns = {
+        "worker": np.asarray(c_worker, np.int32),
+        "iteration": np.asarray(c_iter, np.int64),
+        "pull_version": np.asarray(c_pullv, np.int64),
+        "apply_version": np.asarray(c_applyv, np.int64),
+        "pull_time": np.asarray(c_pullt, np.float64),
+        "start": np.asarray(c_start, np.float64),
+        "end": np.asarray(c_end, np.float64),
+        "push_time": np.asarray(c_push, np.float64),
+        "wait": np.asarray(c_wait, np.float64),
+        "dropped": np.asarray(c_drop, np.bool_),
+        "lost": np.asarray(c_lost, np.bool_),
+    }
+    if not keep.all():
+        columns = {k: v[keep] for k, v in columns.items()}
+    return Schedule(
+        columns=columns,
+        update_time=np.asarray(update_time, np.float64),
+        num_workers=lam,
+        policy=policy.describe(),
+        cluster=cluster.describe(),
+        seed=int(seed),
+        rstar=tuple(state.rstar),
+        end_time=float(now),
+        meta={"pending_unapplied": int(len(buffer)), "max_gap": state.max_gap},
+    )
