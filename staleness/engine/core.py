@@ -1,0 +1,128 @@
+"""The compiled replay: a `lax.scan` over the updates of one evaluation chunk.
+
+Per update (unbatched code; `sweep` vmaps it over configurations):
+  1. read the parameters each gradient was computed on from a ring of the
+     last R versions (R = max staleness + 1; version v lives in slot v % R),
+  2. draw each gradient's minibatch as a pure function of (key, worker,
+     iteration) and compute loss and gradient (vmapped over the C slots),
+  3. weight the gradients by the lr rule, average over the real slots,
+  4. apply the server optimizer and write the new version into the ring.
+No Python runs per event: the host calls one compiled function per chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax.flatten_util import ravel_pytree
+
+from staleness import lr as _lr
+from staleness.engine.optim import ServerOptimizer
+
+__all__ = ["Carry", "keys", "init_carry", "run_chunk", "run_chunk_batched", "evaluate", "evaluate_batched"]
+
+
+class Carry(NamedTuple):
+    params: Any      # pytree: the current version
+    opt_state: Any   # optax state of the direction transform
+    ring: Any        # [R, P] recent versions, flattened; version v in slot v % R (written at step v)
+
+
+# Columns of the packed per-update input (one int32 array [K, 5, C] per chunk, so
+# the scan slices one array per step instead of five).
+WORKER, ITERATION, PULL, STALENESS, MASK = range(5)
+
+
+def keys(seed):
+    """(init_key, data_key) of a run: one global key for the initial
+    parameters, one for every minibatch (folded with worker, iteration)."""
+    init_key, data_key = jax.random.split(jax.random.key(seed))
+    return init_key, data_key
+
+
+def _init_carry(task, seed, opt: ServerOptimizer, ring: int) -> Carry:
+    init_key, _ = keys(seed)
+    params = task.init_params(init_key)
+    opt_state = opt.direction().init(params)
+    flat, _ = ravel_pytree(params)
+    ring_arr = jnp.zeros((ring,) + flat.shape, flat.dtype)
+    return Carry(params, opt_state, ring_arr)
+
+
+init_carry = jax.jit(_init_carry, static_argnames=("opt", "ring"))
+
+
+def _rule_scale(rules, rule_index, staleness, mask):
+    if len(rules) == 1:
+        return rules[0].scale(staleness, mask)
+    return jnp.stack([r.scale(staleness, mask) for r in rules])[rule_index]
+
+
+def _step(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry, x):
+    params, opt_state, ring = carry
+    r = ring.shape[0]
+    update, x = x
+    worker, iteration, pull, staleness = x[WORKER], x[ITERATION], x[PULL], x[STALENESS]
+    mask = x[MASK] > 0
+    data_key = consts["data_key"]
+    flat, unravel = ravel_pytree(params)
+    # Store the current version first and read stale versions from the result:
+    # every read then depends on the in-place write, so XLA never copies the ring
+    # (reading first and writing last made it copy [R, P] per step).
+    ring = lax.dynamic_update_index_in_dim(ring, flat, update % r, 0)
+    plain = len(rules) == 1 and isinstance(rules[0], _lr.Constant)
+    if mask.shape[0] == 1:
+        # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
+        # replay runs exactly the ops of plain SGD.
+        stale = unravel(lax.dynamic_index_in_dim(ring, pull[0] % r, keepdims=False))
+        batch = task.minibatch(data_key, worker[0], iteration[0])
+        loss, grad = jax.value_and_grad(task.loss)(stale, batch)
+        losses = loss[None]
+        if not plain:
+            scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)
+            grad = jax.tree.map(lambda g: g * scale[0], grad)
+    else:
+        stale = jax.vmap(unravel)(ring[pull % r])
+        batches = jax.vmap(task.minibatch, in_axes=(None, 0, 0))(data_key, worker, iteration)
+        losses, grads = jax.vmap(jax.value_and_grad(task.loss))(stale, batches)
+        scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)
+        weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+        grad = jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
+    direction, new_opt_state = opt.direction().update(grad, opt_state, params)
+    real = mask.any()  # padding updates (all slots masked) change nothing:
+    lr = jnp.where(real, consts["alpha0"] * opt.shape(update), 0.0)  # p - 0*d == p exactly
+    params = jax.tree.map(lambda p, d: p - (lr * d).astype(p.dtype), params, direction)
+    if jax.tree.leaves(opt_state):
+        opt_state = jax.tree.map(lambda a, b: jnp.where(real, a, b), new_opt_state, opt_state)
+    losses = jnp.where(mask, losses, jnp.nan)
+    return Carry(params, opt_state, ring), losses
+
+
+def _chunk(task, carry: Carry, xs, consts, *, opt: ServerOptimizer, rules: tuple):
+    """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32).
+
+    Returns (carry, losses [K, C]); losses are NaN on padded slots."""
+    return lax.scan(functools.partial(_step, task, opt, rules, consts), carry, xs)
+
+
+run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules"), donate_argnums=(1,))
+
+
+def _chunk_batched(task, carry, xs, consts, *, opt, rules):
+    chunk = functools.partial(_chunk, opt=opt, rules=rules)
+    return jax.vmap(chunk, in_axes=(None, 0, 0, 0))(task, carry, xs, consts)
+
+
+def _init_carry_batched(task, seeds, opt, ring):
+    return jax.vmap(lambda s: _init_carry(task, s, opt, ring))(seeds)
+
+
+run_chunk_batched = jax.jit(_chunk_batched, static_argnames=("opt", "rules"), donate_argnums=(1,))
+evaluate = jax.jit(lambda task, params: task.evaluate(params))
+evaluate_batched = jax.jit(jax.vmap(lambda task, params: task.evaluate(params), in_axes=(None, 0)))
+init_carry_batched = jax.jit(_init_carry_batched, static_argnames=("opt", "ring"))

@@ -1,0 +1,109 @@
+"""Host-side preparation of a replay: a `Schedule` -> fixed-shape update arrays.
+
+Everything here is NumPy; the compiled replay (`core`) reads only these arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+
+from staleness.schedule import Schedule
+
+__all__ = ["Plan", "make_plan", "fingerprint"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """Per-update gradient slots of one schedule, padded to a chunk grid.
+
+    Shapes: U_pad = number of updates rounded up to a multiple of `chunk`;
+    C = gradient slots per update (the largest update); R = ring size.
+    """
+
+    worker: np.ndarray       # [U_pad, C] int32
+    iteration: np.ndarray    # [U_pad, C] int32 (the worker's clock: picks its minibatch)
+    pull_version: np.ndarray  # [U_pad, C] int32
+    staleness: np.ndarray    # [U_pad, C] int32
+    mask: np.ndarray         # [U_pad, C] bool: real gradient slots (all False on padding updates)
+    num_updates: int         # real updates U
+    chunk: int               # updates per compiled call (evaluation interval)
+    ring: int                # R: parameter versions kept, >= max staleness + 1 (a power of two)
+    update_time: np.ndarray  # [U] seconds
+
+    @property
+    def slots(self) -> int:
+        return self.worker.shape[1]
+
+    @property
+    def num_chunks(self) -> int:
+        return self.worker.shape[0] // self.chunk
+
+    def xs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scan inputs of chunk k: (update [K] int32, packed [K, 5, C] int32) with
+        rows worker, iteration, pull_version, staleness, mask (see engine.core)."""
+        lo, hi = k * self.chunk, (k + 1) * self.chunk
+        packed = np.stack([self.worker[lo:hi], self.iteration[lo:hi], self.pull_version[lo:hi],
+                           self.staleness[lo:hi], self.mask[lo:hi].astype(np.int32)], axis=1)
+        return np.arange(lo, hi, dtype=np.int32), packed
+
+    def chunk_view(self, k: int) -> dict[str, np.ndarray]:
+        """Host-side views of chunk k ([K, C] each) for diagnostics."""
+        lo, hi = k * self.chunk, (k + 1) * self.chunk
+        return {"worker": self.worker[lo:hi], "iteration": self.iteration[lo:hi],
+                "staleness": self.staleness[lo:hi], "mask": self.mask[lo:hi]}
+
+
+def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring: int | None = None,
+              num_updates: int | None = None) -> Plan:
+    """Build the padded update arrays of `schedule`.
+
+    Args:
+      chunk: updates per compiled call (>= 1).
+      slots, ring, num_updates: pad to at least these sizes (used to give every
+        schedule of a sweep the same shapes).
+    """
+    if schedule.num_updates < 1:
+        raise ValueError("schedule has no update to replay (num_updates = 0)")
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk = {chunk!r} must be an integer >= 1")
+    index, mask = schedule.update_members(slots)
+    u = schedule.num_updates
+    total = max(u, num_updates or 0)
+    u_pad = -(-total // chunk) * chunk
+    pad = u_pad - u
+    cols = schedule.columns
+    stal = schedule.staleness
+
+    def take(a):
+        out = np.where(mask, a[index], 0).astype(np.int32)
+        return np.pad(out, ((0, pad), (0, 0)))
+
+    r = int(stal[schedule.applied].max()) + 1 if schedule.applied.any() else 1
+    # Round up to a power of two: runs whose largest staleness differs a little
+    # share one compiled replay (the ring size is a static shape).
+    r = 1 << (r - 1).bit_length()
+    if ring is not None:
+        r = max(r, ring)
+    return Plan(
+        worker=take(cols["worker"]),
+        iteration=take(cols["iteration"]),
+        pull_version=take(cols["pull_version"]),
+        staleness=take(stal),
+        mask=np.pad(mask, ((0, pad), (0, 0))),
+        num_updates=u,
+        chunk=int(chunk),
+        ring=r,
+        update_time=np.asarray(schedule.update_time),
+    )
+
+
+def fingerprint(schedule: Schedule) -> str:
+    """A short hash of a schedule's numeric content (guards checkpoint resumes)."""
+    h = hashlib.sha256()
+    for k in ("worker", "iteration", "pull_version", "apply_version"):
+        h.update(np.ascontiguousarray(schedule.columns[k]).tobytes())
+    h.update(np.ascontiguousarray(schedule.update_time).tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,328 @@
+"""Drivers of the compiled replay: `replay`, `simulate` and `sweep`.
+
+The imperative shell: it prepares plans on the host, calls one compiled
+function per evaluation chunk, evaluates, records history, checkpoints, and
+reports progress. All numerics are in `staleness.engine.core`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from staleness import lr as _lr
+from staleness import policies as _policies
+from staleness.engine import core
+from staleness.engine.optim import ServerOptimizer
+from staleness.engine.optim import get as get_optimizer
+from staleness.engine.plan import Plan, fingerprint, make_plan
+from staleness.results import DivergenceError, Result
+from staleness.schedule import Schedule
+from staleness.sim import simulate_schedule
+
+__all__ = ["replay", "simulate", "sweep", "resolve_task"]
+
+CHECKPOINT_VERSION = 1
+
+
+def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir=None):
+    """A Task object, or a built-in task name made for `num_workers` workers."""
+    from staleness import tasks as _tasks
+
+    if isinstance(task, str):
+        kwargs = {"num_workers": num_workers}
+        if batch_size is not None:
+            kwargs["batch_size"] = batch_size
+        if data_dir is not None:
+            kwargs["data_dir"] = data_dir
+        return _tasks.get(task, **kwargs)
+    if not isinstance(task, _tasks.Task):
+        raise ValueError(f"task = {task!r} must be a staleness.tasks.Task or a task name {_tasks.names()}")
+    if task.partition == "shard" and task.num_workers < num_workers:
+        raise ValueError(
+            f"task {task.name!r} is sharded for num_workers = {task.num_workers} but the schedule has "
+            f"{num_workers} workers; build it with tasks.get(..., num_workers={num_workers})"
+        )
+    return task
+
+
+def _check_lr(value) -> float:
+    if not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the base learning rate α0)")
+    return float(value)
+
+
+def _chunk_length(num_updates: int, eval_every: int | None, num_evals: int) -> int:
+    if eval_every is not None:
+        if not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
+            raise ValueError(f"eval_every = {eval_every!r} must be an integer >= 1 (updates)")
+        return int(eval_every)
+    if not isinstance(num_evals, (int, np.integer)) or num_evals < 1:
+        raise ValueError(f"num_evals = {num_evals!r} must be an integer >= 1")
+    return max(1, -(-num_updates // num_evals))
+
+
+def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> dict:
+    time = float(plan.update_time[update - 1]) if update > 0 else 0.0
+    row = {"update": int(update), "time": time, "train_loss": float(train_loss)}
+    row.update({k: float(v) for k, v in metrics.items()})
+    return row
+
+
+def _frame(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _update_losses(losses: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """[K] mean loss of each update's real slots (NaN for padding updates)."""
+    count = mask.sum(axis=1)
+    total = np.where(mask, losses, 0.0).sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _first_nonfinite(losses: np.ndarray, mask: np.ndarray):
+    bad = mask & ~np.isfinite(losses)
+    if not bad.any():
+        return None
+    flat = np.flatnonzero(bad.reshape(-1))[0]
+    return np.unravel_index(flat, bad.shape)
+
+
+def replay(
+    schedule: Schedule,
+    task,
+    *,
+    lr: float = 0.05,
+    lr_rule="constant",
+    optimizer="sgd",
+    seed: int | None = None,
+    eval_every: int | None = None,
+    num_evals: int = 20,
+    batch_size: int | None = None,
+    progress: bool = False,
+    checkpoint=None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    config: dict | None = None,
+) -> Result:
+    """Train `task` along `schedule` (simulated or recorded) in compiled chunks.
+
+    Args:
+      schedule: the `Schedule` to replay.
+      task: a `staleness.tasks.Task` or a built-in task name.
+      lr: base learning rate α0. lr_rule: a `staleness.lr` rule or spec
+        ('constant', 'per_gradient', 'per_update', 'delay_adaptive:N').
+      optimizer: server optimizer spec ('sgd', 'momentum:0.9', 'adam', '+cosine').
+      seed: seeds the initial parameters and every minibatch (default: the schedule's seed).
+      eval_every: updates between evaluations (= updates per compiled call);
+        default ceil(updates / num_evals).
+      checkpoint: directory to checkpoint into after every chunk; with
+        resume=True, continue from the checkpoint found there.
+      stop_after: stop (status 'stopped') after the chunk that reaches this many updates.
+    Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
+    non-finite loss, naming the update, worker and staleness.
+    """
+    from tqdm.auto import tqdm
+
+    lr = _check_lr(lr)
+    rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
+    opt = get_optimizer(optimizer).with_horizon(schedule.num_updates)
+    seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
+    task = resolve_task(task, schedule.num_workers, batch_size)
+    chunk = _chunk_length(schedule.num_updates, eval_every, num_evals)
+    plan = make_plan(schedule, chunk)
+    config = dict(config or {})
+    config.update(task=task.name, batch_size=task.batch_size, lr=lr, lr_rule=rule.describe(),
+                  optimizer=opt.describe(), seed=seed, policy=schedule.policy, cluster=schedule.cluster,
+                  workers=schedule.num_workers, eval_every=chunk)
+    consts = {"data_key": core.keys(seed)[1], "alpha0": jnp.float32(lr), "rule": jnp.int32(0)}
+    rules = (rule,)
+
+    carry = core.init_carry(task, seed, opt, plan.ring)
+    rows = [_history_row(0, plan, math.nan, jax.device_get(core.evaluate(task, carry.params)))]
+    train_loss = np.full(plan.num_updates, np.nan)
+    start = 0
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    fp = fingerprint(schedule)
+    if ckpt is not None and resume:
+        carry, rows, train_loss, start = _load_checkpoint(ckpt, carry, fp, config)
+    last_params = jax.device_get(carry.params)
+    status = "complete"
+    bar = tqdm(total=plan.num_updates, initial=min(start * chunk, plan.num_updates), unit="upd",
+               disable=not progress, desc=f"{schedule.policy}", leave=False)
+    try:
+        for k in range(start, plan.num_chunks):
+            carry, losses = core.run_chunk(task, carry, plan.xs(k), consts, opt=opt, rules=rules)
+            xs = plan.chunk_view(k)
+            losses = np.asarray(losses)
+            lo, hi = k * chunk, min((k + 1) * chunk, plan.num_updates)
+            bad = _first_nonfinite(losses, xs["mask"])
+            per_update = _update_losses(losses, xs["mask"])
+            train_loss[lo:hi] = per_update[: hi - lo]
+            if bad is not None:
+                row, slot = int(bad[0]), int(bad[1])
+                u = lo + row
+                result = Result(_frame(rows), schedule, last_params, config, train_loss[:u], "diverged")
+                raise DivergenceError(
+                    f"non-finite loss at update {u} (gradient of worker {int(xs['worker'][row, slot])}, "
+                    f"iteration {int(xs['iteration'][row, slot])}, staleness {int(xs['staleness'][row, slot])}); "
+                    f"try a smaller lr (now {lr:g}) or a staleness-aware lr_rule",
+                    result,
+                )
+            metrics = jax.device_get(core.evaluate(task, carry.params))
+            rows.append(_history_row(hi, plan, float(np.mean(per_update[: hi - lo])), metrics))
+            last_params = jax.device_get(carry.params)
+            bar.update(hi - lo)
+            if ckpt is not None:
+                _save_checkpoint(ckpt, carry, rows, train_loss, k + 1, fp, config)
+            if stop_after is not None and hi >= stop_after and hi < plan.num_updates:
+                status = "stopped"
+                break
+    finally:
+        bar.close()
+    return Result(_frame(rows), schedule, last_params, config, train_loss, status)
+
+
+def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time: float | None = None,
+             seed: int = 0, **kwargs) -> Result:
+    """Simulate `policy` on `cluster` and train `task` along the schedule.
+
+    `num_updates` / `max_time` (simulated seconds) bound the run; other
+    keyword arguments go to `replay` (lr, lr_rule, optimizer, eval_every, ...).
+    """
+    if isinstance(policy, str):
+        policy = _policies.parse(policy)
+    sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed)
+    return replay(sched, task, seed=seed, **kwargs)
+
+
+def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0.05,),
+          num_updates: int | None = None, max_time: float | None = None, optimizer="sgd",
+          eval_every: int | None = None, num_evals: int = 20, batch_size: int | None = None,
+          progress: bool = False) -> list[Result]:
+    """Replay many configurations in one compiled, vmapped call per chunk.
+
+    Configurations are the product policies × seeds × lr_rules × lrs (in that
+    order); every schedule is padded to the same number of updates, gradient
+    slots and ring size. Returns one Result per configuration; each equals
+    the corresponding `simulate` up to float rounding (vmap reorders sums).
+    A diverging configuration gets status 'diverged' and its history stops there.
+    """
+    from tqdm.auto import tqdm
+
+    pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
+    rules_in = [_lr.get(r) if isinstance(r, str) else r for r in lr_rules]
+    lrs = [_check_lr(v) for v in lrs]
+    seeds = [int(s) for s in seeds]
+    if not pols or not seeds or not rules_in or not lrs:
+        raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
+    schedules = {(p, s): simulate_schedule(p, cluster, num_updates=num_updates, max_time=max_time, seed=s)
+                 for p in pols for s in seeds}
+    configs = list(itertools.product(pols, seeds, rules_in, lrs))
+    task = resolve_task(task, cluster.num_workers if not isinstance(cluster, str) else
+                        next(iter(schedules.values())).num_workers, batch_size)
+    u_max = max(s.num_updates for s in schedules.values())
+    chunk = _chunk_length(u_max, eval_every, num_evals)
+    slots = max(int(s.update_members()[1].sum(1).max()) for s in schedules.values())
+    ring = max(make_plan(s, chunk).ring for s in schedules.values())
+    plans = [make_plan(schedules[(p, s)], chunk, slots=slots, ring=ring, num_updates=u_max)
+             for p, s, _, _ in configs]
+    distinct_rules = tuple(dict.fromkeys(rules_in))
+    opt = get_optimizer(optimizer).with_horizon(u_max)
+    n = len(configs)
+    seed_arr = jnp.asarray([s for _, s, _, _ in configs], jnp.int32)
+    consts = {
+        "data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
+        "alpha0": jnp.asarray([v for *_, v in configs], jnp.float32),
+        "rule": jnp.asarray([distinct_rules.index(r) for _, _, r, _ in configs], jnp.int32),
+    }
+    carry = core.init_carry_batched(task, seed_arr, opt, ring)
+    metrics0 = jax.device_get(core.evaluate_batched(task, carry.params))
+    rows = [[_history_row(0, plans[i], math.nan, {k: v[i] for k, v in metrics0.items()})] for i in range(n)]
+    train_loss = [np.full(p.num_updates, np.nan) for p in plans]
+    status = ["complete"] * n
+    final_params = [None] * n
+    num_chunks = plans[0].num_chunks
+    bar = tqdm(total=num_chunks * chunk, unit="upd", disable=not progress, desc=f"sweep x{n}", leave=False)
+    try:
+        for k in range(num_chunks):
+            parts = [p.xs(k) for p in plans]
+            batched = (np.stack([u for u, _ in parts]), np.stack([x for _, x in parts]))
+            carry, losses = core.run_chunk_batched(task, carry, batched, consts, opt=opt, rules=distinct_rules)
+            xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
+            losses = np.asarray(losses)
+            metrics = jax.device_get(core.evaluate_batched(task, carry.params))
+            params_host = None
+            lo = k * chunk
+            for i, p in enumerate(plans):
+                if status[i] != "complete" or lo >= p.num_updates:
+                    continue
+                hi = min(lo + chunk, p.num_updates)
+                mask = xs["mask"][i]
+                per_update = _update_losses(losses[i], mask)[: hi - lo]
+                train_loss[i][lo:hi] = per_update
+                if _first_nonfinite(losses[i], mask) is not None:
+                    status[i] = "diverged"
+                    continue
+                rows[i].append(_history_row(hi, p, float(np.mean(per_update)), {m: v[i] for m, v in metrics.items()}))
+                if hi == p.num_updates:
+                    params_host = params_host if params_host is not None else jax.device_get(carry.params)
+                    final_params[i] = jax.tree.map(lambda a: a[i], params_host)
+            bar.update(chunk)
+    finally:
+        bar.close()
+    if any(fp is None for fp in final_params):
+        params_host = jax.device_get(carry.params)
+        final_params = [fp if fp is not None else jax.tree.map(lambda a: a[i], params_host)
+                        for i, fp in enumerate(final_params)]
+    results = []
+    for i, (pol, s, rule, alpha) in enumerate(configs):
+        sched = schedules[(pol, s)]
+        cfg = dict(task=task.name, batch_size=task.batch_size, lr=alpha, lr_rule=rule.describe(),
+                   optimizer=opt.describe(), seed=s, policy=sched.policy, cluster=sched.cluster,
+                   workers=sched.num_workers, eval_every=chunk, sweep=True)
+        results.append(Result(_frame(rows[i]), sched, final_params[i], cfg, train_loss[i], status[i]))
+    return results
+
+
+# -- checkpoints -------------------------------------------------------------------
+def _save_checkpoint(path: Path, carry, rows, train_loss, next_chunk: int, fp: str, config: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    leaves = jax.device_get(jax.tree.leaves(carry))
+    tmp = path / "carry.tmp.npz"
+    np.savez(tmp, *leaves)
+    meta = {"version": CHECKPOINT_VERSION, "next_chunk": next_chunk, "fingerprint": fp,
+            "config": {k: config[k] for k in ("task", "lr", "lr_rule", "optimizer", "seed", "eval_every")},
+            "rows": rows, "train_loss": [None if not np.isfinite(x) else float(x) for x in train_loss]}
+    (path / "state.tmp.json").write_text(json.dumps(meta))
+    tmp.replace(path / "carry.npz")  # atomic renames: a crash leaves the previous checkpoint
+    (path / "state.tmp.json").replace(path / "state.json")
+
+
+def _load_checkpoint(path: Path, template, fp: str, config: dict):
+    state_file = path / "state.json"
+    if not state_file.exists():
+        raise FileNotFoundError(f"checkpoint = {str(path)!r}: no state.json there to resume from")
+    meta = json.loads(state_file.read_text())
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(f"checkpoint version {meta.get('version')!r} is not supported")
+    if meta["fingerprint"] != fp:
+        raise ValueError(f"checkpoint = {str(path)!r} was written for a different schedule; cannot resume")
+    want = {k: config[k] for k in meta["config"]}
+    if want != meta["config"]:
+        raise ValueError(f"checkpoint = {str(path)!r} was written with {meta['config']}, not {want}")
+    with np.load(path / "carry.npz") as z:
+        leaves = [z[f"arr_{i}"] for i in range(len(z.files))]
+    treedef = jax.tree.structure(template)
+    carry = jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves])
+    train_loss = np.array([np.nan if x is None else x for x in meta["train_loss"]], np.float64)
+    return carry, meta["rows"], train_loss, int(meta["next_chunk"])
