@@ -19,8 +19,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax.flatten_util import ravel_pytree
-
 from staleness import lr as _lr
 from staleness.engine.optim import ServerOptimizer
 
@@ -30,7 +28,7 @@ __all__ = ["Carry", "keys", "init_carry", "run_chunk", "run_chunk_batched", "eva
 class Carry(NamedTuple):
     params: Any      # pytree: the current version
     opt_state: Any   # optax state of the direction transform
-    ring: Any        # [R, P] recent versions, flattened; version v in slot v % R (written at step v)
+    ring: Any        # params pytree with a leading [R] axis: version v in slot v % R (written at step v)
 
 
 # Columns of the packed per-update input (one int32 array [K, 5, C] per chunk, so
@@ -49,9 +47,8 @@ def _init_carry(task, seed, opt: ServerOptimizer, ring: int) -> Carry:
     init_key, _ = keys(seed)
     params = task.init_params(init_key)
     opt_state = opt.direction().init(params)
-    flat, _ = ravel_pytree(params)
-    ring_arr = jnp.zeros((ring,) + flat.shape, flat.dtype)
-    return Carry(params, opt_state, ring_arr)
+    ring_tree = jax.tree.map(lambda p: jnp.zeros((ring,) + p.shape, p.dtype), params)
+    return Carry(params, opt_state, ring_tree)
 
 
 init_carry = jax.jit(_init_carry, static_argnames=("opt", "ring"))
@@ -65,21 +62,21 @@ def _rule_scale(rules, rule_index, staleness, mask):
 
 def _step(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry, x):
     params, opt_state, ring = carry
-    r = ring.shape[0]
+    r = jax.tree.leaves(ring)[0].shape[0]
     update, x = x
     worker, iteration, pull, staleness = x[WORKER], x[ITERATION], x[PULL], x[STALENESS]
     mask = x[MASK] > 0
     data_key = consts["data_key"]
-    flat, unravel = ravel_pytree(params)
     # Store the current version first and read stale versions from the result:
     # every read then depends on the in-place write, so XLA never copies the ring
-    # (reading first and writing last made it copy [R, P] per step).
-    ring = lax.dynamic_update_index_in_dim(ring, flat, update % r, 0)
+    # (reading first and writing last made it copy [R, ...] per step). One ring
+    # per leaf: measured faster than one flat [R, P] ring (no concat/split).
+    ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
     plain = len(rules) == 1 and isinstance(rules[0], _lr.Constant)
     if mask.shape[0] == 1:
         # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
         # replay runs exactly the ops of plain SGD.
-        stale = unravel(lax.dynamic_index_in_dim(ring, pull[0] % r, keepdims=False))
+        stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, pull[0] % r, keepdims=False), ring)
         batch = task.minibatch(data_key, worker[0], iteration[0])
         loss, grad = jax.value_and_grad(task.loss)(stale, batch)
         losses = loss[None]
@@ -87,7 +84,7 @@ def _step(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry, x):
             scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)
             grad = jax.tree.map(lambda g: g * scale[0], grad)
     else:
-        stale = jax.vmap(unravel)(ring[pull % r])
+        stale = jax.tree.map(lambda a: a[pull % r], ring)
         batches = jax.vmap(task.minibatch, in_axes=(None, 0, 0))(data_key, worker, iteration)
         losses, grads = jax.vmap(jax.value_and_grad(task.loss))(stale, batches)
         scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)

@@ -1,48 +1,15 @@
-"""The `staleness` command.
-
-Every sub-command validates its input at the boundary: a bad argument prints
-one line (`staleness: error: ...`) and exits with status 2, no traceback.
-"""
+"""`staleness schedule`: timing only, no numerics."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
-__all__ = ["main"]
+from staleness.cli.common import print_table
 
-
-class UsageError(ValueError):
-    """A bad command-line argument: one line on stderr, exit status 2."""
+__all__ = ["add"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors: one line, exit 2
-        raise UsageError(message)
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def print_table(rows: list[dict], file=None) -> None:
-    """Print dicts as an aligned text table (columns = keys of the first row)."""
-    file = file or sys.stdout
-    if not rows:
-        return
-    keys = list(rows[0])
-    cells = [[_fmt(r.get(k, "")) for k in keys] for r in rows]
-    width = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    print("  ".join(k.rjust(w) for k, w in zip(keys, width)), file=file)
-    for c in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(c, width)), file=file)
-
-
-# -- staleness schedule ------------------------------------------------------------
-def _add_schedule(sub) -> None:
+def add(sub) -> None:
     p = sub.add_parser(
         "schedule",
         help="simulate only the timing of a run (no numerics) and print its summary",
@@ -90,35 +57,3 @@ def _cmd_schedule(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="staleness", description="Stale-synchronous distributed training: simulate, compare, run.")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    _add_schedule(sub)
-    for extra in _EXTRA_COMMANDS:
-        extra(sub)
-    return parser
-
-
-# Sub-commands defined in other modules register themselves here (keeps this file small).
-_EXTRA_COMMANDS: list = []
-
-
-def main(argv=None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
-        return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"staleness: error: {msg}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("staleness: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

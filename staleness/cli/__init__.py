@@ -1,0 +1,45 @@
+"""The `staleness` command.
+
+Every sub-command validates its input at the boundary: a bad argument prints
+one line (`staleness: error: ...`) and exits with status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from staleness.cli.common import UsageError, _Parser
+from staleness.cli import schedule_cmd, simulate_cmd
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="staleness", description="Stale-synchronous distributed training: simulate, compare, run.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    schedule_cmd.add(sub)
+    simulate_cmd.add_simulate(sub)
+    simulate_cmd.add_compare(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"staleness: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("staleness: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`staleness simulate` (one policy) and `staleness compare` (several policies)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from staleness.cli.common import UsageError, print_table
+
+__all__ = ["add_simulate", "add_compare"]
+
+DEFAULT_TASK = "digits-mlp"
+DEFAULT_MAX_TIME = 600.0   # simulated seconds: ~3,300 ASP updates and ~230 BSP rounds on the default cluster
+DEFAULT_LR = 0.1
+DEFAULT_TARGET = 0.95
+
+
+def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
+    p.add_argument("--task", default=task_default, help=f"built-in task (default {task_default}); see staleness.tasks.names()")
+    p.add_argument("--cluster", default=None,
+                   help="cluster spec, e.g. '1*4,2.6*4+jitter=0.1' or 'gtx1080ti*4,gtx1060*4' "
+                   "(default: 4 workers at 1.0 s + 4 at 2.6 s per iteration, 10%% jitter)")
+    p.add_argument("--max-time", type=float, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g})")
+    p.add_argument("--updates", type=int, default=None, help="server updates per run (instead of --max-time)")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"base learning rate α0 (default {DEFAULT_LR:g})")
+    p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
+    p.add_argument("--optimizer", default="sgd", help="sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule")
+    p.add_argument("--batch-size", type=int, default=32, help="per-worker minibatch μ (default 32)")
+    p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks)")
+    p.add_argument("--target", type=float, default=DEFAULT_TARGET, help=f"target accuracy for time-to-target (default {DEFAULT_TARGET:g})")
+    p.add_argument("--out", default=None, help="directory for CSV/PNG/Result files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _cluster(args):
+    from staleness import cluster as C
+
+    return C.parse(args.cluster) if args.cluster else C.default().jitter(0.1)
+
+
+def _budget(args):
+    if args.updates is not None and args.max_time is not None:
+        raise UsageError("give either --updates or --max-time, not both")
+    if args.updates is None and args.max_time is None:
+        return None, DEFAULT_MAX_TIME
+    return args.updates, args.max_time
+
+
+def add_simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate one policy with real numerics and write a Result",
+                       description="Simulate POLICY on a cluster and train a task along the schedule.")
+    p.add_argument("--policy", default="ssp:3", help="policy spec (default ssp:3)")
+    p.add_argument("--seed", type=int, default=0)
+    _training_args(p)
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(args) -> int:
+    import staleness as st
+    from staleness import plots
+    from staleness.results import DivergenceError
+
+    cluster = _cluster(args)
+    policy = st.policies.parse(args.policy)
+    policy.init(cluster.num_workers)
+    updates, max_time = _budget(args)
+    task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir)
+    t0 = time.perf_counter()
+    try:
+        result = st.simulate(task, policy, cluster, num_updates=updates, max_time=max_time, seed=args.seed,
+                             lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
+                             progress=not args.no_progress)
+    except DivergenceError as e:
+        result = e.result
+        print(f"staleness: diverged: {e}")
+    print(f"{policy.describe()} on {cluster.describe()} ({args.task}, seed {args.seed}): "
+          f"{time.perf_counter() - t0:.1f} s wall")
+    cols = [c for c in result.history.columns]
+    print_table(result.history[cols].to_dict("records"))
+    print_table([result.summary(args.target)])
+    if args.out:
+        out = Path(args.out)
+        result.save(out)
+        plots.save(plots.comparison_figure([result], target=args.target), out / "summary.png")
+        print(f"wrote {out}/")
+    return 0 if result.status == "complete" else 1
+
+
+def add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="compare policies on one cluster (the main job)",
+                       description="Run several policies on one cluster and task with the same simulated-time "
+                       "budget; print time to target accuracy, final accuracy, staleness and waiting; write "
+                       "CSV and PNG files. With no arguments: digits-mlp, 8 workers (4 fast, 4 at 1/2.6 speed), "
+                       "BSP, ASP, SSP(3), SSP(15), DSSP(3,12), softsync(4).")
+    p.add_argument("--policy", action="append", default=None,
+                   help="policy spec (repeatable; default: bsp asp ssp:3 ssp:15 dssp:3:12 softsync:4)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    _training_args(p)
+    p.set_defaults(func=_cmd_compare, out=None)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--seeds = {text!r} must be comma-separated integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise UsageError("--seeds is empty; give e.g. 0,1,2")
+    return seeds
+
+
+def _cmd_compare(args) -> int:
+    from staleness.compare import DEFAULT_POLICIES, compare
+
+    cluster = _cluster(args)
+    updates, max_time = _budget(args)
+    out = Path(args.out or "runs/compare")
+    t0 = time.perf_counter()
+    cmp = compare(args.task, args.policy or DEFAULT_POLICIES, cluster, seeds=_seeds(args.seeds),
+                  max_time=max_time, num_updates=updates, lr=args.lr, lr_rule=args.lr_rule,
+                  optimizer=args.optimizer, batch_size=args.batch_size, target=args.target,
+                  progress=not args.no_progress, data_dir=args.data_dir)
+    budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
+    print(f"{args.task} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
+          f"lr {args.lr:g} ({args.lr_rule}), seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
+    print_table(cmp.table().to_dict("records"))
+    cmp.save(out)
+    print(f"wrote {out}/table.csv, history.csv, comparison.png, timeline_*.png, results/")
+    return 0

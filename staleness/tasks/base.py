@@ -1,0 +1,211 @@
+"""The `Task` value: model + data + loss + metrics behind one small interface.
+
+A task is what the engine and the runtime train. It is an immutable value whose
+methods are pure, jittable functions:
+
+    params = task.init_params(key)
+    batch  = task.minibatch(key, worker, iteration)   # {"x": [μ, ...], "y": [μ], "index": [μ]}
+    loss   = task.loss(params, batch)                  # scalar mean over the batch
+    grads  = jax.grad(task.loss)(params, batch)
+    task.evaluate(params)                              # {name: scalar for name in task.metric_names}
+
+`Task` is also a pytree: its leaves are the arrays it reads (`data`, and
+`optimum`/`hessian` where known); everything else is static metadata. Closing
+over a task inside `jit` embeds its data as compile-time constants, which is
+fine for the small built-in data sets (< 1 MB) but slow to compile for CIFAR
+(150 MB); passing the task as a `jit` argument instead makes the data ordinary
+device inputs:
+
+    step = jax.jit(lambda task, params, key, w, i: jax.grad(task.loss)(params, task.minibatch(key, w, i)))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PARTITIONS = ("iid", "shard")
+"""Valid values of `partition`: `iid` samples every worker's minibatches from the
+whole training set; `shard` gives worker w its own disjoint, label-skewed shard."""
+
+NO_EXAMPLE = -1
+"""Sentinel in `batch["index"]` for tasks without a training set (quadratic)."""
+
+PyTree = Any
+Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Task:
+    """One training problem: model, data, loss and held-out metrics.
+
+    Build the built-in ones with `staleness.tasks.get(name, ...)`; build your own
+    from arrays and a flax module with `staleness.tasks.classification_task`.
+
+    Attributes:
+      name: registry name, e.g. "digits-mlp".
+      batch_size: per-worker minibatch size μ (examples per gradient).
+      num_workers: number of workers λ the data are partitioned for.
+      partition: "iid" or "shard" (see `PARTITIONS`).
+      metric_names: the keys `evaluate` returns, e.g. ("loss", "accuracy").
+      train_size: number of training examples (0 for tasks without data).
+      test_size: number of held-out examples `evaluate` averages over (0 if none).
+      seed: the seed the task's data, split and shards were generated from.
+      init_fn: key -> params; the pure function behind `init_params`.
+      loss_fn: (params, batch) -> scalar; the pure function behind `loss`.
+      sample_fn: (data, key, worker, iteration) -> batch; behind `minibatch`.
+      eval_fn: (params, data) -> dict of scalars; behind `evaluate`.
+      data: pytree of arrays read by `sample_fn`/`eval_fn` (training and test
+        arrays, shard layout). Leaves of the Task pytree.
+      optimum: params pytree of the known minimiser of the training loss
+        (quadratic, linreg), else None. Pytree leaves.
+      hessian: Hessian of the training loss where it is a constant matrix over
+        the flattened params (quadratic), else None. Pytree leaf.
+    """
+
+    name: str
+    batch_size: int
+    num_workers: int
+    partition: str
+    metric_names: tuple[str, ...]
+    train_size: int
+    test_size: int
+    seed: int
+    init_fn: Callable[[jax.Array], PyTree]
+    loss_fn: Callable[[PyTree, Batch], jax.Array]
+    sample_fn: Callable[[PyTree, jax.Array, Any, Any], Batch]
+    eval_fn: Callable[[PyTree, PyTree], dict[str, jax.Array]]
+    data: PyTree = None
+    optimum: PyTree = None
+    hessian: jax.Array | None = None
+
+    def init_params(self, key: jax.Array) -> PyTree:
+        """Initial parameters (a pytree of float32 arrays) from a PRNG key."""
+        return self.init_fn(key)
+
+    def loss(self, params: PyTree, batch: Batch) -> jax.Array:
+        """Mean training loss of `params` over `batch`; pure and differentiable in params."""
+        return self.loss_fn(params, batch)
+
+    def minibatch(self, key: jax.Array, worker: Any, iteration: Any) -> Batch:
+        """The minibatch worker `worker` uses for its iteration `iteration`.
+
+        A pure function of (key, worker, iteration): the same triple always gives
+        the same examples, so a schedule can be replayed and the examples of any
+        gradient recovered. `worker` and `iteration` may be traced int32 scalars
+        (inside `jit`, `vmap`, `scan`).
+
+        Args:
+          key: the run's data key; it is folded with the worker, then the iteration.
+          worker: worker id in [0, num_workers). Checked when a Python int; a traced
+            out-of-range id cannot raise and gives unspecified examples under `shard`.
+          iteration: the worker's iteration (its clock when it pulled), >= 0.
+
+        Returns:
+          A dict of fixed-shape arrays: "x" [μ, ...] inputs, "y" [μ] targets and
+          "index" [μ] int32 positions of the examples in the training set
+          (`NO_EXAMPLE` where the task has no data).
+        """
+        if isinstance(worker, (int, np.integer)) and not 0 <= worker < self.num_workers:
+            raise ValueError(
+                f"worker={worker} is out of range for task {self.name!r} with "
+                f"num_workers={self.num_workers}; valid workers are 0..{self.num_workers - 1}."
+            )
+        if isinstance(iteration, (int, np.integer)) and iteration < 0:
+            raise ValueError(f"iteration={iteration} must be >= 0.")
+        return self.sample_fn(self.data, key, worker, iteration)
+
+    def evaluate(self, params: PyTree) -> dict[str, jax.Array]:
+        """Held-out metrics of `params`: {name: scalar} for name in `metric_names`.
+
+        Jittable; large test sets are processed in fixed-size chunks so memory
+        stays bounded.
+        """
+        return self.eval_fn(params, self.data)
+
+    @functools.cached_property
+    def param_count(self) -> int:
+        """Number of scalar parameters (computed from shapes; no FLOPs)."""
+        shapes = jax.eval_shape(self.init_fn, jax.random.key(0))
+        return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)))
+
+    def shard_indices(self, worker: int) -> np.ndarray:
+        """Training-set indices worker `worker` may draw from (all of them under iid)."""
+        if not 0 <= worker < self.num_workers:
+            raise ValueError(
+                f"worker={worker} is out of range; valid workers are 0..{self.num_workers - 1}."
+            )
+        if self.partition == "iid" or self.train_size == 0:
+            return np.arange(self.train_size)
+        order = np.asarray(self.data["order"])
+        lo, hi = np.asarray(self.data["shard_bounds"])[[worker, worker + 1]]
+        return order[lo:hi]
+
+    def __repr__(self) -> str:
+        return (
+            f"Task(name={self.name!r}, batch_size={self.batch_size}, "
+            f"num_workers={self.num_workers}, partition={self.partition!r}, "
+            f"train_size={self.train_size}, test_size={self.test_size}, "
+            f"metric_names={self.metric_names})"
+        )
+
+
+jax.tree_util.register_dataclass(
+    Task,
+    data_fields=["data", "optimum", "hessian"],
+    meta_fields=[
+        "name", "batch_size", "num_workers", "partition", "metric_names",
+        "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn",
+    ],
+)
+
+
+def concat_batches(batches: Sequence[Batch]) -> Batch:
+    """Concatenate minibatches along the example axis.
+
+    The large-batch equivalent of one BSP round is
+    `concat_batches([task.minibatch(key, w, i) for w in range(λ)])`; since every
+    loss is a mean over equal-sized batches, `task.loss` on it equals the mean of
+    the λ per-worker losses. A batch stacked by `vmap` over workers ([λ, μ, ...])
+    is `concat_batches(list_of_it)` or `jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), b)`.
+    """
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch; got an empty sequence.")
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *batches)
+
+
+def check_common(batch_size: Any, num_workers: Any, partition: Any, seed: Any) -> None:
+    """Validate the arguments every task shares, with messages that say what is valid."""
+    for arg, value in (("batch_size", batch_size), ("num_workers", num_workers), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{arg} must be an int; got {value!r} of type {type(value).__name__}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (examples per worker minibatch); got {batch_size}.")
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1; got {num_workers}.")
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be one of {PARTITIONS}; got {partition!r}.")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0; got {seed}.")
+
+
+def check_shard(partition: str, num_workers: int, train_size: int, name: str) -> None:
+    """Under `shard` every worker needs at least one example of its own."""
+    if partition == "shard" and num_workers > train_size:
+        raise ValueError(
+            f"partition='shard' gives each worker a disjoint shard of the {train_size} training "
+            f"examples of {name!r}, so num_workers must be <= {train_size}; got {num_workers}. "
+            f"Use fewer workers or partition='iid'."
+        )
+
+
+def example_key(key: jax.Array, worker: Any, iteration: Any) -> jax.Array:
+    """The per-(worker, iteration) key every minibatch is drawn from."""
+    return jax.random.fold_in(jax.random.fold_in(key, worker), iteration)
