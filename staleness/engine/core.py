@@ -43,7 +43,10 @@ def keys(seed):
     return init_key, data_key
 
 
-def _init_carry(task, seed, opt: ServerOptimizer, ring: int) -> Carry:
+def init_carry(task, seed, opt: ServerOptimizer, ring: int) -> Carry:
+    """Initial parameters (from the run's init key), optimizer state and an empty
+    ring of `ring` versions. Eager: the task's own jitted init does the work, so
+    nothing large is compiled here."""
     init_key, _ = keys(seed)
     params = task.init_params(init_key)
     opt_state = opt.direction().init(params)
@@ -51,7 +54,13 @@ def _init_carry(task, seed, opt: ServerOptimizer, ring: int) -> Carry:
     return Carry(params, opt_state, ring_tree)
 
 
-init_carry = jax.jit(_init_carry, static_argnames=("opt", "ring"))
+def init_carry_batched(task, seeds, opt: ServerOptimizer, ring: int) -> Carry:
+    """`init_carry` for several seeds, stacked on a leading configuration axis."""
+    cache = {}
+    for s in seeds:
+        if s not in cache:
+            cache[s] = init_carry(task, s, opt, ring)
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[cache[s] for s in seeds])
 
 
 def _rule_scale(rules, rule_index, staleness, mask):
@@ -112,14 +121,11 @@ run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules"), donate_argnums=(1,
 
 def _chunk_batched(task, carry, xs, consts, *, opt, rules):
     chunk = functools.partial(_chunk, opt=opt, rules=rules)
-    return jax.vmap(chunk, in_axes=(None, 0, 0, 0))(task, carry, xs, consts)
-
-
-def _init_carry_batched(task, seeds, opt, ring):
-    return jax.vmap(lambda s: _init_carry(task, s, opt, ring))(seeds)
+    # The update index is shared by all configurations (unbatched), so the ring
+    # write stays a dynamic-update-slice instead of becoming a scatter.
+    return jax.vmap(chunk, in_axes=(None, 0, (None, 0), 0))(task, carry, xs, consts)
 
 
 run_chunk_batched = jax.jit(_chunk_batched, static_argnames=("opt", "rules"), donate_argnums=(1,))
 evaluate = jax.jit(lambda task, params: task.evaluate(params))
 evaluate_batched = jax.jit(jax.vmap(lambda task, params: task.evaluate(params), in_axes=(None, 0)))
-init_carry_batched = jax.jit(_init_carry_batched, static_argnames=("opt", "ring"))

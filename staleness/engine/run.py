@@ -245,7 +245,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
         "alpha0": jnp.asarray([v for *_, v in configs], jnp.float32),
         "rule": jnp.asarray([distinct_rules.index(r) for _, _, r, _ in configs], jnp.int32),
     }
-    carry = core.init_carry_batched(task, seed_arr, opt, ring)
+    carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], opt, ring)
     metrics0 = jax.device_get(core.evaluate_batched(task, carry.params))
     rows = [[_history_row(0, plans[i], math.nan, {k: v[i] for k, v in metrics0.items()})] for i in range(n)]
     train_loss = [np.full(p.num_updates, np.nan) for p in plans]
@@ -256,7 +256,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
     try:
         for k in range(num_chunks):
             parts = [p.xs(k) for p in plans]
-            batched = (np.stack([u for u, _ in parts]), np.stack([x for _, x in parts]))
+            batched = (parts[0][0], np.stack([x for _, x in parts]))
             carry, losses = core.run_chunk_batched(task, carry, batched, consts, opt=opt, rules=distinct_rules)
             xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
             losses = np.asarray(losses)

@@ -20,6 +20,7 @@ deterministic as the examples.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 from pathlib import Path
@@ -133,8 +134,18 @@ def channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_transforms(mean: np.ndarray, std: np.ndarray, augment: bool):
-    """(train_transform(key, x), test_transform(x)) on uint8 image batches."""
-    mean_c, std_c = jnp.asarray(mean), jnp.asarray(std)
+    """(train_transform(key, x), test_transform(x)) on uint8 image batches.
+
+    Cached on the statistics' values, so rebuilding a task on the same data
+    reuses the same functions and therefore the compiled init/sample/eval code.
+    """
+    return _transforms(tuple(np.asarray(mean, np.float32).tolist()),
+                       tuple(np.asarray(std, np.float32).tolist()), bool(augment))
+
+
+@functools.lru_cache(maxsize=16)
+def _transforms(mean: tuple[float, ...], std: tuple[float, ...], augment: bool):
+    mean_c, std_c = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
 
     def normalize(x: jax.Array) -> jax.Array:
         return (x.astype(jnp.float32) / 255.0 - mean_c) / std_c

@@ -76,7 +76,15 @@ def classification_task(
     if train_size == 0 or test_size == 0:
         raise ValueError(f"task {name!r} needs training and test examples; got {train_size} and {test_size}.")
     check_shard(partition, num_workers, train_size, name)
-    init_fn, loss_fn, per_example = _classifier_fns(model, arrays.x_train.shape[1:], test_transform)
+    if isinstance(eval_chunk, bool) or not isinstance(eval_chunk, int) or eval_chunk < 1:
+        raise ValueError(f"eval_chunk must be an int >= 1 (test examples per evaluation step); got {eval_chunk!r}.")
+    fns_args = (model, tuple(arrays.x_train.shape[1:]), test_transform)
+    try:
+        hash(fns_args)
+    except TypeError:  # an unhashable module: build uncached
+        init_fn, loss_fn, per_example = _classifier_fns.__wrapped__(*fns_args)
+    else:
+        init_fn, loss_fn, per_example = _classifier_fns(*fns_args)
     arrays_data = {
         "x_train": arrays.x_train,
         "y_train": arrays.y_train.astype(np.int32),

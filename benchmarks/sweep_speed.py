@@ -1,0 +1,59 @@
+"""32 configurations through one `sweep` vs 32 sequential `simulate` calls.
+
+Tiny MLP (digits, 16 hidden units, μ = 8), λ = 16 workers on a jittered
+1 : 2.6 cluster; configurations = 4 policies (asp, ssp:3, ssp:15, dssp:3:12)
+x 4 seeds x 2 lr rules (constant, per_gradient). Both sides include schedule
+simulation and compilation (a user pays both). Ends with one JSON line.
+Target (issue #3): sweep >= 4x faster than sequential simulate calls.
+
+    python benchmarks/sweep_speed.py [--quick]
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+import staleness as st
+from staleness.tasks import data as task_data
+from staleness.tasks import models
+from staleness.tasks.registry import classification_task
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n = 1000 if args.quick else 4000
+    lam = 16
+    task = classification_task("tiny-mlp", models.MLP(hidden=(16,), num_outputs=10), task_data.digits(),
+                               batch_size=8, num_workers=lam)
+    cluster = st.cluster.heterogeneous([1.0] * 8 + [2.6] * 8).jitter(0.1)
+    pols = ["asp", "ssp:3", "ssp:15", "dssp:3:12"]
+    seeds = [0, 1, 2, 3]
+    rules = ["constant", "per_gradient"]
+    kw = dict(num_updates=n, eval_every=n // 10)
+
+    t0 = time.perf_counter()
+    swept = st.sweep(task, pols, cluster, seeds=seeds, lr_rules=rules, lrs=[0.05], **kw)
+    t_sweep = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    singles = [st.simulate(task, p, cluster, seed=s, lr_rule=r, lr=0.05, **kw)
+               for p in pols for s in seeds for r in rules]
+    t_seq = time.perf_counter() - t0
+
+    gap = max(float(np.max(np.abs(a.history["accuracy"].to_numpy() - b.history["accuracy"].to_numpy())))
+              for a, b in zip(swept, singles))
+    grads = sum(r.schedule.num_gradients for r in singles)
+    print(f"32 configs x {n} updates ({grads:,} gradients): sweep {t_sweep:.2f} s, sequential simulate {t_seq:.2f} s "
+          f"-> {t_seq / t_sweep:.1f}x; max |accuracy difference| {gap:.2e}")
+    print(f"target >= 4x: {'met' if t_seq / t_sweep >= 4 else 'NOT met'}")
+    print(json.dumps({"benchmark": "sweep_speed", "configs": len(swept), "updates": n, "sweep_s": t_sweep,
+                      "sequential_s": t_seq, "speedup": t_seq / t_sweep, "max_accuracy_gap": gap,
+                      "target_met": t_seq / t_sweep >= 4}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from staleness.cli import main
+
+sys.exit(main())
