@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from staleness.cli.common import UsageError, _Parser
-from staleness.cli import schedule_cmd, simulate_cmd
+from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd
 
 __all__ = ["main"]
 
@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_cmd.add(sub)
     simulate_cmd.add_simulate(sub)
     simulate_cmd.add_compare(sub)
+    run_cmd.add(sub)        # run, launch, replay (real devices and hosts)
+    pipeline_cmd.add(sub)   # pipeline (layer-wise staleness)
     return parser
 
 

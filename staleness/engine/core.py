@@ -22,7 +22,8 @@ from jax import lax
 from staleness import lr as _lr
 from staleness.engine.optim import ServerOptimizer
 
-__all__ = ["Carry", "keys", "init_carry", "run_chunk", "run_chunk_batched", "evaluate", "evaluate_batched"]
+__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "combine", "server_update",
+           "run_chunk", "run_chunk_batched", "evaluate", "evaluate_batched"]
 
 
 class Carry(NamedTuple):
@@ -69,7 +70,34 @@ def _rule_scale(rules, rule_index, staleness, mask):
     return jnp.stack([r.scale(staleness, mask) for r in rules])[rule_index]
 
 
-def _step(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry, x):
+def gradient(task, params, data_key, worker, iteration):
+    """(loss, grad) of `worker`'s minibatch for its `iteration` at `params`.
+
+    The per-gradient function shared by the engine and the real runtime: a
+    trace replayed with `slot_mode='map'` computes every gradient with it."""
+    return jax.value_and_grad(task.loss)(params, task.minibatch(data_key, worker, iteration))
+
+
+def combine(grads, staleness, mask, rules: tuple, rule_index=0):
+    """Average C stacked gradients ([C, ...] leaves) weighted by the lr rule:
+    (1/c) Σ_l scale(τ_l)·g_l over the c real slots (Rudra's aggregation)."""
+    scale = _rule_scale(rules, rule_index, staleness, mask).astype(jnp.float32)
+    weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+    return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
+
+
+def server_update(opt: ServerOptimizer, params, opt_state, grad, update, alpha0, real=True):
+    """One server step: θ ← θ − α0·shape(update)·direction(grad). With real=False
+    (a padding update) params and optimizer state are returned unchanged."""
+    direction, new_opt_state = opt.direction().update(grad, opt_state, params)
+    lr = jnp.where(real, alpha0 * opt.shape(update), 0.0)  # p - 0*d == p exactly
+    params = jax.tree.map(lambda p, d: p - (lr * d).astype(p.dtype), params, direction)
+    if jax.tree.leaves(opt_state):
+        new_opt_state = jax.tree.map(lambda a, b: jnp.where(real, a, b), new_opt_state, opt_state)
+    return params, new_opt_state
+
+
+def _step(task, opt: ServerOptimizer, rules: tuple, slot_mode: str, consts, carry: Carry, x):
     params, opt_state, ring = carry
     r = jax.tree.leaves(ring)[0].shape[0]
     update, x = x
@@ -86,41 +114,41 @@ def _step(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry, x):
         # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
         # replay runs exactly the ops of plain SGD.
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, pull[0] % r, keepdims=False), ring)
-        batch = task.minibatch(data_key, worker[0], iteration[0])
-        loss, grad = jax.value_and_grad(task.loss)(stale, batch)
+        loss, grad = gradient(task, stale, data_key, worker[0], iteration[0])
         losses = loss[None]
         if not plain:
             scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)
             grad = jax.tree.map(lambda g: g * scale[0], grad)
     else:
+        def one(args):
+            p, w, i = args
+            return gradient(task, p, data_key, w, i)
+
         stale = jax.tree.map(lambda a: a[pull % r], ring)
-        batches = jax.vmap(task.minibatch, in_axes=(None, 0, 0))(data_key, worker, iteration)
-        losses, grads = jax.vmap(jax.value_and_grad(task.loss))(stale, batches)
-        scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)
-        weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
-        grad = jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
-    direction, new_opt_state = opt.direction().update(grad, opt_state, params)
-    real = mask.any()  # padding updates (all slots masked) change nothing:
-    lr = jnp.where(real, consts["alpha0"] * opt.shape(update), 0.0)  # p - 0*d == p exactly
-    params = jax.tree.map(lambda p, d: p - (lr * d).astype(p.dtype), params, direction)
-    if jax.tree.leaves(opt_state):
-        opt_state = jax.tree.map(lambda a, b: jnp.where(real, a, b), new_opt_state, opt_state)
+        if slot_mode == "map":  # each slot exactly as one standalone gradient call
+            losses, grads = lax.map(one, (stale, worker, iteration))
+        else:
+            losses, grads = jax.vmap(one)((stale, worker, iteration))
+        grad = combine(grads, staleness, mask, rules, consts["rule"])
+    params, opt_state = server_update(opt, params, opt_state, grad, update, consts["alpha0"], mask.any())
     losses = jnp.where(mask, losses, jnp.nan)
     return Carry(params, opt_state, ring), losses
 
 
-def _chunk(task, carry: Carry, xs, consts, *, opt: ServerOptimizer, rules: tuple):
+def _chunk(task, carry: Carry, xs, consts, *, opt: ServerOptimizer, rules: tuple, slot_mode: str = "vmap"):
     """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32).
 
+    slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
+    standalone `gradient` call, for bitwise parity with real-run traces).
     Returns (carry, losses [K, C]); losses are NaN on padded slots."""
-    return lax.scan(functools.partial(_step, task, opt, rules, consts), carry, xs)
+    return lax.scan(functools.partial(_step, task, opt, rules, slot_mode, consts), carry, xs)
 
 
-run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules"), donate_argnums=(1,))
+run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode"), donate_argnums=(1,))
 
 
 def _chunk_batched(task, carry, xs, consts, *, opt, rules):
-    chunk = functools.partial(_chunk, opt=opt, rules=rules)
+    chunk = functools.partial(_chunk, opt=opt, rules=rules, slot_mode="vmap")
     # The update index is shared by all configurations (unbatched), so the ring
     # write stays a dynamic-update-slice instead of becoming a scatter.
     return jax.vmap(chunk, in_axes=(None, 0, (None, 0), 0))(task, carry, xs, consts)

@@ -112,6 +112,7 @@ def replay(
     checkpoint=None,
     resume: bool = False,
     stop_after: int | None = None,
+    slot_mode: str = "vmap",
     config: dict | None = None,
 ) -> Result:
     """Train `task` along `schedule` (simulated or recorded) in compiled chunks.
@@ -128,12 +129,17 @@ def replay(
       checkpoint: directory to checkpoint into after every chunk; with
         resume=True, continue from the checkpoint found there.
       stop_after: stop (status 'stopped') after the chunk that reaches this many updates.
+      slot_mode: 'vmap' (fast) or 'map': the gradients of an update that holds
+        several are computed one by one with `engine.core.gradient`, exactly as
+        the real runtime's workers compute them (bitwise trace replays on CPU).
     Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
     non-finite loss, naming the update, worker and staleness.
     """
     from tqdm.auto import tqdm
 
     lr = _check_lr(lr)
+    if slot_mode not in ("vmap", "map"):
+        raise ValueError(f"slot_mode = {slot_mode!r} must be 'vmap' or 'map'")
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     opt = get_optimizer(optimizer).with_horizon(schedule.num_updates)
     seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
@@ -161,7 +167,8 @@ def replay(
                disable=not progress, desc=f"{schedule.policy}", leave=False)
     try:
         for k in range(start, plan.num_chunks):
-            carry, losses = core.run_chunk(task, carry, plan.xs(k), consts, opt=opt, rules=rules)
+            carry, losses = core.run_chunk(task, carry, plan.xs(k), consts, opt=opt, rules=rules,
+                                           slot_mode=slot_mode)
             xs = plan.chunk_view(k)
             losses = np.asarray(losses)
             lo, hi = k * chunk, min((k + 1) * chunk, plan.num_updates)
