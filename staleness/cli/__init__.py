@@ -38,6 +38,11 @@ def main(argv=None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"staleness: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `staleness schedule | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("staleness: interrupted", file=sys.stderr)
         return 130
