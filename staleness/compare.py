@@ -113,7 +113,7 @@ def _timeline_window(result: Result) -> float:
 def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_time: float | None = None,
             num_updates: int | None = None, lr: float = 0.05, lr_rule="constant", optimizer="sgd",
             batch_size: int | None = None, metric: str = "accuracy", target: float | None = None,
-            num_evals: int = 40, progress: bool = False, data_dir=None) -> Comparison:
+            num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
 
     A run that diverges is kept with status 'diverged' (its history stops there).
@@ -131,7 +131,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
         p.init(cluster.num_workers)  # fail fast on e.g. softsync:n with n > workers
     if max_time is None and num_updates is None:
         raise ValueError("compare: give max_time (simulated seconds, the same for every policy) or num_updates")
-    task = resolve_task(task, cluster.num_workers, batch_size, data_dir)
+    task = resolve_task(task, cluster.num_workers, batch_size, data_dir, partition)
     results = []
     runs = [(p, s) for p in pols for s in seeds]
     bar = tqdm(runs, desc="compare", unit="run", disable=not progress)
@@ -143,5 +143,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
         except DivergenceError as e:
             r = e.result
         results.append(r)
+        if r.status == "stopped":  # Ctrl-C inside a run: keep what is done, run nothing more
+            break
     bar.close()
     return Comparison(results, metric, target)

@@ -81,56 +81,36 @@ def simulate_schedule(
     state = policy.init(lam, 0.0)
     compute_time, push_delay, pull_delay = sampler.compute_time, sampler.push_delay, sampler.pull_delay
 
-    # Column lists (appended per gradient; turned into arrays at the end).
-    c_worker, c_iter, c_pullv, c_applyv = [], [], [], []
-    c_pullt, c_start, c_end, c_push, c_wait, c_drop, c_lost = [], [], [], [], [], [], []
+    # One tuple per gradient (worker, iteration, pull_version, pull_time, start, end,
+    # wait, push_time, dropped, lost); apply versions are filled in per update.
+    rows: list[tuple] = []
+    c_applyv: list[int] = []
     update_time: list[float] = []
     buffer: list[int] = []  # row indices of accepted gradients awaiting the next update
 
-    # In-flight gradient per worker (set at release, cleared at push/loss).
-    fl_iter = [0] * lam
-    fl_pullv = [0] * lam
-    fl_pullt = [0.0] * lam
-    fl_start = [0.0] * lam
-    fl_end = [0.0] * lam
-    fl_wait = [0.0] * lam
-    in_flight = [False] * lam
+    flight: list = [None] * lam  # in-flight gradient per worker (set at release, cleared at push/loss)
     ready = [0.0] * lam      # time the worker became ready for its next iteration
     epoch = [0] * lam        # invalidates heap entries of a worker that failed
+    clocks = state.clocks
 
     heap: list = []
     seq = 0
+    heappush = heapq.heappush
 
     def release(w: int, now: float) -> None:
         nonlocal seq
-        it = state.clocks[w]
+        it = clocks[w]
         start = now + pull_delay(w, it)
         end = start + compute_time(w, it, start)
-        arrive = end + push_delay(w, it)
-        fl_iter[w] = it
-        fl_pullv[w] = state.version
-        fl_pullt[w] = now
-        fl_start[w] = start
-        fl_end[w] = end
-        fl_wait[w] = now - ready[w]
-        in_flight[w] = True
+        flight[w] = (w, it, state.version, now, start, end, now - ready[w])
         seq += 1
-        heapq.heappush(heap, (arrive, seq, _PUSH, w, epoch[w]))
+        heappush(heap, (end + push_delay(w, it), seq, _PUSH, w, epoch[w]))
 
     def record(w: int, push_t: float, dropped: bool, lost: bool) -> int:
-        c_worker.append(w)
-        c_iter.append(fl_iter[w])
-        c_pullv.append(fl_pullv[w])
+        rows.append(flight[w] + (push_t, dropped, lost))
         c_applyv.append(NOT_APPLIED)
-        c_pullt.append(fl_pullt[w])
-        c_start.append(fl_start[w])
-        c_end.append(fl_end[w])
-        c_push.append(push_t)
-        c_wait.append(fl_wait[w])
-        c_drop.append(dropped)
-        c_lost.append(lost)
-        in_flight[w] = False
-        return len(c_worker) - 1
+        flight[w] = None
+        return len(rows) - 1
 
     def apply_update(now: float) -> None:
         v = len(update_time)
@@ -157,8 +137,7 @@ def simulate_schedule(
         if kind == _PUSH:
             if ep != epoch[w]:
                 continue
-            pv = fl_pullv[w]
-            out = policy.push(state, w, pv, t)
+            out = policy.push(state, w, flight[w][2], t)
             g = record(w, t, not out.accepted, False)
             pushed += 1
             ready[w] = t
@@ -172,7 +151,7 @@ def simulate_schedule(
             if not state.live[w]:
                 continue
             epoch[w] += 1
-            if in_flight[w]:
+            if flight[w] is not None:
                 record(w, math.nan, False, True)
             out = policy.fail(state, w, t)
             if out.update:
@@ -190,23 +169,16 @@ def simulate_schedule(
             break
 
     # Gradients pushed but not aggregated when the budget ran out are not part of the run.
-    keep = np.ones(len(c_worker), bool)
+    dtypes = (np.int32, np.int64, np.int64, np.float64, np.float64, np.float64, np.float64,
+              np.float64, np.bool_, np.bool_)
+    names = ("worker", "iteration", "pull_version", "pull_time", "start", "end", "wait",
+             "push_time", "dropped", "lost")
+    cols = list(zip(*rows)) if rows else [()] * len(names)
+    columns = {n: np.asarray(c, d) for n, c, d in zip(names, cols, dtypes)}
+    columns["apply_version"] = np.asarray(c_applyv, np.int64)
     if buffer:
+        keep = np.ones(len(rows), bool)
         keep[buffer] = False
-    columns = {
-        "worker": np.asarray(c_worker, np.int32),
-        "iteration": np.asarray(c_iter, np.int64),
-        "pull_version": np.asarray(c_pullv, np.int64),
-        "apply_version": np.asarray(c_applyv, np.int64),
-        "pull_time": np.asarray(c_pullt, np.float64),
-        "start": np.asarray(c_start, np.float64),
-        "end": np.asarray(c_end, np.float64),
-        "push_time": np.asarray(c_push, np.float64),
-        "wait": np.asarray(c_wait, np.float64),
-        "dropped": np.asarray(c_drop, np.bool_),
-        "lost": np.asarray(c_lost, np.bool_),
-    }
-    if not keep.all():
         columns = {k: v[keep] for k, v in columns.items()}
     return Schedule(
         columns=columns,

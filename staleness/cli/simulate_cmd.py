@@ -26,7 +26,8 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker minibatch μ (default 32)")
-    p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks)")
+    p.add_argument("--partition", default="iid", help="iid (every worker samples all data) or shard (disjoint label-skewed shards)")
+    p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")
     p.add_argument("--target", type=float, default=DEFAULT_TARGET, help=f"target accuracy for time-to-target (default {DEFAULT_TARGET:g})")
     p.add_argument("--out", default=None, help="directory for CSV/PNG/Result files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -51,6 +52,8 @@ def add_simulate(sub) -> None:
                        description="Simulate POLICY on a cluster and train a task along the schedule.")
     p.add_argument("--policy", default="ssp:3", help="policy spec (default ssp:3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default=None, help="directory to checkpoint into after every evaluation")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
     _training_args(p)
     p.set_defaults(func=_cmd_simulate)
 
@@ -64,12 +67,14 @@ def _cmd_simulate(args) -> int:
     policy = st.policies.parse(args.policy)
     policy.init(cluster.num_workers)
     updates, max_time = _budget(args)
-    task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir)
+    if args.resume and not args.checkpoint:
+        raise UsageError("--resume needs --checkpoint DIR")
+    task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
     t0 = time.perf_counter()
     try:
         result = st.simulate(task, policy, cluster, num_updates=updates, max_time=max_time, seed=args.seed,
                              lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, checkpoint=args.checkpoint, resume=args.resume)
     except DivergenceError as e:
         result = e.result
         print(f"staleness: diverged: {e}")
@@ -119,7 +124,7 @@ def _cmd_compare(args) -> int:
     cmp = compare(args.task, args.policy or DEFAULT_POLICIES, cluster, seeds=_seeds(args.seeds),
                   max_time=max_time, num_updates=updates, lr=args.lr, lr_rule=args.lr_rule,
                   optimizer=args.optimizer, batch_size=args.batch_size, target=args.target,
-                  progress=not args.no_progress, data_dir=args.data_dir)
+                  progress=not args.no_progress, data_dir=args.data_dir, partition=args.partition)
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
     print(f"{args.task} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
           f"lr {args.lr:g} ({args.lr_rule}), seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")

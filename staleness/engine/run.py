@@ -32,16 +32,15 @@ __all__ = ["replay", "simulate", "sweep", "resolve_task"]
 CHECKPOINT_VERSION = 1
 
 
-def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir=None):
+def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir=None, partition: str | None = None):
     """A Task object, or a built-in task name made for `num_workers` workers."""
     from staleness import tasks as _tasks
 
     if isinstance(task, str):
         kwargs = {"num_workers": num_workers}
-        if batch_size is not None:
-            kwargs["batch_size"] = batch_size
-        if data_dir is not None:
-            kwargs["data_dir"] = data_dir
+        for key, value in (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition)):
+            if value is not None:
+                kwargs[key] = value
         return _tasks.get(task, **kwargs)
     if not isinstance(task, _tasks.Task):
         raise ValueError(f"task = {task!r} must be a staleness.tasks.Task or a task name {_tasks.names()}")
@@ -194,6 +193,11 @@ def replay(
             if stop_after is not None and hi >= stop_after and hi < plan.num_updates:
                 status = "stopped"
                 break
+    except KeyboardInterrupt:
+        # Ctrl-C: keep everything recorded up to the last completed chunk.
+        status = "stopped"
+        done = int(rows[-1]["update"])
+        train_loss[done:] = np.nan
     finally:
         bar.close()
     return Result(_frame(rows), schedule, last_params, config, train_loss, status)

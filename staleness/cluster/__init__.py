@@ -1,0 +1,114 @@
+"""Worker speed models: how long each worker takes per iteration.
+
+A :class:`Cluster` is a small immutable value describing the workers of a
+simulated (or delay-injected real) run: a *base* speed per worker, plus a stack
+of *modifiers* (noise, stragglers, periodic slowdowns, network latency,
+failures). Composition methods return a new ``Cluster``; modifiers stack in
+the order they were added. ``Cluster.sampler(seed)`` turns the description
+into a :class:`ClusterSampler`, the fast, seeded object the simulator queries
+once per event.
+
+Units: every time is in (simulated) seconds; iterations are counted per worker
+from 0 (the worker's clock when it starts that iteration).
+
+Bases::
+
+    constant(8)                      8 workers, 1.0 s per iteration each
+    heterogeneous([1, 1, 2.6, 2.6])  mean seconds per iteration, per worker
+    gpus(["gtx1080ti"] * 4 + ["gtx1060"] * 4)   seconds / PRESETS[name]
+    from_trace_csv("speeds.csv")     recorded per-iteration compute seconds
+
+Modifiers (each returns a new Cluster)::
+
+    .jitter(sigma)                       lognormal noise with mean 1
+    .stragglers(prob, slowdown, duration, workers=None)
+    .periodic(period, duration, slowdown, workers=None, phase=0.0)
+    .network(push=0.0, pull=0.0, jitter=0.0)
+    .failures([(worker, fail_at, rejoin_at_or_None), ...])
+
+Spec grammar (the CLI's ``--cluster``; :func:`parse`, and
+:meth:`Cluster.describe` writes it back)::
+
+    spec      := base ( '+' modifier )*
+    base      := COUNT                          constant(COUNT), 1.0 s each; e.g. "8"
+               | item ( ',' item )*  [ '@' SECONDS ]
+               | 'trace:' PATH                  from_trace_csv(PATH); PATH may not contain '+'
+    item      := (NUMBER | GPU) [ '*' COUNT ]   value repeated COUNT times (default 1)
+               - all items NUMBER: heterogeneous(...) with those mean seconds,
+                 e.g. "1,1,2.6,2.6" or "1*4,2.6*4" (a single number item needs a
+                 '.' or '*': "3" is constant(3), "3*1" or "3.0" is one 3-second worker)
+               - all items GPU (names from PRESETS, case-insensitive):
+                 gpus(...), e.g. "gtx1080ti*4,gtx1060*4"; the optional '@SECONDS'
+                 sets the reference GPU's seconds per iteration (default 1):
+                 "v100*8@0.25"
+    modifier  := 'jitter=' SIGMA
+               | 'stragglers=' PROB ':' SLOWDOWN ':' DURATION [ ':' WORKERS ]
+               | 'periodic=' PERIOD ':' DURATION ':' SLOWDOWN [ ':' WORKERS [ ':' PHASE ] ]
+               | 'network=' PUSH ':' PULL [ ':' JITTER ]
+               | 'fail=' event ( ',' event )*
+    event     := WORKER '@' FAIL_AT [ '-' [ REJOIN_AT ] ]   no REJOIN_AT: never rejoins
+    WORKERS   := 'all' | range ( ',' range )*   with range := ID [ '-' ID ] (inclusive)
+
+Example: ``"gtx1080ti*4,gtx1060*4+jitter=0.1+stragglers=0.01:4:5"
+"+network=0.01:0.01+periodic=100:10:3+fail=3@100-200"``.
+
+Determinism: every random draw for (worker, iteration) is a pure function of
+(seed, worker, stream, iteration), where each modifier owns its streams
+(numbered by its position in the stack). Draws are made in blocks of
+:data:`GROUP` workers x :data:`CHUNK` iterations, block (g, c) holding workers
+``g*GROUP ..`` and iterations ``c*CHUNK ..`` and drawn from its own
+``np.random.SeedSequence([seed, stream, g, c])`` on first use. So the order in
+which the simulator visits workers does not matter, the draws of a worker do
+not depend on how many workers the cluster has, and iterations may be accessed
+in any order (e.g. after a worker rejoins). Blocks (rather than one generator
+per worker) keep the ~12 us generator set-up affordable when a run has many
+workers and few iterations each.
+Straggler episodes are the one piece of per-worker state (they live in
+simulated time); they are deterministic as long as each worker's iterations
+are queried in order of their start times, which is how a simulator calls them.
+
+Pure NumPy; nothing here imports JAX.
+"""
+
+# The package is split by concept (presets, checks, the Cluster value, the
+# seeded sampler, the trace reader, the spec parser); this module re-exports
+# the public names so that ``from staleness import cluster as C`` is the one
+# import users need.
+from staleness.cluster.model import (
+    Cluster,
+    constant,
+    default,
+    gpus,
+    heterogeneous,
+)
+# Cluster.base / Cluster.modifiers hold these (internal) term types; re-exported
+# so that isinstance checks (``C._Failures``) and pickles made when this was a
+# single module keep working.
+from staleness.cluster.model import (  # noqa: F401
+    _Failures,
+    _Gpus,
+    _Jitter,
+    _Network,
+    _Periodic,
+    _Seconds,
+    _Stragglers,
+    _Trace,
+)
+from staleness.cluster.presets import PRESETS
+from staleness.cluster.sampler import CHUNK, GROUP, ClusterSampler
+from staleness.cluster.spec import parse
+from staleness.cluster.trace import from_trace_csv
+
+__all__ = [
+    "CHUNK",
+    "GROUP",
+    "PRESETS",
+    "Cluster",
+    "ClusterSampler",
+    "constant",
+    "default",
+    "from_trace_csv",
+    "gpus",
+    "heterogeneous",
+    "parse",
+]
