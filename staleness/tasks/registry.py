@@ -6,44 +6,69 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
-
 from staleness.tasks import cifar, data, models
 from staleness.tasks.base import Task, check_common
 from staleness.tasks.classification import classification_task
 from staleness.tasks.synthetic import linreg, quadratic
 
 
-def _digits(model: nn.Module, name: str):
-    def build(batch_size: int, num_workers: int, partition: str, seed: int) -> Task:
-        return classification_task(name, model, data.digits(), batch_size=batch_size,
-                                   num_workers=num_workers, partition=partition, seed=seed)
-
-    build.__doc__ = f"{name}: scikit-learn digits (1437 train / 360 test 8x8 images, fixed split)."
-    return build
+def _check_conv_impl(conv_impl: Any) -> None:
+    if conv_impl not in models.CONV_IMPLS:
+        raise ValueError(f"conv_impl must be one of {models.CONV_IMPLS}; got {conv_impl!r}.")
 
 
-def _mnist1d(model: nn.Module, name: str):
-    def build(batch_size: int, num_workers: int, partition: str, seed: int, *, num_samples: int = 5000) -> Task:
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 10:
-            raise ValueError(f"num_samples must be an int >= 10; got {num_samples!r}.")
-        return classification_task(name, model, data.mnist1d(num_samples), batch_size=batch_size,
-                                   num_workers=num_workers, partition=partition, seed=seed)
+def _digits_mlp(batch_size: int, num_workers: int, partition: str, seed: int) -> Task:
+    """digits-mlp: scikit-learn digits (1437 train / 360 test 8x8 images, fixed split); MLP 64-128-10."""
+    model = models.MLP(hidden=(128,), num_outputs=10)
+    return classification_task("digits-mlp", model, data.digits(), batch_size=batch_size,
+                               num_workers=num_workers, partition=partition, seed=seed)
 
-    build.__doc__ = f"{name}: MNIST-1D generated locally (4000 train / 1000 test for num_samples=5000)."
-    return build
+
+def _digits_cnn(batch_size: int, num_workers: int, partition: str, seed: int, *,
+                conv_impl: str = "auto") -> Task:
+    """digits-cnn: scikit-learn digits, two 3x3 convs (16, 32 channels) + 2x2 pool + linear."""
+    _check_conv_impl(conv_impl)
+    model = models.CNN2D(channels=(16, 32), num_outputs=10, conv_impl=conv_impl)
+    return classification_task("digits-cnn", model, data.digits(), batch_size=batch_size,
+                               num_workers=num_workers, partition=partition, seed=seed)
+
+
+def _check_num_samples(num_samples: Any) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 10:
+        raise ValueError(f"num_samples must be an int >= 10; got {num_samples!r}.")
+
+
+def _mnist1d_mlp(batch_size: int, num_workers: int, partition: str, seed: int, *,
+                 num_samples: int = 5000) -> Task:
+    """mnist1d-mlp: MNIST-1D generated locally (4000 train / 1000 test by default); MLP 40-128-128-10."""
+    _check_num_samples(num_samples)
+    model = models.MLP(hidden=(128, 128), num_outputs=10)
+    return classification_task("mnist1d-mlp", model, data.mnist1d(num_samples), batch_size=batch_size,
+                               num_workers=num_workers, partition=partition, seed=seed)
+
+
+def _mnist1d_cnn(batch_size: int, num_workers: int, partition: str, seed: int, *,
+                 num_samples: int = 5000, conv_impl: str = "auto") -> Task:
+    """mnist1d-cnn: MNIST-1D, three stride-2 1-D convs (32 channels; kernels 5, 3, 3) + linear."""
+    _check_num_samples(num_samples)
+    _check_conv_impl(conv_impl)
+    model = models.CNN1D(num_outputs=10, conv_impl=conv_impl)
+    return classification_task("mnist1d-cnn", model, data.mnist1d(num_samples), batch_size=batch_size,
+                               num_workers=num_workers, partition=partition, seed=seed)
 
 
 def _cifar(num_classes: int):
     name = f"cifar{num_classes}-resnet20"
 
     def build(batch_size: int, num_workers: int, partition: str, seed: int, *,
-              data_dir: Any = None, augment: bool = True, eval_chunk: int = 500) -> Task:
+              data_dir: Any = None, augment: bool = True, eval_chunk: int = 500,
+              conv_impl: str = "auto") -> Task:
         check_common(batch_size, num_workers, partition, seed)
+        _check_conv_impl(conv_impl)
         arrays = cifar.load(data_dir, num_classes)
         train_tf, test_tf = cifar.make_transforms(*cifar.channel_stats(arrays.x_train), augment=bool(augment))
         return classification_task(
-            name, models.resnet20(num_classes), arrays, batch_size=batch_size,
+            name, models.resnet20(num_classes, conv_impl), arrays, batch_size=batch_size,
             num_workers=num_workers, partition=partition, seed=seed,
             train_transform=train_tf, test_transform=test_tf, eval_chunk=eval_chunk,
         )
@@ -55,10 +80,10 @@ def _cifar(num_classes: int):
 _BUILDERS: dict[str, Callable[..., Task]] = {
     "quadratic": quadratic,
     "linreg": linreg,
-    "digits-mlp": _digits(models.MLP(hidden=(128,), num_outputs=10), "digits-mlp"),
-    "digits-cnn": _digits(models.CNN2D(channels=(16, 32), num_outputs=10), "digits-cnn"),
-    "mnist1d-mlp": _mnist1d(models.MLP(hidden=(128, 128), num_outputs=10), "mnist1d-mlp"),
-    "mnist1d-cnn": _mnist1d(models.CNN1D(num_outputs=10), "mnist1d-cnn"),
+    "digits-mlp": _digits_mlp,
+    "digits-cnn": _digits_cnn,
+    "mnist1d-mlp": _mnist1d_mlp,
+    "mnist1d-cnn": _mnist1d_cnn,
     "cifar10-resnet20": _cifar(10),
     "cifar100-resnet20": _cifar(100),
 }
@@ -102,7 +127,8 @@ def get(name: str, batch_size: int = 32, partition: str = "iid", num_workers: in
         depend on it. Initial params come from the key given to `init_params`.
       **task_options: task-specific options; see `options(name)` (e.g.
         quadratic: dim, condition_number, noise_scale; mnist1d-*: num_samples;
-        cifar*: augment, eval_chunk).
+        cifar*: augment, eval_chunk; conv models: conv_impl, see
+        `models.Conv`).
 
     Returns:
       The `Task`.
