@@ -1,5 +1,205 @@
-"""Placeholder: being written (see the issue tracker); registers no sub-command yet."""
+"""`staleness run` (real devices; one process or one process of a multi-process
+job), `staleness launch` (N local processes) and `staleness replay` (a trace
+in the engine)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from staleness.cli.common import UsageError, print_table
+
+__all__ = ["add"]
+
+DEFAULT_UPDATES = 500
+
+# (flag, dest, type or 'flag', default, help): the options of `run`, shared with
+# `launch`, which passes them on to every process it starts.
+_RUN_OPTIONS = [
+    ("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp)"),
+    ("--policy", "policy", str, "ssp:3",
+     "policy spec: bsp, asp, ssp:S, dssp:S:R, softsync:N, backup:B (default ssp:3)"),
+    ("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
+     "injected, e.g. '1*4,2.6*4' (default: none; workers run at the hardware's speed)"),
+    ("--workers", "workers", int, None, "number of workers (default: the cluster's, else one per device)"),
+    ("--updates", "updates", int, DEFAULT_UPDATES, f"server updates (default {DEFAULT_UPDATES})"),
+    ("--max-time", "max_time", float, None, "wall-clock budget in seconds (optional)"),
+    ("--lr", "lr", float, 0.1, "base learning rate α0 (default 0.1)"),
+    ("--lr-rule", "lr_rule", str, "constant", "constant, per_gradient, per_update, delay_adaptive:N"),
+    ("--optimizer", "optimizer", str, "sgd", "sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule"),
+    ("--batch-size", "batch_size", int, 32, "per-worker minibatch μ (default 32)"),
+    ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
+    ("--seed", "seed", int, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),
+    ("--time-scale", "time_scale", float, 0.01, "real seconds per simulated second of the cluster (default 0.01)"),
+    ("--eval-every", "eval_every", int, None, "updates between history rows (default: 20 rows)"),
+    ("--devices", "devices", int, None, "use the first N local devices (default: all)"),
+    ("--cpu-devices", "cpu_devices", int, None, "make N virtual CPU devices (per process) before JAX starts"),
+    ("--checkpoint", "checkpoint", str, None, "checkpoint directory (the server's state)"),
+    ("--checkpoint-every", "checkpoint_every", int, None, "checkpoint every K updates"),
+    ("--resume", "resume", "flag", False, "continue from the checkpoint in --checkpoint"),
+    ("--worker-timeout", "worker_timeout", float, 30.0, "seconds after which a silent worker (or a dead "
+     "process) is declared lost (default 30)"),
+    ("--on-worker-failure", "on_worker_failure", str, "continue", "continue (gates count live workers) or stop"),
+    ("--heartbeat-timeout", "heartbeat_timeout", int, None, "multi-process: heartbeat timeout in seconds "
+     "(default: half of --worker-timeout, rounded up)"),
+    ("--out", "out", str, None, "directory for the Result files (as `staleness simulate` writes them)"),
+    ("--no-progress", "no_progress", "flag", False, "no live progress line"),
+]
+
+
+def _add_run_options(p) -> None:
+    for flag, dest, kind, default, help_ in _RUN_OPTIONS:
+        if kind == "flag":
+            p.add_argument(flag, dest=dest, action="store_true", help=help_)
+        else:
+            p.add_argument(flag, dest=dest, type=kind, default=default, help=help_)
+
+
+def _run_argv(args) -> list[str]:
+    """The `staleness run` arguments that reproduce `args` (for `launch`)."""
+    argv = []
+    for flag, dest, kind, default, _ in _RUN_OPTIONS:
+        value = getattr(args, dest)
+        if kind == "flag":
+            if value:
+                argv.append(flag)
+        elif value is not None and value != default:
+            argv += [flag, str(value)]
+    return argv
 
 
 def add(sub) -> None:
-    return None
+    p = sub.add_parser("run", help="run a policy on real devices (and hosts) and record its trace",
+                       description="Train a task with a synchronization policy on the devices of this process, "
+                       "or as one process of a multi-process job (--coordinator, --num-processes, --process-id on "
+                       "every host; process 0 hosts the server and writes the Result).")
+    _add_run_options(p)
+    p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process runs)")
+    p.add_argument("--num-processes", type=int, default=None, help="processes in the job")
+    p.add_argument("--process-id", type=int, default=None, help="this process's index, 0..N-1")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("launch", help="start N local processes of `staleness run` (127.0.0.1, a free port)",
+                       description="Start --local N processes of `staleness run` on this machine, joined through "
+                       "jax.distributed on 127.0.0.1; process 0 writes the Result.")
+    p.add_argument("--local", type=int, required=True, help="number of processes")
+    p.add_argument("--timeout", type=float, default=None, help="kill every process after this many seconds")
+    _add_run_options(p)
+    p.set_defaults(func=_cmd_launch)
+
+    p = sub.add_parser("replay", help="replay a recorded trace (or a Result directory) in the engine",
+                       description="Replay TRACE (a Result directory, or a schedule.json) in the engine with "
+                       "slot_mode='map'; for a Result directory, compare the final parameters with the recorded "
+                       "run's (bitwise on CPU).")
+    p.add_argument("trace", help="Result directory or schedule JSON file")
+    p.add_argument("--task", default=None, help="task (default: the Result's; required for a bare trace)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr-rule", default=None)
+    p.add_argument("--optimizer", default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--tolerance", type=float, default=0.0,
+                   help="largest accepted |difference| of final parameters (default 0: bitwise)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless the replay matches the recorded parameters")
+    p.add_argument("--out", default=None, help="directory for the replay's Result files")
+    p.set_defaults(func=_cmd_replay)
+
+
+# -- run -------------------------------------------------------------------------------------
+def _set_cpu_devices(n) -> None:
+    if n is None:
+        return
+    if n < 1:
+        raise UsageError(f"--cpu-devices = {n} must be >= 1")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", int(n))
+
+
+def _multiprocess(args) -> bool:
+    given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
+    if any(given) and not all(given):
+        raise UsageError("multi-process runs need all of --coordinator, --num-processes and --process-id")
+    return all(given)
+
+
+def _cmd_run(args) -> int:
+    multi = _multiprocess(args)
+    if multi:
+        _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
+    import staleness as st
+    from staleness.results import DivergenceError
+    from staleness.runtime import RunFailure
+
+    kwargs = dict(num_updates=args.updates, num_workers=args.workers, seed=args.seed, lr=args.lr,
+                  lr_rule=args.lr_rule, optimizer=args.optimizer, batch_size=args.batch_size,
+                  data_dir=args.data_dir, time_scale=args.time_scale, eval_every=args.eval_every,
+                  max_time=args.max_time, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                  resume=args.resume, worker_timeout=args.worker_timeout,
+                  on_worker_failure=args.on_worker_failure, progress=not args.no_progress)
+    t0 = time.perf_counter()
+    code = 0
+    try:
+        if multi:
+            if args.devices is not None:
+                raise UsageError("--devices applies to one-process runs; use --cpu-devices per process")
+            result = st.runtime.run_process(args.task, args.policy, args.cluster, coordinator=args.coordinator,
+                                            num_processes=args.num_processes, process_id=args.process_id,
+                                            heartbeat_timeout=args.heartbeat_timeout, **kwargs)
+        else:
+            _set_cpu_devices(args.cpu_devices)
+            result = st.runtime.run(args.task, args.policy, args.cluster, devices=args.devices, **kwargs)
+    except (RunFailure, DivergenceError) as e:
+        print(f"staleness: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        result, code = e.result, 1
+    if result is None:
+        return code
+    where = f" ({args.num_processes} processes)" if multi else ""
+    print(f"{result.schedule.policy} on {result.schedule.cluster or 'the hardware'}{where}, {args.task}, seed "
+          f"{args.seed}: {result.schedule.num_updates} updates in {result.schedule.end_time:.2f} s "
+          f"({time.perf_counter() - t0:.1f} s with compilation), status {result.status}")
+    print_table(result.history.to_dict("records"))
+    print_table([result.summary()])
+    if args.out:
+        result.save(args.out)
+        print(f"wrote {args.out}/")
+    if code == 0 and result.status == "stopped":
+        code = 130
+    return code
+
+
+def _cmd_launch(args) -> int:
+    from staleness.runtime import launch_local
+
+    if args.local < 1:
+        raise UsageError(f"--local = {args.local} must be >= 1 (processes)")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout = {args.timeout} must be a number of seconds > 0")
+    if args.devices is not None:
+        raise UsageError("--devices applies to one-process runs; use --cpu-devices per process")
+    return launch_local(args.local, _run_argv(args), timeout=args.timeout)
+
+
+# -- replay ----------------------------------------------------------------------------------
+def _cmd_replay(args) -> int:
+    from staleness.runtime.replay import replay_trace
+
+    t0 = time.perf_counter()
+    rep, cmp = replay_trace(args.trace, args.task, lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
+                            seed=args.seed, batch_size=args.batch_size, config={"replay_of": str(args.trace)})
+    sched = rep.schedule
+    print(f"replayed {sched.num_updates} updates of {sched.policy} ({sched.num_gradients} gradients) in "
+          f"{time.perf_counter() - t0:.1f} s")
+    print_table(rep.history.to_dict("records"))
+    code = 0
+    if cmp is not None:
+        print(f"final parameters vs the recorded run: {'bitwise equal' if cmp.bitwise else 'differ'} "
+              f"(max |difference| {cmp.max_abs_diff:.3g}, tolerance {args.tolerance:g})")
+        code = 0 if cmp.within(args.tolerance) else 1
+    elif args.check:
+        raise UsageError("--check needs a Result directory (a bare trace has no recorded parameters)")
+    if args.out:
+        rep.save(args.out)
+        print(f"wrote {args.out}/")
+    return code if args.check else 0

@@ -1,0 +1,36 @@
+"""Real execution: the same policies on real devices and hosts, recording traces.
+
+    import staleness as st
+    result = st.runtime.run("digits-mlp", "ssp:3", "1*4,2.6*4", num_updates=500, time_scale=0.01)
+    result.schedule            # the recorded trace (a Schedule)
+    st.engine.replay(result.schedule, "digits-mlp", slot_mode="map", ...)   # same params, bitwise on CPU
+
+One process: `run` (a thread per worker, one device each). Several processes
+or hosts: `run_process` in each process of a `jax.distributed` job (the CLI's
+`staleness run --coordinator ...`), or `launch_local` for N processes on this
+machine. Modules: `spec` (arguments), `numerics` (the jitted functions),
+`worker` (worker loop, injected delays), `server` (policy gate, updates,
+faults), `recorder` (the trace), `transport` (the Transport interface and the
+in-process transport), `coordination` (the multi-process transport: the
+coordination service and `jax.experimental.transfer`), `checkpoint`,
+`progress`, `multiprocess`.
+"""
+
+from staleness.runtime.errors import RunFailure, WorkerError, WorkerLostError
+from staleness.runtime.run import resolve_devices, run
+from staleness.runtime.transport import LocalTransport, ServerLink, WorkerLink
+
+__all__ = ["run", "run_process", "launch_local", "replay_trace", "RunFailure", "WorkerError",
+           "WorkerLostError", "ServerLink", "WorkerLink", "LocalTransport", "resolve_devices"]
+
+
+def __getattr__(name):
+    if name in ("run_process", "launch_local"):
+        from staleness.runtime import multiprocess
+
+        return getattr(multiprocess, name)
+    if name == "replay_trace":
+        from staleness.runtime.replay import replay_trace
+
+        return replay_trace
+    raise AttributeError(f"module 'staleness.runtime' has no attribute {name!r}")

@@ -1,0 +1,33 @@
+"""Errors of a real run. Each keeps what was recorded up to the failure in `.result`."""
+
+from __future__ import annotations
+
+__all__ = ["RunFailure", "WorkerError", "WorkerLostError"]
+
+
+class RunFailure(RuntimeError):
+    """A real run stopped on a fault; `.result` is the Result recorded so far (or None)."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class WorkerError(RunFailure):
+    """A worker raised. `.worker` is its id, `.message` its error and traceback."""
+
+    def __init__(self, worker: int, message: str, result=None):
+        first = message.strip().splitlines()[0] if message.strip() else "error"
+        super().__init__(f"worker {worker} failed: {first}", result)
+        self.worker = worker
+        self.message = message
+
+
+class WorkerLostError(RunFailure):
+    """A worker (or its process) was lost and the run was told to stop
+    (on_worker_failure='stop'), or no live worker was left."""
+
+    def __init__(self, worker: int, reason: str, result=None):
+        super().__init__(f"worker {worker} lost: {reason}", result)
+        self.worker = worker
+        self.reason = reason

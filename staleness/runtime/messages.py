@@ -1,0 +1,94 @@
+"""Control messages between the server and its workers, whatever carries them.
+
+A `Release` goes from the server to a worker: start iteration `iteration` on
+the parameters of `version`. A `Push` goes back with the gradient's metadata
+(its loss and gradient travel beside it as arrays). `WorkerFailed` (the worker
+raised) and `WorkerLost` (the worker, or its process, is gone) are events the
+transport raises on the server side.
+
+Times inside a `Push` are durations on the worker's own clock, measured back
+from the moment it sent the push (`since_recv`, `since_start`, `since_end`), so
+worker and server clocks never need to agree (hosts do not share
+`time.monotonic()`). The server knows when it released the worker and when the
+push arrived; the difference minus the worker's `since_recv` is the time both
+messages spent in transit, which it splits evenly between the release and the
+push (as NTP does) to place `start` and `end` on its own clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+__all__ = ["Release", "Push", "WorkerFailed", "WorkerLost", "STOP"]
+
+STOP = -1  # worker id of a release that stops every worker of a process
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """Server -> worker: compute `iteration` (the worker's clock) on `version`.
+
+    epoch: the worker's membership epoch; the server ignores a push whose epoch
+      is stale (its worker was declared lost after it was released).
+    handle: transport-specific reference to the offered parameters.
+    """
+
+    worker: int
+    iteration: int
+    version: int
+    epoch: int
+    handle: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.astuple(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Release":
+        return cls(*json.loads(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class Push:
+    """Worker -> server: the gradient of (worker, iteration) on `version` is ready.
+
+    since_recv / since_start / since_end: seconds between receiving the release /
+      compute start (parameters arrived) / compute end and sending this push, on
+      the worker's clock (since_recv >= since_start >= since_end >= 0).
+    handle: transport-specific reference to the offered (loss, gradient).
+    error: set instead of a gradient when the worker raised: its message.
+    """
+
+    worker: int
+    iteration: int
+    version: int
+    epoch: int
+    since_recv: float = 0.0
+    since_start: float = 0.0
+    since_end: float = 0.0
+    handle: int = 0
+    error: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.astuple(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Push":
+        return cls(*json.loads(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFailed:
+    """A worker raised: `message` is its error (type, text and traceback)."""
+
+    worker: int
+    message: str
+    exception: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLost:
+    """A worker is gone (its process died or left); `reason` says how it was seen."""
+
+    worker: int
+    reason: str

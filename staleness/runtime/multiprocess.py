@@ -1,0 +1,248 @@
+"""Several processes and hosts: `run_process` in each process of a
+`jax.distributed` job, and `launch_local` to start N such processes here.
+
+Process 0 hosts the server; worker w runs in process w % N on that process's
+local device (w // N) % (local devices). Every process is started with the
+same arguments (`staleness run --coordinator HOST:PORT --num-processes N
+--process-id I ...` on each host); process 0 returns the Result, the others
+return None when the server stops them.
+
+Every policy, BSP included, runs through the parameter-server transport of
+`staleness.runtime.coordination` (no lockstep collectives): the server's
+jitted `combine` + `server_update` is then the only place gradients are
+summed, which keeps traces replayable bitwise (a `pmean` would sum in another
+order) and lets BSP survive a lost worker like the other policies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+__all__ = ["run_process", "launch_local", "free_port", "worker_placement"]
+
+SHUTDOWN_SECONDS = 15.0   # how long process 0 waits for the others to leave at the end
+
+
+def worker_placement(num_workers: int, num_processes: int, num_local_devices: int, process_id: int) -> dict:
+    """{worker: local device index} of the workers that `process_id` hosts."""
+    return {w: (w // num_processes) % num_local_devices
+            for w in range(num_workers) if w % num_processes == process_id}
+
+
+def _check_job(coordinator, num_processes, process_id) -> None:
+    if not isinstance(coordinator, str) or ":" not in coordinator:
+        raise ValueError(f"coordinator = {coordinator!r} must be HOST:PORT, e.g. 10.0.0.1:8476")
+    try:
+        port = int(coordinator.rsplit(":", 1)[1])
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise ValueError(f"coordinator = {coordinator!r}: the port must be an integer in 1..65535")
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes = {num_processes!r} must be an integer >= 1")
+    if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+        raise ValueError(f"process_id = {process_id!r} must be an integer in 0..{num_processes - 1}")
+
+
+def run_process(task, policy, cluster=None, *, coordinator: str, num_processes: int, process_id: int,
+                num_updates: int, num_workers: int | None = None, heartbeat_timeout: int | None = None,
+                init_timeout: float = 120.0, progress=False, **kwargs):
+    """Run one process of a multi-process job (call before any other JAX operation).
+
+    Args:
+      task: a Task, a built-in task name, or a zero-argument callable that builds
+        the Task (called after `jax.distributed` is initialized, since no JAX
+        operation may run before that).
+      coordinator: HOST:PORT of process 0's coordination service.
+      num_processes, process_id: the job's size and this process's index.
+      heartbeat_timeout: seconds without heartbeat after which a process counts as
+        dead (default: half of worker_timeout, rounded up, at least 1); detection
+        takes about this long plus a liveness round (~0.2-1 s).
+      init_timeout: seconds to wait for every process to join and compile.
+      Everything else as in `runtime.run` (task, policy, cluster, num_updates, seed,
+      lr, lr_rule, optimizer, time_scale, eval_every, checkpoint, checkpoint_every,
+      resume, worker_timeout, on_worker_failure, max_time, batch_size, data_dir).
+
+    Returns: the Result on process 0, None on the others. Process 0 raises
+    `WorkerError` / `WorkerLostError` / `DivergenceError` like `runtime.run`.
+    Other processes raise `RunFailure` if they lose the server.
+    """
+    import math
+
+    _check_job(coordinator, num_processes, process_id)
+    worker_timeout = kwargs.get("worker_timeout", 30.0)
+    if heartbeat_timeout is None:  # a dead process is then seen (by its heartbeat) before its deadline
+        heartbeat_timeout = max(1, math.ceil(worker_timeout / 2)) if isinstance(worker_timeout, (int, float)) else 15
+    if isinstance(heartbeat_timeout, bool) or not isinstance(heartbeat_timeout, int) or heartbeat_timeout < 1:
+        raise ValueError(f"heartbeat_timeout = {heartbeat_timeout!r} must be an integer number of seconds >= 1")
+
+    from staleness.runtime import coordination
+
+    coord = coordination.initialize(coordinator, num_processes, process_id,
+                                    heartbeat_timeout=heartbeat_timeout, init_timeout=int(init_timeout))
+    try:
+        return _run_process(coord, task, policy, cluster, num_updates=num_updates, num_workers=num_workers,
+                            init_timeout=init_timeout, progress=progress, **kwargs)
+    finally:
+        if process_id == 0:
+            coord.wait_others_left(SHUTDOWN_SECONDS)
+        coord.shutdown()
+
+
+def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init_timeout, progress, **kwargs):
+    import jax
+    import numpy as np
+
+    from staleness.engine import core
+    from staleness.runtime import checkpoint as _ckpt
+    from staleness.runtime.coordination import DistributedServerLink, DistributedWorkerLink
+    from staleness.runtime.errors import RunFailure
+    from staleness.runtime.numerics import Numerics, zeros_like
+    from staleness.runtime.run import JOIN_SECONDS, _checkpointer, make_progress, serve, sigint_stops
+    from staleness.runtime.server import Server
+    from staleness.runtime.spec import make_spec
+    from staleness.runtime.worker import worker_loop
+
+    pid, n = coord.process_id, coord.num_processes
+    local = jax.local_devices()
+    if callable(task) and not isinstance(task, str) and not hasattr(task, "loss_fn"):
+        task = task()
+    spec = make_spec(task, policy, cluster, num_updates=num_updates,
+                     num_workers=num_workers if num_workers is not None or cluster is not None else n * len(local),
+                     **kwargs)
+    placement = {w: local[i] for w, i in worker_placement(spec.num_workers, n, len(local), pid).items()}
+    worker_process = [w % n for w in range(spec.num_workers)]
+    server_device = local[0]
+    init_key, data_key = core.keys(spec.seed)
+    params_shape = jax.eval_shape(spec.task.init_params, init_key)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.lr, spec.slots, data_key)
+    config = spec.config(devices=sorted({f"p{worker_process[w]}" for w in range(spec.num_workers)}),
+                         server_device=f"p0:{server_device}", processes=n,
+                         transport="coordination-service+jax.experimental.transfer")
+    stop_event = threading.Event()
+    server = params = None
+    if pid == 0:
+        meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
+        params = jax.device_put(spec.task.init_params(init_key), server_device)
+        callback, close_progress = make_progress(progress)
+        server = Server(policy=spec.policy, num_workers=spec.num_workers, numerics=numerics, params=params,
+                        opt_state=spec.opt.direction().init(params), zeros=zeros_like(params),
+                        link=DistributedServerLink(coord, worker_process, server_device, params_shape),
+                        num_updates=spec.num_updates, max_time=spec.max_time, eval_every=spec.eval_every,
+                        worker_timeout=spec.worker_timeout, on_worker_failure=spec.on_worker_failure,
+                        progress=callback, on_checkpoint=_checkpointer(spec, config),
+                        checkpoint_every=spec.checkpoint_every, stop_event=stop_event)
+        state = _ckpt.restore(server, meta, server_device) if meta is not None else None
+        server.membership.extend(spec.membership(after=server.t_offset))
+    else:
+        close_progress = lambda: None  # noqa: E731
+    warm = params if params is not None else jax.eval_shape(spec.task.init_params, init_key)
+    if params is None:
+        warm = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), warm)
+    numerics.warm_up(warm, list(placement.values()), server_device if pid == 0 else None)
+    link = DistributedWorkerLink(coord, placement, params_shape) if placement else None
+    coord.barrier("ready", init_timeout)  # every process compiled and listening: start the clock
+
+    threads = []
+    try:
+        with sigint_stops(stop_event):
+            if server is not None:
+                server.start(state)
+            t0 = time.monotonic() - (server.t_offset if server is not None else 0.0)
+            for w in placement:
+                t = threading.Thread(target=worker_loop, args=(w, link, numerics, placement[w], spec.delays(t0)),
+                                     name=f"staleness-worker-{w}", daemon=True)
+                t.start()
+                threads.append(t)
+            if server is not None:
+                return serve(server, spec, config)
+            if link is None:  # more processes than workers: nothing to do here
+                return None
+            # A worker process: work until the server stops us (or is lost, or Ctrl-C).
+            while not link.stopped.wait(0.1):
+                if stop_event.is_set():
+                    break
+            if link.server_lost:
+                raise RunFailure(f"process {pid}: lost the server (process 0): {link.server_lost}")
+            return None
+    finally:
+        if link is not None:
+            link.stopped.set()
+        close_progress()
+        deadline = time.monotonic() + JOIN_SECONDS
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+# -- launching processes on this machine ---------------------------------------------------
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(num_processes: int, run_args: list[str], *, devices_per_process: int | None = None,
+                 timeout: float | None = None, python: str | None = None, env: dict | None = None) -> int:
+    """Start `num_processes` processes of `staleness run` on 127.0.0.1 and wait for them.
+
+    Args:
+      run_args: arguments of `staleness run` (without --coordinator/--num-processes/--process-id).
+      devices_per_process: virtual CPU devices per process (XLA_FLAGS); default: keep the environment's.
+      timeout: seconds before every process is killed (SIGKILL: a hung JAX process
+        ignores SIGTERM); None waits forever.
+    Ctrl-C is forwarded to process 0 only, which stops the others and writes its
+    Result; a second Ctrl-C kills them all.
+    Returns: process 0's exit status (or the first non-zero one if process 0 succeeded).
+    """
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"--local = {num_processes!r} must be an integer >= 1 (processes)")
+    port = free_port()
+    base_env = dict(os.environ if env is None else env)
+    if devices_per_process is not None:
+        flags = [f for f in base_env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+        base_env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices_per_process}"])
+    procs = []
+    for i in range(num_processes):
+        argv = [python or sys.executable, "-m", "staleness", "run", "--coordinator", f"127.0.0.1:{port}",
+                "--num-processes", str(num_processes), "--process-id", str(i), *run_args]
+        procs.append(subprocess.Popen(argv, env=base_env, start_new_session=True))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interrupted = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            try:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError
+                time.sleep(0.1)
+            except KeyboardInterrupt:
+                interrupted += 1
+                if interrupted == 1 and procs[0].poll() is None:
+                    procs[0].send_signal(signal.SIGINT)
+                else:
+                    raise
+    except (KeyboardInterrupt, TimeoutError):
+        _kill_all(procs)
+        return 124 if interrupted == 0 else 130
+    codes = [p.returncode for p in procs]
+    return codes[0] if codes[0] != 0 else next((c for c in codes if c != 0), 0)
+
+
+def _kill_all(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass

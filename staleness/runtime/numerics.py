@@ -1,0 +1,139 @@
+"""The jitted functions a real run executes, built from the engine's shared numerics.
+
+Workers call `gradient` (= `engine.core.gradient` under `jax.jit`) once per
+iteration; the server stacks the gradients of an update (`stack`) and applies
+`engine.core.combine` + `engine.core.server_update` (`update`), exactly the
+calls that `engine.replay(..., slot_mode='map')` makes per update. On CPU a
+recorded trace therefore replays to bitwise the same parameters
+(tests/test_engine.py proves the engine side of that contract).
+
+The one-gradient path mirrors the engine's: when every update holds one
+gradient (ASP, SSP, DSSP, 1-gradient softsync) the engine neither stacks nor
+averages, it scales the gradient by the lr rule (unless the rule is constant)
+and updates; `update_one` does the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from staleness import lr as _lr
+from staleness.engine import core
+from staleness.engine.optim import ServerOptimizer
+
+__all__ = ["Numerics"]
+
+
+def _gradient(task, params, data_key, worker, iteration):
+    return core.gradient(task, params, data_key, worker, iteration)
+
+
+def _stack(*grads):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
+
+
+def _update_many(params, opt_state, grads, staleness, mask, update, alpha0, *, opt, rule):
+    grad = core.combine(grads, staleness, mask, (rule,))
+    return core.server_update(opt, params, opt_state, grad, update, alpha0, mask.any())
+
+
+def _update_one(params, opt_state, grad, staleness, mask, update, alpha0, *, opt, rule):
+    if not isinstance(rule, _lr.Constant):
+        scale = rule.scale(staleness, mask).astype(jnp.float32)
+        grad = jax.tree.map(lambda g: g * scale[0], grad)
+    return core.server_update(opt, params, opt_state, grad, update, alpha0, mask.any())
+
+
+_gradient_jit = jax.jit(_gradient)
+_stack_jit = jax.jit(_stack)
+_update_many_jit = jax.jit(_update_many, static_argnames=("opt", "rule"))
+_update_one_jit = jax.jit(_update_one, static_argnames=("opt", "rule"))
+
+
+class Numerics:
+    """Per-gradient and per-update functions of one run.
+
+    Args:
+      task: the Task (passed to `jit` as an argument, so its data are device
+        inputs, not constants).
+      opt: the server optimizer. rule: the lr rule. lr: base learning rate α0.
+      slots: gradient slots per update (the policy's largest update); 1 selects
+        the engine's one-gradient path.
+      data_key: the run's minibatch key (`engine.core.keys(seed)[1]`).
+    """
+
+    def __init__(self, task, opt: ServerOptimizer, rule, lr: float, slots: int, data_key):
+        self.task = task
+        self.opt = opt
+        self.rule = rule
+        self.slots = int(slots)
+        self.alpha0 = np.float32(lr)
+        self.data_key = data_key
+        self._placed: dict = {}   # device -> (task, data_key) committed to it
+        self._lock = threading.Lock()
+
+    def on(self, device):
+        """(task, data_key) on `device`, placed once: an uncommitted task would be
+        copied to the worker's device on every call (its data are jit inputs)."""
+        placed = self._placed.get(device)
+        if placed is None:
+            with self._lock:
+                placed = self._placed.get(device)
+                if placed is None:
+                    placed = self._placed[device] = jax.device_put((self.task, self.data_key), device)
+        return placed
+
+    def gradient(self, params, worker: int, iteration: int, device):
+        """(loss, grad) of `worker`'s minibatch for `iteration`; params are on `device`."""
+        task, key = self.on(device)
+        return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration))
+
+    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None):
+        """Apply one server update from `grads` (1..slots gradients, in push order).
+
+        staleness: [c] of the gradients; update: the update index (version before it).
+        zeros: a params-shaped zero pytree used to pad to `slots` (needed when c < slots).
+        Returns (params, opt_state).
+        """
+        c = len(grads)
+        u = np.int32(update)
+        if self.slots == 1:
+            tau = np.asarray(staleness, np.int32)
+            mask = np.ones(1, bool)
+            return _update_one_jit(params, opt_state, grads[0], tau, mask, u, self.alpha0,
+                                   opt=self.opt, rule=self.rule)
+        if c > self.slots:
+            raise ValueError(f"update {update}: {c} gradients exceed the {self.slots} slots")
+        pad = self.slots - c
+        tau = np.asarray(list(staleness) + [0] * pad, np.int32)
+        mask = np.asarray([True] * c + [False] * pad)
+        stacked = _stack_jit(*grads, *([zeros] * pad))
+        return _update_many_jit(params, opt_state, stacked, tau, mask, u, self.alpha0,
+                                opt=self.opt, rule=self.rule)
+
+    def warm_up(self, params, devices, server_device=None) -> None:
+        """Compile the gradient on every device in `devices` and, given a
+        `server_device`, the update there, before the run's clock starts (the
+        results are discarded)."""
+        outs = [self.gradient(jax.device_put(params, d), 0, 0, d) for d in dict.fromkeys(devices)]
+        if server_device is not None:
+            server_params = jax.device_put(params, server_device)
+            grad = jax.tree.map(jnp.zeros_like, server_params)
+            opt_state = self.opt.direction().init(server_params)
+            outs.append(self.update(server_params, opt_state, [grad], [0], 0, grad))
+        jax.block_until_ready(outs)
+
+
+@functools.cache
+def _zeros_like_jit():
+    return jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
+
+
+def zeros_like(tree):
+    """A zero pytree shaped like `tree`, on its device."""
+    return _zeros_like_jit()(tree)

@@ -1,0 +1,89 @@
+"""Replay a recorded trace in the engine and compare with the real run.
+
+On CPU the replay (slot_mode='map') reproduces the recorded run's final
+parameters bit for bit: both sides run the same compiled per-gradient
+function and the same combine + server_update on the same gradients in the
+same order. On GPUs the per-gradient kernels may differ between the standalone
+and the scanned program (autotuning, fusion), so compare with a tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["replay_trace", "Comparison", "compare_params"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Final parameters of a replay vs the recorded run."""
+
+    bitwise: bool
+    max_abs_diff: float   # over all leaves (inf if the structures differ)
+
+    def within(self, tolerance: float) -> bool:
+        return self.bitwise or self.max_abs_diff <= tolerance
+
+
+def compare_params(a, b) -> Comparison:
+    import jax
+
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    if len(la) != len(lb) or any(np.shape(x) != np.shape(y) for x, y in zip(la, lb)):
+        return Comparison(False, float("inf"))
+    bitwise = all(np.array_equal(x, y) for x, y in zip(la, lb))
+    diff = max((float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+                for x, y in zip(la, lb) if np.size(x)), default=0.0)
+    return Comparison(bitwise, diff)
+
+
+def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, seed=None, batch_size=None,
+                 data_dir=None, **replay_kwargs):
+    """Replay `trace` in the engine with slot_mode='map'.
+
+    Args:
+      trace: a `Result` of a real run, a Result directory, a `Schedule`, or a schedule JSON file.
+      task, lr, lr_rule, optimizer, seed, batch_size: default to the Result's config;
+        a bare Schedule needs `task`.
+    Returns: (replay Result, Comparison with the recorded parameters or None).
+    """
+    import staleness as st
+    from staleness.results import Result
+    from staleness.schedule import Schedule
+
+    recorded = None
+    if isinstance(trace, (str, Path)):
+        path = Path(trace)
+        if path.is_dir():
+            trace = Result.load(path)
+        elif path.is_file():
+            try:
+                trace = Schedule.load(path)
+            except (ValueError, KeyError) as e:
+                raise ValueError(f"trace = {str(path)!r} is not a schedule JSON file ({e})") from None
+        else:
+            raise FileNotFoundError(f"trace = {str(path)!r}: no such Result directory or schedule file")
+    if isinstance(trace, Result):
+        recorded, sched, cfg = trace, trace.schedule, dict(trace.config)
+    elif isinstance(trace, Schedule):
+        sched, cfg = trace, {}
+    else:
+        raise ValueError(f"trace = {trace!r} must be a Result, a Schedule or a path to one")
+    task = task if task is not None else cfg.get("task")
+    if task is None:
+        raise ValueError("task is required to replay a bare trace (it has no config)")
+    if isinstance(task, str):
+        task = st.tasks.get(task, batch_size=int(batch_size or cfg.get("batch_size") or 32),
+                            num_workers=sched.num_workers, partition=cfg.get("partition", "iid"),
+                            seed=int(cfg.get("task_seed") or 0), data_dir=data_dir)
+    kw = dict(lr=lr if lr is not None else cfg.get("lr", 0.05),
+              lr_rule=lr_rule or cfg.get("lr_rule", "constant"),
+              optimizer=optimizer or cfg.get("optimizer", "sgd"),
+              seed=seed if seed is not None else cfg.get("seed", sched.seed or 0))
+    if "eval_every" not in replay_kwargs and cfg.get("eval_every"):
+        replay_kwargs["eval_every"] = int(cfg["eval_every"])
+    rep = st.engine.replay(sched, task, slot_mode="map", **kw, **replay_kwargs)
+    return rep, (compare_params(recorded.params, rep.params) if recorded is not None else None)

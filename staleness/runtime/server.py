@@ -1,0 +1,320 @@
+"""The server loop: the shared policy gates real workers; updates are jitted.
+
+The server owns the parameters and the optimizer state. It drives the policy
+with the driver protocol of `staleness.policies` (init / push / fail / join),
+passing real time (seconds since the run's start, from `time.monotonic()`),
+exactly as the simulator drives it with simulated time:
+
+  - a gradient arrives: `policy.push`; record its row; buffer it if accepted;
+    on `update` apply one update from the buffer (`Numerics.update`); release
+    every worker in `released` with the current version;
+  - a worker is lost (its process died, it exceeded `worker_timeout`, or the
+    cluster's failure model says so): record its in-flight gradient as lost,
+    `policy.fail`; gates then count live workers only;
+  - a worker rejoins (cluster failure model, or on resume): `policy.join`.
+
+Each wait on the transport is bounded (`TICK_SECONDS`), so stop requests,
+deadlines, failure events and progress are checked even when nothing arrives.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from staleness.runtime.errors import WorkerError, WorkerLostError
+from staleness.runtime.messages import Release, WorkerFailed, WorkerLost
+from staleness.runtime.recorder import InFlight, Recorder
+from staleness.runtime.transport import Arrival, ServerLink
+
+__all__ = ["Server", "Diverged", "TICK_SECONDS"]
+
+TICK_SECONDS = 0.05  # longest wait on the transport between housekeeping checks
+
+
+class Diverged(FloatingPointError):
+    """A gradient with a non-finite loss was applied (message names it)."""
+
+
+class Server:
+    """Parameter server of one real run (see the module docstring).
+
+    Args:
+      policy: the `staleness.policies` policy (the same object the simulator uses).
+      num_workers: λ.
+      numerics: `runtime.numerics.Numerics` of the run.
+      params, opt_state: version 0 (or the checkpoint's version), on the server's device.
+      zeros: params-shaped zeros on the server's device (pads update slots).
+      link: the server's end of the transport.
+      num_updates: stop after this many updates.
+      max_time: optional wall-clock budget (seconds since the start, resumed runs included).
+      eval_every: keep a parameter snapshot every this many updates (history rows).
+      worker_timeout: a released worker with no gradient after this many seconds is lost.
+      on_worker_failure: 'continue' (policy.fail; the run goes on) or 'stop' (raise
+        `WorkerLostError`). Failures of the cluster's failure model always continue.
+      membership: [(seconds, 'fail' | 'join', worker)] real times of emulated failures.
+      progress: callable(dict) called about every `progress_every` seconds, or None.
+      on_checkpoint: callable(server) called every `checkpoint_every` updates.
+      stop_event: a threading.Event that stops the run (status 'stopped') when set.
+    """
+
+    def __init__(self, *, policy, num_workers: int, numerics, params, opt_state, zeros, link: ServerLink,
+                 num_updates: int, max_time: float | None = None, eval_every: int = 1,
+                 worker_timeout: float = 30.0, on_worker_failure: str = "continue",
+                 membership=(), progress: Callable | None = None, progress_every: float = 0.5,
+                 on_checkpoint: Callable | None = None, checkpoint_every: int | None = None,
+                 stop_event: threading.Event | None = None, clock=time.monotonic):
+        self.policy = policy
+        self.num_workers = num_workers
+        self.numerics = numerics
+        self.params = params
+        self.opt_state = opt_state
+        self.zeros = zeros
+        self.link = link
+        self.num_updates = int(num_updates)
+        self.max_time = max_time
+        self.eval_every = max(1, int(eval_every))
+        self.worker_timeout = float(worker_timeout)
+        self.on_worker_failure = on_worker_failure
+        self.membership = deque(sorted(membership, key=lambda e: (e[0], e[1] != "join", e[2])))
+        self.progress = progress
+        self.progress_every = progress_every
+        self.on_checkpoint = on_checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.stop_event = stop_event or threading.Event()
+        self.clock = clock
+
+        self.state = None                       # SyncState (policy.init or a checkpoint's)
+        self.rec = Recorder()
+        self.inflight: list[InFlight | None] = [None] * num_workers
+        self.ready = [0.0] * num_workers        # time each worker became ready for its next iteration
+        self.epoch = [0] * num_workers
+        self.lost_for_real: set[int] = set()    # lost by a fault (not by the failure model)
+        self.buffer: list[tuple[int, object, int]] = []   # (row, grad, pull_version) awaiting an update
+        self.snapshots: list[tuple[int, object]] = [(0, params)]   # (update, params) to evaluate
+        self.rows: list[dict] = []              # evaluated history rows
+        self.t_offset = 0.0                     # seconds recorded before a resume
+        self.t0 = None
+        self.end_time = None                    # seconds since the start when serving ended
+        self.status = "running"
+        self._checked = 0                       # rows whose loss was checked for divergence
+        self._last_progress = -math.inf
+        self._last_deadline_check = -math.inf
+        self._progress_mark = (0.0, 0)
+
+    # -- time --------------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the run's start (continuing across a resume)."""
+        return self.clock() - self.t0 + self.t_offset
+
+    # -- driver protocol ------------------------------------------------------------
+    def _release(self, w: int, now: float) -> None:
+        it = self.state.clocks[w]
+        v = self.rec.num_updates
+        self.inflight[w] = InFlight(it, v, now, max(0.0, now - self.ready[w]), self.epoch[w])
+        self.link.release(Release(w, it, v, self.epoch[w]), self.params)
+
+    def _on_arrival(self, a: Arrival) -> None:
+        m = a.push
+        w = m.worker
+        f = self.inflight[w] if 0 <= w < self.num_workers else None
+        if f is None or m.epoch != f.epoch or not self.state.live[w]:
+            return  # the gradient of a worker declared lost after its release: ignored
+        if m.iteration != f.iteration or m.version != f.pull_version:
+            raise RuntimeError(f"worker {w} pushed iteration {m.iteration} on version {m.version}, "
+                               f"but was released for iteration {f.iteration} on version {f.pull_version}")
+        now = self.now()
+        self.inflight[w] = None
+        out = self.policy.push(self.state, w, f.pull_version, now)
+        # Place the worker's interval on the server's clock: the time both messages
+        # spent in transit is split evenly between the release and the push.
+        half = max(0.0, now - f.pull_time - m.since_recv) / 2
+        start = f.pull_time + half + (m.since_recv - m.since_start)
+        end = max(now - half - m.since_end, start)
+        row = self.rec.add(w, f, start, end, now, not out.accepted, False, a.loss)
+        self.ready[w] = now
+        if out.accepted:
+            self.buffer.append((row, a.grad, f.pull_version))
+        if out.update:
+            self._apply(now)
+        for r in out.released:
+            self._release(r, now)
+
+    def _apply(self, now: float) -> None:
+        rows = [b[0] for b in self.buffer]
+        grads = [b[1] for b in self.buffer]
+        v = self.rec.num_updates
+        staleness = [v - b[2] for b in self.buffer]
+        self.buffer = []
+        self.params, self.opt_state = self.numerics.update(self.params, self.opt_state, grads, staleness,
+                                                           v, self.zeros)
+        self.rec.applied(rows, now)
+        u = v + 1
+        if u % self.eval_every == 0 or u == self.num_updates:
+            self.snapshots.append((u, self.params))
+            self._check_divergence()
+
+    def _lose(self, w: int, now: float, reason: str, real: bool) -> None:
+        if not self.state.live[w]:
+            return
+        if real and self.on_worker_failure == "stop":
+            raise WorkerLostError(w, reason)
+        f = self.inflight[w]
+        if f is not None:
+            self.rec.add(w, f, f.pull_time, max(now, f.pull_time), math.nan, False, True, None)
+            self.inflight[w] = None
+        self.epoch[w] += 1
+        if real:
+            self.lost_for_real.add(w)
+        out = self.policy.fail(self.state, w, now)
+        if self.state.num_live == 0:
+            raise WorkerLostError(w, f"{reason}; no live worker is left")
+        if out.update:
+            self._apply(now)
+        for r in out.released:
+            self._release(r, now)
+
+    def _join(self, w: int, now: float) -> None:
+        if self.state.live[w]:
+            return
+        self.lost_for_real.discard(w)
+        self.epoch[w] += 1
+        self.ready[w] = now
+        out = self.policy.join(self.state, w, now)
+        for r in out.released:
+            self._release(r, now)
+
+    # -- housekeeping -------------------------------------------------------------
+    def _check_deadlines(self, now: float) -> None:
+        for w, f in enumerate(self.inflight):
+            if f is not None and now - f.pull_time > self.worker_timeout:
+                self._lose(w, now, f"no gradient {now - f.pull_time:.1f} s after its release "
+                           f"(worker_timeout = {self.worker_timeout:g} s)", real=True)
+
+    def _check_divergence(self) -> None:
+        losses = self.rec.fetch_losses(self._checked)
+        av = np.asarray(self.rec.cols["apply_version"][self._checked:])
+        bad = np.flatnonzero((av >= 0) & ~np.isfinite(losses))
+        if len(bad):
+            r = self._checked + int(bad[0])
+            c = self.rec.cols
+            raise Diverged(f"non-finite loss at update {c['apply_version'][r]} (gradient of worker "
+                           f"{c['worker'][r]}, iteration {c['iteration'][r]}, staleness "
+                           f"{c['apply_version'][r] - c['pull_version'][r]})")
+        self._checked = self.rec.num_rows
+
+    def _report(self, now: float) -> None:
+        t_prev, u_prev = self._progress_mark
+        u = self.rec.num_updates
+        rate = (u - u_prev) / (now - t_prev) if now > t_prev else 0.0
+        self._progress_mark = (now, u)
+        av = self.rec.cols["apply_version"][-256:]
+        pv = self.rec.cols["pull_version"][-256:]
+        stal = [a - p for a, p in zip(av, pv) if a >= 0]
+        self.progress({
+            "updates": u, "num_updates": self.num_updates, "time": now, "updates_per_s": rate,
+            "staleness_mean": float(np.mean(stal)) if stal else math.nan,
+            "staleness_max": max(stal) if stal else 0,
+            "clocks": list(self.state.clocks), "live": self.state.num_live, "workers": self.num_workers,
+        })
+
+    def _housekeeping(self) -> None:
+        now = self.now()
+        while self.membership and self.membership[0][0] <= now:
+            _, kind, w = self.membership.popleft()
+            if kind == "fail":
+                self._lose(w, now, "cluster failure model", real=False)
+            else:
+                self._join(w, now)
+        if now - self._last_deadline_check >= TICK_SECONDS:
+            self._last_deadline_check = now
+            self._check_deadlines(now)
+        if self.progress is not None and now - self._last_progress >= self.progress_every:
+            self._last_progress = now
+            self._report(now)
+
+    # -- the loop -------------------------------------------------------------------
+    def start(self, state=None) -> None:
+        """Start the clock; release every worker (fresh run) or resume from `state`."""
+        self.t0 = self.clock()
+        now = self.now()
+        if state is None:
+            self.state = self.policy.init(self.num_workers, now)
+            for w in range(self.num_workers):
+                self.ready[w] = now
+                self._release(w, now)
+            return
+        # Resume: gradients in flight at the checkpoint are gone; those workers
+        # start their iteration again on the checkpoint's version. Blocked ones
+        # stay blocked; workers lost to a fault rejoin (this is a fresh start).
+        self.state = state
+        self.ready = [now] * self.num_workers
+        lost, self.lost_for_real = sorted(self.lost_for_real), set()
+        for w in range(self.num_workers):
+            if state.live[w] and not state.blocked[w]:
+                self._release(w, now)
+        for w in lost:
+            self._join(w, now)
+
+    def serve(self) -> str:
+        """Run until the budget is spent or the run is stopped; returns the status
+        ('complete' or 'stopped'). Raises WorkerError, WorkerLostError or Diverged."""
+        try:
+            while self.rec.num_updates < self.num_updates:
+                ev = self.link.poll(TICK_SECONDS)
+                if isinstance(ev, Arrival):
+                    before = self.rec.num_updates
+                    self._on_arrival(ev)
+                    if (self.on_checkpoint is not None and self.checkpoint_every
+                            and self.rec.num_updates // self.checkpoint_every > before // self.checkpoint_every
+                            and self.rec.num_updates < self.num_updates):
+                        self.on_checkpoint(self)
+                elif isinstance(ev, WorkerFailed):
+                    raise WorkerError(ev.worker, ev.message) from ev.exception
+                elif isinstance(ev, WorkerLost):
+                    if 0 <= ev.worker < self.num_workers:
+                        self._lose(ev.worker, self.now(), ev.reason, real=True)
+                self._housekeeping()
+                if self.stop_event.is_set() or (self.max_time is not None and self.now() >= self.max_time):
+                    self.status = "stopped" if self.stop_event.is_set() else "complete"
+                    break
+            else:
+                self.status = "complete"
+        except KeyboardInterrupt:
+            self.status = "stopped"
+        finally:
+            self.end_time = self.now()
+            self.link.stop()
+        return self.status
+
+    # -- results ----------------------------------------------------------------------
+    def pending_rows(self) -> list[int]:
+        """Rows pushed and accepted but not applied (left out of the trace)."""
+        return [b[0] for b in self.buffer]
+
+    def evaluate_snapshots(self, evaluate: Callable, train_loss: np.ndarray, final: bool = False) -> list[dict]:
+        """Evaluate the kept snapshots into history rows (update, time, train_loss,
+        metrics); with final=True also the current version if it has no row yet."""
+        import jax
+
+        last = self.rows[-1]["update"] if self.rows else None
+        u_now = self.rec.num_updates
+        if final and (not self.snapshots or self.snapshots[-1][0] != u_now) and last != u_now:
+            self.snapshots.append((u_now, self.params))
+        for u, params in self.snapshots:
+            if self.rows and u <= self.rows[-1]["update"]:
+                continue
+            prev = self.rows[-1]["update"] if self.rows else 0
+            metrics = jax.device_get(evaluate(params))
+            seg = train_loss[prev:u]
+            row = {"update": int(u), "time": float(self.rec.update_time[u - 1]) if u > 0 else 0.0,
+                   "train_loss": float(np.mean(seg)) if len(seg) else math.nan}
+            row.update({k: float(v) for k, v in metrics.items()})
+            self.rows.append(row)
+        self.snapshots = []
+        return self.rows

@@ -1,0 +1,150 @@
+"""Arguments of a real run, checked once at the boundary, and what derives from them.
+
+`make_spec` validates every user argument (a `ValueError` naming the argument,
+the value and what would be valid) and resolves specs (policy, cluster, lr
+rule, optimizer, task). Both the one-process runtime (`runtime.run`) and each
+process of a multi-process run (`runtime.run_process`) start from a `RunSpec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from staleness import lr as _lr
+from staleness import policies as _policies
+
+__all__ = ["RunSpec", "make_spec", "FAILURE_MODES"]
+
+FAILURE_MODES = ("continue", "stop")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A validated real run (see `runtime.run` for the meaning of each field)."""
+
+    task: Any
+    policy: _policies.Policy
+    cluster: Any            # staleness.cluster.Cluster or None (no injected delays)
+    num_workers: int
+    opt: Any                # engine.optim.ServerOptimizer
+    rule: Any               # lr rule
+    lr: float
+    seed: int
+    num_updates: int
+    max_time: float | None
+    eval_every: int
+    time_scale: float
+    worker_timeout: float
+    on_worker_failure: str
+    checkpoint: Any
+    checkpoint_every: int | None
+    resume: bool
+
+    @property
+    def slots(self) -> int:
+        """Gradient slots of the policy's largest update (1: the one-gradient path)."""
+        return max(1, self.policy.gradients_per_update(self.num_workers, self.num_workers))
+
+    def config(self, **extra) -> dict:
+        """The Result's config (the engine's keys, plus how the run was executed)."""
+        out = dict(task=self.task.name, batch_size=self.task.batch_size, lr=self.lr,
+                   lr_rule=self.rule.describe(), optimizer=self.opt.describe(), seed=self.seed,
+                   policy=self.policy.describe(), cluster=self.cluster.describe() if self.cluster else "",
+                   workers=self.num_workers, eval_every=self.eval_every, runtime="real",
+                   time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates,
+                   partition=self.task.partition, task_seed=self.task.seed)
+        out.update(extra)
+        return out
+
+    def delays(self, t0: float):
+        """Injected delays (None without a cluster); t0: the run's start on the local clock."""
+        if self.cluster is None:
+            return None
+        from staleness.runtime.worker import Delays
+
+        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0)
+
+    def membership(self, after: float = 0.0) -> list[tuple[float, str, int]]:
+        """Failure-model events (real seconds since the start) later than `after`."""
+        if self.cluster is None:
+            return []
+        events = self.cluster.sampler(self.seed).membership_events()
+        return [(t * self.time_scale, kind, w) for t, kind, w in events if t * self.time_scale > after]
+
+
+def _positive(name: str, value, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} = {value!r} must be a finite number of seconds > 0")
+    return float(value)
+
+
+def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = "") -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} = {value!r} must be an integer >= {low}{what}")
+    return int(value)
+
+
+def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=0.05,
+              lr_rule="constant", optimizer="sgd", batch_size=None, data_dir=None, max_time=None,
+              eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
+              on_worker_failure="continue", checkpoint=None, checkpoint_every=None,
+              resume=False) -> RunSpec:
+    """Validate a real run's arguments; see `runtime.run`."""
+    from staleness import cluster as _cluster
+    from staleness.engine.optim import get as get_optimizer
+    from staleness.engine.run import _check_lr, resolve_task
+
+    if isinstance(policy, str):
+        policy = _policies.parse(policy)
+    if not isinstance(policy, _policies.Policy):
+        raise ValueError(f"policy = {policy!r} must be a staleness.policies policy or a spec string like 'ssp:3'")
+    if isinstance(cluster, str):
+        cluster = _cluster.parse(cluster)
+    if cluster is not None and not isinstance(cluster, _cluster.Cluster):
+        raise ValueError(f"cluster = {cluster!r} must be None (no injected delays), a staleness.cluster.Cluster "
+                         "or a spec string like '1*4,2.6*4'")
+    if cluster is not None:
+        if num_workers is not None and num_workers != cluster.num_workers:
+            raise ValueError(f"num_workers = {num_workers!r} differs from the cluster's {cluster.num_workers} "
+                             "workers; give one or make them agree")
+        num_workers = cluster.num_workers
+    num_workers = _int("num_workers", num_workers, 1)
+    num_updates = _int("num_updates", num_updates, 1, what=" (server updates)")
+    seed = _int("seed", seed, 0)
+    lr = _check_lr(lr)
+    rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
+    if not hasattr(rule, "scale"):
+        raise ValueError(f"lr_rule = {lr_rule!r} must be a staleness.lr rule or a spec string")
+    opt = get_optimizer(optimizer).with_horizon(num_updates)
+    max_time = _positive("max_time", max_time, allow_none=True)
+    time_scale = _positive("time_scale", time_scale)
+    worker_timeout = _positive("worker_timeout", worker_timeout)
+    if on_worker_failure not in FAILURE_MODES:
+        raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES}")
+    checkpoint_every = _int("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
+    if checkpoint_every is not None and checkpoint is None:
+        raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
+    if eval_every is None:
+        num_evals = _int("num_evals", num_evals, 1)
+        eval_every = max(1, -(-num_updates // num_evals))
+    eval_every = _int("eval_every", eval_every, 1, what=" (updates)")
+    policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
+    task = resolve_task(task, num_workers, batch_size, data_dir)
+    if task.num_workers < num_workers:
+        raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
+                         f"run's {num_workers} workers; build it with tasks.get(..., num_workers={num_workers})")
+    return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
+                   lr=lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
+                   time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure,
+                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume))

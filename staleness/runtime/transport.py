@@ -1,0 +1,132 @@
+"""The Transport interface between the server and its workers, and the
+in-process transport (threads of one process, tensors moved by `jax.device_put`).
+
+A transport has two ends. The server's end (`ServerLink`) offers parameters
+and releases workers, and yields events: gradients that arrived, workers that
+raised, workers that were lost. A worker's end (`WorkerLink`, shared by the
+worker threads of one process) waits for its next release, fetches the
+released parameters onto the worker's device and pushes (loss, gradient) back.
+(A release hands the worker an opaque offer; `fetch` turns it into parameters
+on the worker's device, so the worker can time the message and the transfer
+apart.) The server loop and the worker loop are written against these two small
+interfaces only, so a transport can be swapped without touching them:
+`LocalTransport` here, `staleness.runtime.coordination` for several processes.
+
+Every blocking call takes a timeout (seconds) and returns None when it
+expires, so that the caller can check for stop requests and liveness.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import queue
+import threading
+from typing import Any
+
+import jax
+
+from staleness.runtime.messages import Push, Release, WorkerFailed, WorkerLost
+
+__all__ = ["Arrival", "ServerLink", "WorkerLink", "LocalTransport", "Event"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrival:
+    """A gradient at the server: its `Push` message, loss (scalar) and gradient
+    pytree, both already on the server's device."""
+
+    push: Push
+    loss: Any
+    grad: Any
+
+
+Event = Arrival | WorkerFailed | WorkerLost
+
+
+class ServerLink(abc.ABC):
+    """The server's end of a transport."""
+
+    @abc.abstractmethod
+    def release(self, msg: Release, params) -> None:
+        """Let `msg.worker` start `msg.iteration` on `params` (version `msg.version`)."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float) -> Event | None:
+        """The next event, or None if none came within `timeout` seconds."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Ask every worker to stop (idempotent, never blocks for long)."""
+
+
+class WorkerLink(abc.ABC):
+    """A worker's end of a transport (shared by the worker threads of a process)."""
+
+    stopped: threading.Event  # set when the workers must stop
+
+    @abc.abstractmethod
+    def wait_release(self, worker: int, timeout: float) -> tuple[Release, Any] | None:
+        """(release, offer), or None if no release came within `timeout` seconds."""
+
+    @abc.abstractmethod
+    def fetch(self, worker: int, offer) -> Any:
+        """The offered parameters, on `worker`'s device (a pull)."""
+
+    @abc.abstractmethod
+    def push(self, msg: Push, loss, grad) -> None:
+        """Send the gradient of `msg` (loss: scalar array; grad: params-shaped pytree)."""
+
+    @abc.abstractmethod
+    def fail(self, worker: int, message: str, exception: BaseException | None = None) -> None:
+        """Report that `worker` raised (`message`: type, text and traceback)."""
+
+
+class LocalTransport(ServerLink, WorkerLink):
+    """Both ends in one process: queues for messages, `jax.device_put` for tensors.
+
+    Args:
+      server_device: where the server keeps parameters and receives gradients.
+      worker_devices: [λ] the device of each worker (devices may repeat).
+    """
+
+    def __init__(self, server_device, worker_devices):
+        self.server_device = server_device
+        self.worker_devices = list(worker_devices)
+        self._releases = [queue.SimpleQueue() for _ in self.worker_devices]
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopped = threading.Event()
+
+    # -- server end ------------------------------------------------------------
+    def release(self, msg: Release, params) -> None:
+        self._releases[msg.worker].put((msg, params))
+
+    def poll(self, timeout: float) -> Event | None:
+        try:
+            return self._events.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    # -- worker end --------------------------------------------------------------
+    def wait_release(self, worker: int, timeout: float):
+        try:
+            return self._releases[worker].get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def fetch(self, worker: int, offer):
+        return jax.device_put(offer, self.worker_devices[worker])
+
+    def push(self, msg: Push, loss, grad) -> None:
+        loss, grad = jax.device_put((loss, grad), self.server_device)
+        self._events.put(Arrival(msg, loss, grad))
+
+    def fail(self, worker: int, message: str, exception: BaseException | None = None) -> None:
+        self._events.put(WorkerFailed(worker, message, exception))
+
+    def lose(self, worker: int, reason: str) -> None:
+        """Report `worker` as lost (used by tests and fault injection)."""
+        self._events.put(WorkerLost(worker, reason))

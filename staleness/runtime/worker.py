@@ -1,0 +1,114 @@
+"""The worker loop: wait at the gate, pull, compute, push, over and over.
+
+One thread runs `worker_loop` per worker: it waits for its release (the gate
+opened; the server offered the current parameters), fetches them onto its
+device (the pull), computes the engine's jitted gradient of its minibatch for
+the released iteration and pushes (loss, gradient). JAX releases the GIL while
+a compiled step runs, so workers on different devices overlap for real.
+
+Heterogeneity on homogeneous hardware comes from the cluster models: a worker
+with a `Delays` sleeps the cluster's pull delay after its parameters arrive,
+computes, then sleeps until `compute_time` (scaled by `time_scale`) has passed
+since its compute started (so an iteration takes max(real, injected) seconds),
+and sleeps the push delay before pushing. Every sleep wakes up early when the
+run stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+
+import jax
+
+from staleness.runtime.messages import Push
+from staleness.runtime.transport import WorkerLink
+
+__all__ = ["Delays", "worker_loop", "summary", "POLL_SECONDS"]
+
+POLL_SECONDS = 0.1  # how often an idle worker checks for a stop request
+
+
+@dataclasses.dataclass
+class Delays:
+    """Injected delays of one run: a cluster sampler and a time scale.
+
+    sampler: `Cluster.sampler(seed)`; its times are simulated seconds.
+    time_scale: real seconds per simulated second (e.g. 0.01).
+    t0: the run's start on the worker's `time.monotonic()` clock (seconds);
+      the simulated start time of an iteration (stragglers, periodic windows)
+      is (now - t0) / time_scale.
+    """
+
+    sampler: object
+    time_scale: float
+    t0: float = 0.0
+
+    def pull(self, worker: int, iteration: int) -> float:
+        return self.sampler.pull_delay(worker, iteration) * self.time_scale
+
+    def compute(self, worker: int, iteration: int, now: float) -> float:
+        sim_start = (now - self.t0) / self.time_scale
+        return self.sampler.compute_time(worker, iteration, sim_start) * self.time_scale
+
+    def push(self, worker: int, iteration: int) -> float:
+        return self.sampler.push_delay(worker, iteration) * self.time_scale
+
+
+def _sleep_until(deadline: float, stopped: threading.Event) -> None:
+    left = deadline - time.monotonic()
+    if left > 0:
+        stopped.wait(left)
+
+
+def summary(e: BaseException, limit: int = 400) -> str:
+    """One line naming an exception: its type, first line and, when its text spans
+    several lines (e.g. an error raised inside a compiled step), its last line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    if len(lines) > 1:
+        text += f" ... {lines[-1]}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def worker_loop(worker: int, link: WorkerLink, numerics, device, delays: Delays | None = None) -> None:
+    """Run `worker` on `device` until the link is stopped: the body of one worker thread.
+
+    Any exception is reported to the server through `link.fail` (with the
+    traceback) and ends this worker; the server then stops the run.
+    """
+    stopped = link.stopped
+    clock = time.monotonic
+    try:
+        while not stopped.is_set():
+            got = link.wait_release(worker, POLL_SECONDS)
+            if got is None:
+                continue
+            rel, offer = got
+            t_recv = clock()
+            params = jax.block_until_ready(link.fetch(worker, offer))
+            it = rel.iteration
+            if delays is not None:
+                _sleep_until(clock() + delays.pull(worker, it), stopped)
+            t_start = clock()
+            loss, grad = numerics.gradient(params, worker, it, device)
+            jax.block_until_ready((loss, grad))
+            if delays is not None:
+                _sleep_until(t_start + delays.compute(worker, it, t_start), stopped)
+            t_end = clock()
+            if delays is not None:
+                _sleep_until(t_end + delays.push(worker, it), stopped)
+            if stopped.is_set():
+                return
+            t_sent = clock()
+            link.push(Push(worker, it, rel.version, rel.epoch, t_sent - t_recv, t_sent - t_start, t_sent - t_end),
+                      loss, grad)
+    except BaseException as e:  # noqa: BLE001 - reported to the server, which re-raises it
+        message = f"{summary(e)}\n{traceback.format_exc()}"
+        try:
+            link.fail(worker, message, e)
+        finally:
+            if not isinstance(e, Exception):
+                raise
