@@ -19,13 +19,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "policies", "lr", "cluster", "tasks", "engine", "runtime", "results",
-    "Schedule", "simulate_schedule", "simulate", "sweep", "Result",
+    "pipeline", "Schedule", "simulate_schedule", "simulate", "sweep", "Result",
 ]
 
 _LAZY = {
     "tasks": ("staleness.tasks", None),
     "engine": ("staleness.engine", None),
     "runtime": ("staleness.runtime", None),
+    "pipeline": ("staleness.pipeline", None),
     "results": ("staleness.results", None),
     "simulate": ("staleness.engine", "simulate"),
     "sweep": ("staleness.engine", "sweep"),

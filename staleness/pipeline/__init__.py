@@ -1,0 +1,34 @@
+"""Layer-wise staleness in pipelines: DSP, with GPipe, DDG and backprop baselines.
+
+A model is split into K stages (`model.split`, or a built-in task from
+`staleness.pipeline.tasks`); a schedule (`gpipe`, `dsp`, `ddg`, `backprop`)
+becomes tick tables (`make_plan`) that one per-stage algorithm
+(`staleness.pipeline.stage`) runs either on one device (`simulate`) or on K
+devices (`run_devices`), with simulated time from the cluster models
+(`simulate_timing`):
+
+    import staleness.pipeline as pp
+    ptask  = pp.tasks.get("digits-resmlp", num_stages=3, batch_size=32)
+    result = pp.simulate(ptask, pp.dsp((1, 1, 0)), num_batches=500, lr=0.02)
+    result = pp.run_devices(ptask, pp.gpipe(4), num_batches=500)      # needs 3 devices
+    tl     = pp.simulate_timing(pp.make_plan(pp.dsp((1, 1, 0)), 3, 500), st.cluster.heterogeneous([1, 2, 1]))
+    tl.throughput                                                    # batches per simulated second
+
+Modules: schedules (the schedule values), plan (tick tables), stage (the
+per-stage forward/backward/update), sim (one-device scan), devices (K-device
+shard_map), timing (simulated time), model (Staged models, split), tasks,
+packing, run (drivers producing `Result`s).
+"""
+
+from staleness.pipeline import model, tasks
+from staleness.pipeline.model import Staged, join_params, split, stage_params
+from staleness.pipeline.plan import IDLE, Plan, make_plan
+from staleness.pipeline.run import run_devices, simulate, train
+from staleness.pipeline.schedules import PipelineSchedule, backprop, ddg, dsp, gpipe, parse
+from staleness.pipeline.timing import Timeline, simulate_timing
+
+__all__ = [
+    "IDLE", "PipelineSchedule", "Plan", "Staged", "Timeline", "backprop", "ddg", "dsp", "gpipe",
+    "join_params", "make_plan", "model", "parse", "run_devices", "simulate", "simulate_timing", "split",
+    "stage_params", "tasks", "train",
+]

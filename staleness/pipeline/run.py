@@ -1,0 +1,210 @@
+"""Drivers: train a pipeline task along a schedule, simulated or on K devices, into a `Result`.
+
+    result = simulate(ptask, dsp((1, 1, 0)), num_batches=500, cluster=cluster.heterogeneous([1, 2, 1]))
+    result = run_devices(ptask, gpipe(4), num_batches=500)
+
+Both build the same `Plan`, the same per-stage numerics and the same
+simulated timeline (`staleness.pipeline.timing`); they differ in where the
+stages run: `simulate` runs all K stages in one program on one device,
+`run_devices` puts stage k on device k. The host calls one compiled function
+per evaluation chunk of ticks and evaluates the whole model in between.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from staleness import cluster as _cluster
+from staleness.engine import core
+from staleness.engine.optim import get as get_optimizer
+from staleness.pipeline import sim
+from staleness.pipeline import stage as S
+from staleness.pipeline.model import join_params
+from staleness.pipeline.plan import IDLE, Plan, make_plan
+from staleness.pipeline.schedules import PipelineSchedule, parse
+from staleness.pipeline.timing import simulate_timing
+from staleness.results import DivergenceError, Result
+
+__all__ = ["run_devices", "simulate", "train"]
+
+DEFAULT_OPTIMIZER = "momentum:0.9"
+
+
+def _check_lr(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the base learning rate)")
+    return float(value)
+
+
+def _check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} = {value!r} must be an integer >= 1")
+    return int(value)
+
+
+def _losses_per_batch(plan: Plan, tick_loss: np.ndarray) -> np.ndarray:
+    """[N] mean loss of each batch's micro-batches (computed at the last stage's forward)."""
+    t = plan.loss_tick
+    per_mb = tick_loss[t]
+    return per_mb.reshape(plan.num_batches, plan.microbatches).mean(1)
+
+
+def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=False, cluster=None,
+          seed: int = 0, lr: float = 0.05, optimizer=DEFAULT_OPTIMIZER, eval_every: int | None = None,
+          num_evals: int = 10, backward_ratio: float = 2.0, recompute_cost: float = 1.0,
+          progress: bool = False, config: dict | None = None) -> Result:
+    """Train `ptask` for `num_batches` batches along `schedule`.
+
+    Args:
+      ptask: a `staleness.pipeline.tasks.PipelineTask` (its model has K stages).
+      schedule: a `PipelineSchedule` or spec ('gpipe:4', 'dsp:1,1,0', 'ddg', 'backprop').
+      num_batches: batches to train; every stage applies each batch's gradient exactly once.
+      devices: False: all stages on one device (the simulated path); True: stage k
+        on jax.devices()[k]; or a list of K devices.
+      cluster: speed model with one worker per stage (default: K workers at 1 s per
+        batch); gives the simulated time axis and throughput.
+      seed: initial params and minibatches (`staleness.engine.keys(seed)`) and the cluster's draws.
+      lr: base learning rate; optimizer: per-stage optimizer spec (default momentum SGD, 0.9).
+      eval_every: batches between evaluations (default num_batches / num_evals).
+      backward_ratio, recompute_cost: cost model of `simulate_timing`.
+
+    Returns:
+      A `Result`: history rows (update = batches applied at every stage, tick, time,
+      sim_time, wall_time, train_loss, loss, accuracy), `schedule` = the run's
+      per-stage events on the simulated timeline (`Timeline.to_schedule`),
+      per-stage params joined into the full model's params, config, and
+      train_loss [N] per batch. `time` is simulated seconds for the one-device
+      path and wall-clock seconds (excluding compilation) on devices.
+      Raises `DivergenceError` (with `.result`) on a non-finite loss.
+    """
+    from tqdm.auto import tqdm
+
+    num_batches = _check_positive_int("num_batches", num_batches)
+    lr = _check_lr(lr)
+    sched = parse(schedule) if isinstance(schedule, str) else schedule
+    if not isinstance(sched, PipelineSchedule):
+        raise ValueError(f"schedule = {schedule!r} must be a PipelineSchedule or a spec like 'dsp:1,1,0'")
+    k = ptask.num_stages
+    sched = sched.resolve(k)
+    plan = make_plan(sched, k, num_batches)
+    if cluster is None:
+        cluster = _cluster.constant(k)
+    elif isinstance(cluster, str):
+        cluster = _cluster.parse(cluster)
+    timeline = simulate_timing(plan, cluster, seed, backward_ratio=backward_ratio, recompute_cost=recompute_cost)
+    opt = get_optimizer(optimizer).with_horizon(num_batches)
+    if eval_every is None:
+        eval_every = max(1, -(-num_batches // _check_positive_int("num_evals", num_evals)))
+    eval_every = _check_positive_int("eval_every", eval_every)
+    ticks_per_batch = (plan.microbatches + plan.lags[0]) if sched.flush else 1
+    chunk = min(eval_every * ticks_per_batch, plan.num_ticks)
+
+    init_key, data_key = core.keys(seed)
+    params = ptask.init_stage_params(init_key)
+    ctx = S.Context(ptask, data_key, jnp.float32(lr))
+    on_devices = devices is not False and devices is not None
+    step, get_params, carry, device_names, compile_s = _engine(ptask, plan, opt, params, ctx, devices, chunk)
+
+    tick_end_time = timeline.tick_end()
+    evaluate = jax.jit(lambda task, p: task.evaluate(p))
+    cfg = dict(config or {})
+    cfg.update(task=ptask.name, schedule=sched.describe(), stages=k, batches=num_batches,
+               microbatches=plan.microbatches, batch_size=ptask.batch_size, lags=list(plan.lags),
+               forward_delays=list(plan.forward_delays), backward_delays=list(plan.backward_delays),
+               backward=sched.backward, lr=lr, optimizer=opt.describe(), seed=seed, cluster=cluster.describe(),
+               engine="devices" if on_devices else "sim", devices=device_names, ticks=plan.num_ticks,
+               eval_every=eval_every, backward_ratio=backward_ratio, recompute_cost=recompute_cost,
+               sim_throughput=timeline.throughput, policy=sched.describe(), workers=k)
+
+    def row(tick_end: int, wall: float, train_loss: float, metrics: dict) -> dict:
+        sim_t = float(tick_end_time[tick_end - 1]) if tick_end > 0 else 0.0
+        r = {"update": plan.batches_done(tick_end), "tick": tick_end,
+             "time": wall if on_devices else sim_t, "sim_time": sim_t, "wall_time": wall,
+             "train_loss": train_loss}
+        r.update({name: float(v) for name, v in metrics.items()})
+        return r
+
+    rows = [row(0, 0.0, math.nan, jax.device_get(evaluate(ptask.task, join_params(params))))]
+    tick_loss = np.full(plan.num_ticks, np.nan)
+    wall = 0.0
+    last_params = params
+    bar = tqdm(total=plan.num_ticks, unit="tick", disable=not progress, desc=sched.describe(), leave=False)
+    try:
+        for start in range(0, plan.num_ticks, chunk):
+            xs = plan.xs(start, chunk)
+            t1 = time.perf_counter()
+            carry, losses = step(carry, xs)
+            losses = np.asarray(jax.device_get(losses))  # waits for the chunk
+            wall += time.perf_counter() - t1
+            end = min(start + chunk, plan.num_ticks)
+            tick_loss[start:end] = losses[: end - start]
+            valid = plan.fwd[start:end, -1] != IDLE
+            chunk_losses = tick_loss[start:end][valid]
+            cur = get_params(carry)
+            metrics = jax.device_get(evaluate(ptask.task, join_params(cur)))
+            if len(chunk_losses) and not np.all(np.isfinite(chunk_losses)):
+                bad = start + int(np.flatnonzero(valid)[np.flatnonzero(~np.isfinite(chunk_losses))[0]])
+                mb = int(plan.fwd[bad, -1])
+                rows.append(row(end, wall, math.nan, metrics))
+                result = Result(_frame(rows), timeline.to_schedule(), jax.device_get(join_params(last_params)),
+                                cfg, _losses_per_batch(plan, tick_loss), "diverged")
+                raise DivergenceError(
+                    f"non-finite loss at tick {bad} (batch {mb // plan.microbatches} of {sched.describe()}, "
+                    f"stage lags {list(plan.lags)}); try a smaller lr (now {lr:g})", result)
+            rows.append(row(end, wall, float(np.mean(chunk_losses)) if len(chunk_losses) else math.nan, metrics))
+            last_params = cur
+            bar.update(end - start)
+    finally:
+        bar.close()
+    ticks_run = -(-plan.num_ticks // chunk) * chunk  # the last chunk is padded with idle ticks
+    cfg.update(wall_s=wall, compile_s=compile_s, ticks_per_s=ticks_run / wall if wall > 0 else math.nan)
+    schedule_events = timeline.to_schedule()
+    schedule_events.meta.update(engine=cfg["engine"], wall_s=wall, ticks_per_s=cfg["ticks_per_s"],
+                                time_axis="simulated (cluster model); history 'wall_time' is measured")
+    return Result(_frame(rows), schedule_events, jax.device_get(join_params(last_params)), cfg,
+                  _losses_per_batch(plan, tick_loss), "complete")
+
+
+def _engine(ptask, plan: Plan, opt, params, ctx: S.Context, devices, chunk: int):
+    """(step, get_params, carry, device names, compile seconds) of the one- or K-device engine.
+
+    step(carry, xs) -> (carry, loss per tick) is compiled ahead of time for chunks
+    of `chunk` ticks; get_params(carry) returns host copies of the per-stage params
+    (the carry is donated to the next step)."""
+    t0 = time.perf_counter()
+    if devices is not False and devices is not None:
+        from staleness.pipeline.devices import DeviceEngine
+
+        engine = DeviceEngine(ptask, plan, opt, params, ctx, None if devices is True else devices)
+        carry = engine.init_carry()
+        t0 = time.perf_counter()
+        step = engine.compile_chunk(carry, plan.xs(0, chunk))
+        return step, engine.stage_params, carry, [str(d) for d in engine.devices], time.perf_counter() - t0
+    cfgs, carry = sim.init(ptask, plan, opt, params, ctx)
+    step = sim.compile_chunk(cfgs, plan, opt, ctx, carry, plan.xs(0, chunk))
+
+    def get_params(carry):
+        return jax.device_get(sim.stage_params(carry))
+    return step, get_params, carry, [str(jax.devices()[0])], time.perf_counter() - t0
+
+
+def _frame(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def simulate(ptask, schedule, num_batches: int, **kwargs) -> Result:
+    """`train` with all stages on one device; time is simulated from the cluster model."""
+    return train(ptask, schedule, num_batches, devices=False, **kwargs)
+
+
+def run_devices(ptask, schedule, num_batches: int, *, devices=True, **kwargs) -> Result:
+    """`train` with stage k on device k (`shard_map` + `ppermute`); time is wall-clock."""
+    return train(ptask, schedule, num_batches, devices=devices, **kwargs)

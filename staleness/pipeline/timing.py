@@ -1,0 +1,200 @@
+"""Simulated time of a pipeline plan: per-stage compute times from `staleness.cluster`.
+
+Stage k is cluster worker k. Each tick in which stage k has work is one of its
+"iterations": `sampler.compute_time(k, i, start)` gives the seconds of one
+forward + backward of a whole batch on that stage (jitter, stragglers and
+periodic slowdowns included), and the tick's operations take their share of
+it: a forward 1/(1+r), a backward r/(1+r) (r = `backward_ratio`, default 2),
+plus one more forward when the backward recomputes (DSP/GPipe with m_k > 0,
+scaled by `recompute_cost`), all divided by M for a micro-batch. Messages
+between stages take `sampler.push_delay(sender, i)` seconds.
+
+An operation starts when its stage is free and its input has arrived: stage
+k's forward of tick t needs stage k-1's forward of tick t - f_{k-1}; its
+backward needs stage k+1's backward of tick t - b_k (the last stage: its own
+forward of tick t - m_{K-1}). Stages never reorder their operations (the
+plan's order), so the numbers of a run do not depend on the times: the same
+plan trained on one device or on K gives the same parameters, and the times
+here say how long K real stages at these speeds would have taken. Pure NumPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from staleness.cluster import Cluster
+from staleness.pipeline.plan import IDLE, Plan
+from staleness.schedule import Schedule
+
+__all__ = ["Timeline", "simulate_timing"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Timeline:
+    """Simulated start/end seconds of every operation of a plan ([T, K], NaN where idle)."""
+
+    plan: Plan
+    fwd_start: np.ndarray
+    fwd_end: np.ndarray
+    bwd_start: np.ndarray
+    bwd_end: np.ndarray
+    idle: np.ndarray      # [T, K] seconds stage k waited (for inputs) before its work in tick t
+    cluster: str
+    seed: int
+
+    @property
+    def end_time(self) -> float:
+        return float(np.nanmax(self.bwd_end))
+
+    @property
+    def busy(self) -> np.ndarray:
+        """[K] seconds each stage computed."""
+        return np.nansum(self.fwd_end - self.fwd_start, 0) + np.nansum(self.bwd_end - self.bwd_start, 0)
+
+    @property
+    def throughput(self) -> float:
+        """Batches per simulated second over the whole run (fill and drain included)."""
+        return self.plan.num_batches / self.end_time
+
+    def tick_end(self) -> np.ndarray:
+        """[T] time at which every operation of ticks <= t has finished."""
+        end = np.fmax(np.nan_to_num(self.fwd_end, nan=0.0), np.nan_to_num(self.bwd_end, nan=0.0)).max(1)
+        return np.maximum.accumulate(end)
+
+    def batch_done_time(self) -> np.ndarray:
+        """[N] time at which batch n's update has been applied at every stage."""
+        p = self.plan
+        out = np.zeros(p.num_batches)
+        t, k = np.nonzero(p.update)
+        np.maximum.at(out, p.bwd[t, k] // p.microbatches, self.bwd_end[t, k])
+        return out
+
+    def to_schedule(self) -> Schedule:
+        """The run as a `Schedule`: one row per (stage, micro-batch) backward.
+
+        worker = stage; iteration = micro-batch id; pull_version = the stage's
+        update count when it forwarded the micro-batch; apply_version = the update
+        of that stage which applied its gradient (so staleness is the number of
+        updates the stage made in between: min(m_k, ...) for DSP/DDG, 0 for GPipe);
+        pull_time = forward start, start/end = backward start/end, push_time = end,
+        wait = seconds the stage sat idle since its previous row. update_time[u] =
+        when every stage had applied its u-th update (one per batch)."""
+        p = self.plan
+        upd_before = np.concatenate([np.zeros((1, p.num_stages), np.int64), np.cumsum(p.update, 0)])  # [T+1, K]
+        rows = {c: [] for c in ("worker", "iteration", "pull_version", "apply_version", "pull_time", "start",
+                                "end", "push_time", "wait")}
+        fwd_tick = np.full((p.num_batches * p.microbatches, p.num_stages), -1, np.int64)
+        tf, kf = np.nonzero(p.fwd != IDLE)
+        fwd_tick[p.fwd[tf, kf], kf] = tf
+        upd_tick = np.full((p.num_batches, p.num_stages), -1, np.int64)
+        tu, ku = np.nonzero(p.update)
+        upd_tick[p.bwd[tu, ku] // p.microbatches, ku] = tu
+        waited = np.zeros(p.num_stages)
+        for t in range(p.num_ticks):
+            waited += np.nan_to_num(self.idle[t])
+            for k in range(p.num_stages):
+                i = p.bwd[t, k]
+                if i == IDLE:
+                    continue
+                ft = fwd_tick[i, k]
+                rows["worker"].append(k)
+                rows["iteration"].append(i)
+                rows["pull_version"].append(upd_before[ft, k])
+                rows["apply_version"].append(upd_before[upd_tick[i // p.microbatches, k], k])
+                rows["pull_time"].append(self.fwd_start[ft, k])
+                rows["start"].append(self.bwd_start[t, k])
+                rows["end"].append(self.bwd_end[t, k])
+                rows["push_time"].append(self.bwd_end[t, k])
+                rows["wait"].append(waited[k])
+                waited[k] = 0.0
+        order = np.lexsort((rows["worker"], rows["end"]))
+        dtypes = {"worker": np.int32, "iteration": np.int64, "pull_version": np.int64, "apply_version": np.int64}
+        cols = {c: np.asarray(v, dtypes.get(c, np.float64))[order] for c, v in rows.items()}
+        cols["dropped"] = np.zeros(len(order), bool)
+        cols["lost"] = np.zeros(len(order), bool)
+        sched = p.schedule
+        meta = {"kind": "pipeline", "schedule": sched.describe(), "stages": p.num_stages,
+                "microbatches": p.microbatches, "lags": list(sched.lags),
+                "forward_delays": list(sched.forward_delays), "backward_delays": list(sched.backward_delays),
+                "backward": sched.backward, "ticks": p.num_ticks, "batches": p.num_batches,
+                "busy_s": [float(b) for b in self.busy]}
+        return Schedule(columns=cols, update_time=self.batch_done_time(), num_workers=p.num_stages,
+                        policy=sched.describe(), cluster=self.cluster, seed=self.seed, end_time=self.end_time,
+                        meta=meta)
+
+
+def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_ratio: float = 2.0,
+                    recompute_cost: float = 1.0) -> Timeline:
+    """Simulated start and end of every operation of `plan` on `cluster` (one worker per stage).
+
+    Args:
+      plan: the tick tables.
+      cluster: K workers; worker k's iteration time is one forward + backward of a batch on stage k.
+      seed: the cluster sampler's seed.
+      backward_ratio: backward cost / forward cost (> 0).
+      recompute_cost: cost of the recomputed forward of a stale backward, in forwards (>= 0).
+    """
+    k_all = plan.num_stages
+    if not isinstance(cluster, Cluster):
+        raise ValueError(f"cluster = {cluster!r} must be a staleness.cluster.Cluster (one worker per stage)")
+    if cluster.num_workers != k_all:
+        raise ValueError(f"cluster has {cluster.num_workers} workers but the pipeline has {k_all} stages; "
+                         f"give one worker per stage (e.g. '1*{k_all}' or 1,1,2,1 for a 2x slower stage 2)")
+    for name, v, lo in (("backward_ratio", backward_ratio, 0.0), ("recompute_cost", recompute_cost, -1e-300)):
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= lo:
+            raise ValueError(f"{name} = {v!r} must be a finite number {'> 0' if lo == 0.0 else '>= 0'}")
+    sampler = cluster.sampler(seed)
+    if sampler.membership_events():
+        raise ValueError(f"cluster = {cluster.describe()!r}: worker failures are not modelled for pipelines "
+                         f"(a stage that fails stops the pipeline); remove the fail= modifier")
+    ct, push = sampler.compute_time, sampler.push_delay
+    m = plan.microbatches
+    f_del, b_del, lags = plan.forward_delays, plan.backward_delays, plan.lags
+    recompute = [plan.schedule.backward == "recompute" and lags[k] > 0 for k in range(k_all)]
+    f_frac = 1.0 / (1.0 + backward_ratio) / m
+    b_frac = [(backward_ratio + (recompute_cost if recompute[k] else 0.0)) / (1.0 + backward_ratio) / m
+              for k in range(k_all)]
+    shape = (plan.num_ticks, k_all)
+    fs, fe, bs, be = (np.full(shape, np.nan) for _ in range(4))
+    idle = np.zeros(shape)
+    fsend = np.full(shape, np.nan)  # arrival time of stage k's tick-t activation at stage k+1
+    bsend = np.full(shape, np.nan)  # arrival time of stage k's tick-t gradient at stage k-1
+    free = np.zeros(k_all)
+    iters = np.zeros(k_all, np.int64)
+    dur = np.zeros(k_all)  # this tick's iteration seconds per stage (NaN until drawn)
+    fwd, bwd = plan.fwd, plan.bwd
+    for t in range(plan.num_ticks):
+        dur[:] = np.nan
+        for k in range(k_all):
+            if fwd[t, k] == IDLE:
+                continue
+            ready = free[k]
+            if k > 0:
+                ready = max(ready, fsend[t - f_del[k - 1], k - 1])
+            idle[t, k] += ready - free[k]
+            dur[k] = ct(k, int(iters[k]), ready)
+            iters[k] += 1
+            fs[t, k], fe[t, k] = ready, ready + dur[k] * f_frac
+            free[k] = fe[t, k]
+            if k < k_all - 1:
+                fsend[t, k] = fe[t, k] + push(k, int(iters[k]) - 1)
+        for k in reversed(range(k_all)):
+            if bwd[t, k] == IDLE:
+                continue
+            if k == k_all - 1:
+                arrive = fe[t - lags[k], k]
+            else:
+                arrive = bsend[t - b_del[k], k + 1]
+            ready = max(free[k], arrive)
+            idle[t, k] += ready - free[k]
+            if math.isnan(dur[k]):
+                dur[k] = ct(k, int(iters[k]), ready)
+                iters[k] += 1
+            bs[t, k], be[t, k] = ready, ready + dur[k] * b_frac[k]
+            free[k] = be[t, k]
+            if k > 0:
+                bsend[t, k] = be[t, k] + push(k, int(iters[k]) - 1)
+    return Timeline(plan, fs, fe, bs, be, idle, cluster.describe(), int(seed))
