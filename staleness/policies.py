@@ -83,7 +83,7 @@ class SyncState:
     __slots__ = (
         "num_workers", "clocks", "live", "num_live", "version", "buffered",
         "dropped", "blocked", "_heap", "_buckets", "min_clock", "max_clock",
-        "grants", "last_push", "prev_push", "rstar", "max_gap", "contributors",
+        "grants", "last_push", "prev_push", "rstar", "max_gap", "contributors", "live_contributors",
     )
 
     def __init__(self, num_workers: int, now: float):
@@ -106,7 +106,8 @@ class SyncState:
         self.prev_push = [math.nan] * num_workers  # DSSP A[i][-2]
         self.rstar: list[tuple[float, int, int]] = []
         self.max_gap = 0                         # largest clock gap at any release
-        self.contributors: dict[int, None] = {}  # live workers with a gradient in the buffer
+        self.contributors: dict[int, None] = {}  # workers with a gradient in the buffer
+        self.live_contributors = 0               # how many of them are live
 
     # -- clock table -------------------------------------------------------
     def _move(self, worker: int, old: int, new: int) -> None:
@@ -198,6 +199,20 @@ class Policy:
     def _validate(self, num_workers: int) -> None:
         pass
 
+    def _join_gate(self, state: SyncState, worker: int) -> int | None:
+        """On a (re)join: None to start at once, else the level key to block on.
+        Clock-gated policies apply their threshold: a worker that pushed into a
+        round before it died waits for that round like everyone else."""
+        bound = self._gate_threshold()
+        if bound is None:
+            return None
+        key = state.clocks[worker] - bound
+        return None if key <= state.min_clock else key
+
+    def _gate_threshold(self) -> int | None:
+        """Clock threshold of the gate (None: not clock-gated)."""
+        return None
+
     # -- driver protocol ---------------------------------------------------
     def init(self, num_workers: int, now: float = 0.0) -> SyncState:
         """Fresh state for `num_workers` workers at time `now` (seconds); all may start."""
@@ -219,12 +234,15 @@ class Policy:
         update = False
         if accepted:
             state.buffered += 1
-            state.contributors[worker] = None
+            if worker not in state.contributors:
+                state.contributors[worker] = None
+                state.live_contributors += 1
             if self._update_due(state):
                 update = True
                 state.buffered = 0
                 state.version += 1
                 state.contributors.clear()
+                state.live_contributors = 0
         else:
             state.dropped += 1
         key = self._gate(state, worker, pull_version, now)
@@ -247,13 +265,15 @@ class Policy:
         state.blocked[worker] = False
         state.grants[worker] = 0
         state._remove(worker)
-        state.contributors.pop(worker, None)
+        if worker in state.contributors:  # its pushed gradient stays in the buffer
+            state.live_contributors -= 1
         update = False
         if state.num_live and state.buffered and self._update_due(state):
             update = True
             state.buffered = 0
             state.version += 1
             state.contributors.clear()
+            state.live_contributors = 0
         released: list[int] = []
         self._drain(state, released)
         self._note_gaps(state, released)
@@ -270,7 +290,15 @@ class Policy:
         state.last_push[worker] = now
         state.prev_push[worker] = math.nan
         state._insert(worker)
-        released = [worker]
+        if worker in state.contributors:  # it pushed into the open round before it died
+            state.live_contributors += 1
+        released: list[int] = []
+        key = self._join_gate(state, worker)
+        if key is None:
+            released.append(worker)
+        else:
+            state.blocked[worker] = True
+            heapq.heappush(state._heap, (key, worker))
         self._drain(state, released)
         return PushOutcome(False, False, tuple(released))
 
@@ -315,6 +343,9 @@ class SSP(Policy):
     def staleness_bound(self):
         return self.staleness
 
+    def _gate_threshold(self):
+        return self.staleness
+
     def _gate(self, state, worker, pull_version, now):
         key = state.clocks[worker] - self.staleness
         return None if key <= state.min_clock else key
@@ -337,7 +368,10 @@ class BSP(Policy):
         return num_live
 
     def _update_due(self, state):
-        return len(state.contributors) >= state.num_live
+        return state.live_contributors >= state.num_live
+
+    def _gate_threshold(self):
+        return 0
 
     def staleness_bound(self):
         return 0
@@ -495,6 +529,9 @@ class DSSP(Policy):
 
     def staleness_bound(self):
         return self.s_low + self.r_max if self.cap else None
+
+    def _gate_threshold(self):
+        return self.s_low
 
     def _gate(self, state, worker, pull_version, now):
         gap = state.clocks[worker] - state.min_clock
