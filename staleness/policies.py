@@ -237,21 +237,13 @@ class Policy:
             if worker not in state.contributors:
                 state.contributors[worker] = None
                 state.live_contributors += 1
-            if self._update_due(state):
-                update = True
-                state.buffered = 0
-                state.version += 1
-                state.contributors.clear()
-                state.live_contributors = 0
+            update = self._update_due(state)
+            if update:
+                self._close_round(state)
         else:
             state.dropped += 1
-        key = self._gate(state, worker, pull_version, now)
         released: list[int] = []
-        if key is None:
-            released.append(worker)
-        else:
-            state.blocked[worker] = True
-            heapq.heappush(state._heap, (key, worker))
+        self._hold_or_release(state, worker, self._gate(state, worker, pull_version, now), released)
         self._drain(state, released)
         self._note_gaps(state, released)
         return PushOutcome(accepted, update, tuple(released))
@@ -267,13 +259,9 @@ class Policy:
         state._remove(worker)
         if worker in state.contributors:  # its pushed gradient stays in the buffer
             state.live_contributors -= 1
-        update = False
-        if state.num_live and state.buffered and self._update_due(state):
-            update = True
-            state.buffered = 0
-            state.version += 1
-            state.contributors.clear()
-            state.live_contributors = 0
+        update = bool(state.num_live and state.buffered and self._update_due(state))
+        if update:
+            self._close_round(state)
         released: list[int] = []
         self._drain(state, released)
         self._note_gaps(state, released)
@@ -293,14 +281,26 @@ class Policy:
         if worker in state.contributors:  # it pushed into the open round before it died
             state.live_contributors += 1
         released: list[int] = []
-        key = self._join_gate(state, worker)
+        self._hold_or_release(state, worker, self._join_gate(state, worker), released)
+        self._drain(state, released)
+        return PushOutcome(False, False, tuple(released))
+
+    @staticmethod
+    def _close_round(state: SyncState) -> None:
+        """The buffered gradients become one update: the version rises by one."""
+        state.buffered = 0
+        state.version += 1
+        state.contributors.clear()
+        state.live_contributors = 0
+
+    @staticmethod
+    def _hold_or_release(state: SyncState, worker: int, key: int | None, released: list[int]) -> None:
+        """Release `worker` now (key None) or block it until the level reaches `key`."""
         if key is None:
             released.append(worker)
         else:
             state.blocked[worker] = True
             heapq.heappush(state._heap, (key, worker))
-        self._drain(state, released)
-        return PushOutcome(False, False, tuple(released))
 
     def _drain(self, state: SyncState, released: list[int]) -> None:
         heap = state._heap
