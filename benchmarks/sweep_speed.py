@@ -44,14 +44,29 @@ def main():
                for p in pols for s in seeds for r in rules]
     t_seq = time.perf_counter() - t0
 
+    # Warm: both sides again with every compiled function cached (steady state).
+    t0 = time.perf_counter()
+    st.sweep(task, pols, cluster, seeds=seeds, lr_rules=rules, lrs=[0.05], **kw)
+    t_sweep_warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for p in pols:
+        for s in seeds:
+            for r in rules:
+                st.simulate(task, p, cluster, seed=s, lr_rule=r, lr=0.05, **kw)
+    t_seq_warm = time.perf_counter() - t0
+
     gap = max(float(np.max(np.abs(a.history["accuracy"].to_numpy() - b.history["accuracy"].to_numpy())))
               for a, b in zip(swept, singles))
     grads = sum(r.schedule.num_gradients for r in singles)
     print(f"32 configs x {n} updates ({grads:,} gradients): sweep {t_sweep:.2f} s, sequential simulate {t_seq:.2f} s "
           f"-> {t_seq / t_sweep:.1f}x; max |accuracy difference| {gap:.2e}")
-    print(f"target >= 4x: {'met' if t_seq / t_sweep >= 4 else 'NOT met'}")
+    print(f"warm (compiled, cached): sweep {t_sweep_warm:.2f} s, sequential {t_seq_warm:.2f} s -> "
+          f"{t_seq_warm / t_sweep_warm:.1f}x")
+    print(f"target >= 4x (cold, what a user pays): {'met' if t_seq / t_sweep >= 4 else 'NOT met'}")
     print(json.dumps({"benchmark": "sweep_speed", "configs": len(swept), "updates": n, "sweep_s": t_sweep,
-                      "sequential_s": t_seq, "speedup": t_seq / t_sweep, "max_accuracy_gap": gap,
+                      "sequential_s": t_seq, "speedup": t_seq / t_sweep, "sweep_warm_s": t_sweep_warm,
+                      "sequential_warm_s": t_seq_warm, "speedup_warm": t_seq_warm / t_sweep_warm,
+                      "max_accuracy_gap": gap,
                       "target_met": t_seq / t_sweep >= 4}))
 
 
