@@ -267,10 +267,10 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
     try:
         for k in range(num_chunks):
             parts = [p.xs(k) for p in plans]
-            batched = (parts[0][0], np.stack([x for _, x in parts]))
+            batched = (parts[0][0], np.stack([x for _, x in parts], axis=1))  # [K, B, 5, C]
             carry, losses = core.run_chunk_batched(task, carry, batched, consts, opt=opt, rules=distinct_rules)
             xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
-            losses = np.asarray(losses)
+            losses = np.swapaxes(np.asarray(losses), 0, 1)  # [B, K, C]
             metrics = jax.device_get(core.evaluate_batched(task, carry.params))
             params_host = None
             lo = k * chunk
