@@ -7,6 +7,7 @@ one line (`staleness: error: ...`) and exits with status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from staleness.cli.common import UsageError, _Parser
@@ -27,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # A process started in the background by a non-interactive shell inherits
+    # SIGINT as ignored, and Python then never raises KeyboardInterrupt. Our
+    # commands promise that Ctrl-C (SIGINT) stops the run and keeps what was
+    # recorded, so restore the default handler.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
