@@ -558,11 +558,13 @@ def render(cells) -> str:
     return nbformat.writes(build(cells)) + "\n"
 
 
-def main(argv=None) -> int:
+def main(argv=None, notebooks=None, script="notebooks/_build.py") -> int:
+    """Write (or with --check, compare) `notebooks` (default: this file's NOTEBOOKS)."""
     argv = sys.argv[1:] if argv is None else argv
+    notebooks = NOTEBOOKS if notebooks is None else notebooks
     check = "--check" in argv
     stale = []
-    for name, cells in NOTEBOOKS.items():
+    for name, cells in notebooks.items():
         path = HERE / name
         text = render(cells)
         if check:
@@ -572,7 +574,7 @@ def main(argv=None) -> int:
             path.write_text(text)
             print(f"wrote {path}")
     if stale:
-        print(f"out of date (run python notebooks/_build.py): {', '.join(stale)}")
+        print(f"out of date (run python {script}): {', '.join(stale)}")
         return 1
     return 0
 

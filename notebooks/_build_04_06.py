@@ -15,8 +15,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
@@ -453,41 +451,14 @@ NOTEBOOKS = {
 }
 
 
-def build(cells) -> nbformat.NotebookNode:
-    nb = new_notebook()
-    nb.metadata = {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"},
-    }
-    for i, (kind, source) in enumerate(cells):
-        cell = new_markdown_cell(source) if kind == "md" else new_code_cell(source)
-        cell["id"] = f"cell-{i:02d}"
-        nb.cells.append(cell)
-    nbformat.validate(nb)
-    return nb
-
-
-def render(cells) -> str:
-    return nbformat.writes(build(cells)) + "\n"
-
-
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    check = "--check" in argv
-    stale = []
-    for name, cells in NOTEBOOKS.items():
-        path = HERE / name
-        text = render(cells)
-        if check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-            print(f"wrote {path}")
-    if stale:
-        print(f"out of date (run python notebooks/_build_04_06.py): {', '.join(stale)}")
-        return 1
-    return 0
+    """Write (or with --check, compare) notebooks 04 and 06 with `_build.py`'s writer."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebooks_build", HERE / "_build.py")
+    build_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_module)
+    return build_module.main(argv, NOTEBOOKS, "notebooks/_build_04_06.py")
 
 
 if __name__ == "__main__":
