@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import shlex
 import sys
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-import staleness as st
+from _report import versions
 import staleness.pipeline as pp
 from staleness import cluster as C
 from staleness.results import DivergenceError
@@ -534,16 +532,6 @@ def plot_throughput(tp: dict, specs: list[str], n: int, path: Path) -> Path:
     plots.save(fig, path)
     plt.close(fig)
     return path
-
-
-def versions() -> dict:
-    import flax
-    import jax
-    import optax
-
-    return {"python": platform.python_version(), "platform": platform.platform(), "jax": jax.__version__,
-            "flax": flax.__version__, "optax": optax.__version__, "numpy": np.__version__,
-            "staleness": st.__version__, "backend": jax.default_backend(), "cpus": os.cpu_count()}
 
 
 def write_markdown(path: Path, *, command: str, wall: float, cpu: float, vers: dict, settings: dict, tp: dict,

@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import json
 import math
-import platform
 import shlex
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import staleness as st
+from _report import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "reproduce_dssp"
@@ -446,17 +446,6 @@ def plot_task(task: str, results: dict, cfg: dict, path: Path) -> Path:
     plots.save(fig, path)
     plt.close(fig)
     return path
-
-
-def versions() -> dict:
-    import flax
-    import jax
-    import optax
-
-    return {"python": platform.python_version(), "platform": platform.platform(), "jax": jax.__version__,
-            "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else "", "flax": flax.__version__,
-            "optax": optax.__version__, "numpy": np.__version__, "staleness": st.__version__,
-            "backend": jax.default_backend(), "cpus": __import__("os").cpu_count()}
 
 
 def write_markdown(path: Path, *, command: str, wall: float, cpu: float, vers: dict, settings: dict, seeds,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shlex
 import sys
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 import staleness as st
+from _report import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "reproduce_rudra"
@@ -391,16 +391,6 @@ def plot_curves(records, lambdas, path: Path) -> Path:
     plots.save(fig, path)
     plt.close(fig)
     return path
-
-
-def versions() -> dict:
-    import flax
-    import jax
-    import optax
-
-    return {"python": platform.python_version(), "platform": platform.platform(), "jax": jax.__version__,
-            "flax": flax.__version__, "optax": optax.__version__, "numpy": np.__version__,
-            "staleness": st.__version__, "backend": jax.default_backend(), "cpus": __import__("os").cpu_count()}
 
 
 def main(argv=None):
