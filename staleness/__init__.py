@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "policies", "lr", "cluster", "tasks", "engine", "runtime", "results",
-    "pipeline", "Schedule", "simulate_schedule", "simulate", "sweep", "Result",
+    "pipeline", "plots", "compare", "metrics", "specs", "files", "Schedule", "simulate_schedule", "simulate",
+    "sweep", "Result",
 ]
 
 _LAZY = {
@@ -28,6 +29,11 @@ _LAZY = {
     "runtime": ("staleness.runtime", None),
     "pipeline": ("staleness.pipeline", None),
     "results": ("staleness.results", None),
+    "plots": ("staleness.plots", None),
+    "compare": ("staleness.compare", None),
+    "metrics": ("staleness.metrics", None),
+    "specs": ("staleness.specs", None),
+    "files": ("staleness.files", None),
     "simulate": ("staleness.engine", "simulate"),
     "sweep": ("staleness.engine", "sweep"),
     "Result": ("staleness.results", "Result"),

@@ -2,99 +2,152 @@
 
     cmp = staleness.compare.compare("digits-mlp", ["bsp", "asp", "ssp:3"], cluster, max_time=600, seeds=[0, 1, 2])
     cmp.table()          # one row per policy: time to target, final metric, staleness, waiting
-    cmp.results          # every Result (policy x seed)
+    cmp.results          # every Result (policy x seed) that ran
     cmp.save("runs/compare")   # table.csv, history.csv, comparison.png, timelines, one Result dir per run
 
 Every policy gets the same simulated-time budget (or the same number of
 updates), the same task, learning rate and seeds, so rows differ only by the
 policy.
+
+With `out=`, every finished run is written to `out/results/<policy>_s<seed>/`
+as soon as it ends (with `out/compare.json` naming the whole plan), so an
+interrupted comparison keeps what it computed and `resume=True` runs only
+what is missing. Ctrl-C stops the run in progress (its Result has status
+'stopped'); the table then marks the policies with stopped or missing runs
+and leaves stopped runs out of its medians.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 
+from staleness import files
 from staleness import policies as _policies
 from staleness.results import DivergenceError, Result
 
-__all__ = ["Comparison", "compare", "DEFAULT_POLICIES"]
+__all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "MANIFEST", "ResumeError"]
 
 DEFAULT_POLICIES = ("bsp", "asp", "ssp:3", "ssp:15", "dssp:3:12", "softsync:4")
+MANIFEST = "compare.json"
+_MANIFEST_VERSION = 1
+_COUNTED = ("complete", "diverged")   # statuses whose runs enter the medians
+
+
+class ResumeError(ValueError):
+    """`resume=True` on a directory that holds a different (or no) comparison."""
+
+
+def run_name(policy: str, seed: int) -> str:
+    """Directory name of one run under `results/`."""
+    return f"{policy.replace(':', '-')}_s{seed}"
 
 
 @dataclasses.dataclass
 class Comparison:
-    """Results of `compare`: one Result per (policy, seed), in policy order."""
+    """Results of `compare`, in plan order (policy major, seed minor).
+
+    results: every Result that ran (complete, diverged, or stopped by Ctrl-C).
+    metric / target: the metric of the table and its target (None: no time-to-target).
+    planned: [(policy spec, seed)] the comparison set out to run.
+    interrupted: True when Ctrl-C stopped it before every planned run finished.
+    """
 
     results: list[Result]
     metric: str
     target: float | None
+    planned: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    interrupted: bool = False
+
+    def _by_policy(self) -> dict[str, list[Result]]:
+        order = list(dict.fromkeys([p for p, _ in self.planned] + [r.config["policy"] for r in self.results]))
+        out: dict[str, list[Result]] = {p: [] for p in order}
+        for r in self.results:
+            out[r.config["policy"]].append(r)
+        return out
 
     def table(self):
-        """pandas DataFrame, one row per policy (medians over seeds; spread as min-max)."""
+        """pandas DataFrame, one row per policy: medians over the runs that finished
+        (complete or diverged), spread as min-max, and a status column
+        ('complete', or 'stopped' / 'incomplete' when runs were stopped or not run;
+        stopped runs are counted in `stopped` and left out of the medians)."""
         import pandas as pd
 
+        planned = {}
+        for p, _ in self.planned:
+            planned[p] = planned.get(p, 0) + 1
         rows = []
-        by_policy: dict[str, list[Result]] = {}
-        for r in self.results:
-            by_policy.setdefault(r.config["policy"], []).append(r)
-        for pol, runs in by_policy.items():
-            row = {"policy": pol, "seeds": len(runs)}
-            if self.target is not None and self.metric in runs[0].history:
-                times = np.array([r.time_to(self.target, self.metric) for r in runs])
+        for pol, every in self._by_policy().items():
+            runs = [r for r in every if r.status in _COUNTED]
+            stopped = sum(r.status == "stopped" for r in every)
+            want = planned.get(pol, len(every))
+            status = "complete" if len(runs) >= want else ("stopped" if stopped else "incomplete")
+            row = {"policy": pol, "seeds": len(runs), "status": status, "stopped": stopped}
+            m = runs[0].metric(self.metric) if runs and self.metric in runs[0].history else None
+            if self.target is not None:
+                times = np.array([r.time_to(self.target, self.metric) for r in runs]) if m is not None else np.zeros(0)
                 reached = np.isfinite(times)
                 row[f"time_to_{self.metric}_{self.target:g}_s"] = float(np.median(times[reached])) if reached.any() else math.nan
                 row["reached"] = f"{int(reached.sum())}/{len(runs)}"
                 row["time_min_s"] = float(times[reached].min()) if reached.any() else math.nan
                 row["time_max_s"] = float(times[reached].max()) if reached.any() else math.nan
             finals = [r.final.get(self.metric, math.nan) for r in runs]
-            row[f"final_{self.metric}"] = float(np.median(finals))
-            row["final_min"], row["final_max"] = float(np.min(finals)), float(np.max(finals))
+            row[f"final_{self.metric}"] = float(np.median(finals)) if finals else math.nan
+            row["final_min"] = float(np.min(finals)) if finals else math.nan
+            row["final_max"] = float(np.max(finals)) if finals else math.nan
             sums = [r.schedule.summary() for r in runs]
-            row["updates"] = int(np.median([s["updates"] for s in sums]))
-            row["staleness_mean"] = float(np.mean([s["staleness_mean"] for s in sums]))
-            row["staleness_max"] = int(max(s["staleness_max"] for s in sums))
-            row["wait_fraction"] = float(np.mean([s["wait_fraction_mean"] for s in sums]))
+            row["updates"] = int(np.median([s["updates"] for s in sums])) if sums else 0
+            row["staleness_mean"] = float(np.mean([s["staleness_mean"] for s in sums])) if sums else math.nan
+            row["staleness_max"] = int(max(s["staleness_max"] for s in sums)) if sums else 0
+            row["wait_fraction"] = float(np.mean([s["wait_fraction_mean"] for s in sums])) if sums else math.nan
             row["diverged"] = sum(r.status == "diverged" for r in runs)
             rows.append(row)
         return pd.DataFrame(rows)
 
     def history(self):
-        """All evaluation histories in one frame, with policy and seed columns."""
+        """All evaluation histories in one frame, with policy, seed and status columns."""
         import pandas as pd
 
         frames = []
         for r in self.results:
             h = r.history.copy()
+            h.insert(0, "status", r.status)
             h.insert(0, "seed", r.config["seed"])
             h.insert(0, "policy", r.config["policy"])
             frames.append(h)
-        return pd.concat(frames, ignore_index=True)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def figure(self):
         from staleness import plots
 
-        return plots.comparison_figure(self.results, metric=self.metric, target=self.target)
+        return plots.comparison_figure(self._counted(), metric=self.metric, target=self.target)
 
-    def save(self, out) -> Path:
+    def _counted(self) -> list[Result]:
+        return [r for r in self.results if r.status in _COUNTED]
+
+    def save(self, out, *, results: bool = True) -> Path:
         """Write table.csv, history.csv, comparison.png, timeline_<policy>.png and
-        results/<policy>_s<seed>/ (Result directories) under `out`."""
+        (results=True) results/<policy>_s<seed>/ Result directories under `out`;
+        every file atomically. Returns `out`."""
         from staleness import plots
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.table().to_csv(out / "table.csv", index=False)
-        self.history().to_csv(out / "history.csv", index=False)
-        plots.save(self.figure(), out / "comparison.png")
+        files.write_with(out / "table.csv", lambda p: self.table().to_csv(p, index=False))
+        files.write_with(out / "history.csv", lambda p: self.history().to_csv(p, index=False))
+        counted = self._counted()
+        if counted:
+            plots.save(self.figure(), out / "comparison.png")
         seen = set()
         for r in self.results:
             name = r.config["policy"].replace(":", "-")
-            r.save(out / "results" / f"{name}_s{r.config['seed']}")
-            if name not in seen:
+            if results:
+                r.save(out / "results" / run_name(r.config["policy"], r.config["seed"]), overwrite=True)
+            if name not in seen and r.status in _COUNTED:
                 seen.add(name)
                 plots.save(plots.worker_timeline(r.schedule, max_time=_timeline_window(r)), out / f"timeline_{name}.png")
         return out
@@ -110,40 +163,123 @@ def _timeline_window(result: Result) -> float:
     return max(1e-9, horizon * min(1.0, 30.0 / max(1, per_worker.min())))
 
 
+def _resolve_metric(task, metric, target):
+    name = task.default_metric if metric is None else metric
+    m = task.metric(name)
+    if target is not None:
+        target = m.check_target(target)
+    return name, target
+
+
+def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
+    """Finished runs (complete or diverged) of the comparison in `out`."""
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        raise ResumeError(f"resume: {str(out)!r} holds no comparison ({MANIFEST} not found); "
+                          "run without resume first")
+    try:
+        meta = json.loads(manifest.read_text())
+        saved = meta["config"]
+    except (ValueError, KeyError, TypeError):
+        raise ResumeError(f"resume: {manifest} is not a comparison manifest") from None
+    diff = sorted(k for k in set(saved) | set(plan_config) if saved.get(k) != plan_config.get(k))
+    if diff:
+        k = diff[0]
+        raise ResumeError(f"resume: {str(out)!r} was written with {k} = {saved.get(k)!r}, not "
+                          f"{plan_config.get(k)!r}; resume with the same settings or use another --out")
+    done = {}
+    for pol, seed in (tuple(x) for x in meta.get("runs", [])):
+        d = out / "results" / run_name(pol, seed)
+        if (d / "result.json").is_file():
+            r = Result.load(d)
+            if r.status in _COUNTED:
+                done[(pol, int(seed))] = r
+    return done
+
+
 def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_time: float | None = None,
             num_updates: int | None = None, lr: float = 0.05, lr_rule="constant", optimizer="sgd",
-            batch_size: int | None = None, metric: str = "accuracy", target: float | None = None,
-            num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None) -> Comparison:
+            batch_size: int | None = None, metric: str | None = None, target: float | None = None,
+            num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
+            out=None, resume: bool = False, overwrite: bool = False) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
 
+    metric: the table's metric (default: the task's, accuracy where it has one);
+      its direction and range come from the task. target: a value of it for
+      time-to-target (checked against the metric's range), or None.
+    out: a directory to write each finished run into as it ends, and the
+      table and plots at the end (see the module docstring); checked before
+      anything runs (`staleness.files.check_out`; an existing comparison is
+      replaced only with overwrite=True, or continued with resume=True).
     A run that diverges is kept with status 'diverged' (its history stops there).
+    Ctrl-C stops the comparison: the Comparison has interrupted=True, the run in
+    progress has status 'stopped', and (with out=) everything is written.
     """
     from tqdm.auto import tqdm
 
     from staleness import cluster as _cluster
     from staleness.engine.run import resolve_task, simulate
 
-    pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
+    pols = [_policies.parse(p) for p in policies]
     if not pols:
         raise ValueError("compare: policies is empty; give at least one policy")
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("compare: seeds is empty; give at least one seed")
     cluster = _cluster.default() if cluster is None else (_cluster.parse(cluster) if isinstance(cluster, str) else cluster)
     for p in pols:
         p.init(cluster.num_workers)  # fail fast on e.g. softsync:n with n > workers
     if max_time is None and num_updates is None:
         raise ValueError("compare: give max_time (simulated seconds, the same for every policy) or num_updates")
+    if resume and overwrite:
+        raise ValueError("compare: resume and overwrite exclude each other")
+    if out is not None:
+        out = files.check_out(out, overwrite=overwrite or resume, what="out")
     task = resolve_task(task, cluster.num_workers, batch_size, data_dir, partition)
-    results = []
-    runs = [(p, s) for p in pols for s in seeds]
-    bar = tqdm(runs, desc="compare", unit="run", disable=not progress)
+    metric, target = _resolve_metric(task, metric, target)
+    planned = [(p.describe(), s) for p in pols for s in seeds]
+    plan_config = {"task": task.name, "policies": [p.describe() for p in pols], "seeds": seeds,
+                   "cluster": cluster.describe(), "max_time": max_time, "num_updates": num_updates, "lr": lr,
+                   "lr_rule": str(getattr(lr_rule, "describe", lambda: lr_rule)()),
+                   "optimizer": str(getattr(optimizer, "describe", lambda: optimizer)()),
+                   "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals}
+    done: dict[tuple[str, int], Result] = {}
+    if out is not None:
+        if resume and (out / MANIFEST).is_file():
+            done = _load_done(out, plan_config)
+        elif resume:
+            raise ResumeError(f"resume: {str(out)!r} holds no comparison ({MANIFEST} not found); "
+                              "run without --resume first")
+        elif out.exists() and any(out.iterdir()):
+            files.write_dir(out, lambda d: None, overwrite=True)  # replace the old comparison (checked above)
+        files.write_text(out / MANIFEST, json.dumps({"format_version": _MANIFEST_VERSION, "config": plan_config,
+                                                     "runs": [list(x) for x in planned]}, indent=1))
+    results: list[Result] = []
+    interrupted = False
+    todo = [(p, s) for p in pols for s in seeds]
+    bar = tqdm(todo, desc="compare", unit="run", disable=not progress)
     for pol, seed in bar:
+        key = (pol.describe(), seed)
+        if key in done:
+            results.append(done[key])
+            continue
         bar.set_postfix_str(f"{pol.describe()} seed {seed}")
         try:
             r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed, lr=lr,
                          lr_rule=lr_rule, optimizer=optimizer, num_evals=num_evals)
         except DivergenceError as e:
             r = e.result
+        except KeyboardInterrupt:  # Ctrl-C outside the replay's chunk loop (e.g. while scheduling)
+            interrupted = True
+            break
         results.append(r)
+        if out is not None:
+            r.save(out / "results" / run_name(*key), overwrite=True)
         if r.status == "stopped":  # Ctrl-C inside a run: keep what is done, run nothing more
+            interrupted = True
             break
     bar.close()
-    return Comparison(results, metric, target)
+    cmp = Comparison(results, metric, target, planned, interrupted)
+    if out is not None:
+        cmp.save(out, results=False)
+    return cmp

@@ -228,34 +228,27 @@ NAMES = ("constant", "per_gradient", "per_update", "delay_adaptive")
 ALIASES = {"tau": "per_gradient", "mean_tau": "per_update"}
 
 
+_FACTORIES = {"constant": constant, "per_gradient": per_gradient, "per_update": per_update,
+              "delay_adaptive": delay_adaptive}
+
+
 def get(spec: str | LrRule) -> LrRule:
     """A rule from its spec: ``constant``, ``per_gradient`` (alias ``tau``),
-    ``per_update`` (alias ``mean_tau``) or ``delay_adaptive:N`` (N workers).
+    ``per_update`` (alias ``mean_tau``) or ``delay_adaptive:N`` (N workers;
+    grammar: `staleness.specs`).
 
     Case and '-' vs '_' are ignored. A rule object is returned unchanged.
-    ``get(rule.describe()) == rule`` for every rule.
+    ``get(rule.describe()) == rule`` for every rule. Raises
+    `staleness.specs.SpecError` (a ValueError) naming the bad part.
     """
+    from staleness import specs
+
     if isinstance(spec, (Constant, PerGradient, PerUpdate, DelayAdaptive)):
         return spec
     valid = ("constant, per_gradient (alias tau), per_update (alias mean_tau), "
              "delay_adaptive:NUM_WORKERS")
-    if not isinstance(spec, str):
-        raise ValueError(f"lr.get: spec = {spec!r} must be a string; valid: {valid}")
-    name, colon, arg = spec.strip().partition(":")
-    key = name.strip().lower().replace("-", "_")
-    key = ALIASES.get(key, key)
-    if key == "delay_adaptive":
-        if not colon or not arg.strip():
-            raise ValueError(f"lr.get: spec = {spec!r}: delay_adaptive needs the number "
-                             f"of workers, e.g. 'delay_adaptive:8'")
-        try:
-            n = int(arg.strip())
-        except ValueError:
-            raise ValueError(f"lr.get: spec = {spec!r}: num_workers {arg.strip()!r} must "
-                             f"be an integer >= 1") from None
-        return DelayAdaptive(n)
-    rules = {"constant": Constant, "per_gradient": PerGradient, "per_update": PerUpdate}
-    if key not in rules or colon:
-        raise ValueError(f"lr.get: spec = {spec!r} is not a learning-rate rule; valid: {valid}")
-    return rules[key]()
-
+    main, mods = specs.split(spec, "lr_rule")
+    key = ALIASES.get(main.name, main.name)
+    if key not in _FACTORIES or mods:
+        raise specs.SpecError(f"lr_rule = {spec!r} is not a learning-rate rule; valid: {valid}")
+    return specs.call(main, _FACTORIES[key], "lr_rule", spec)

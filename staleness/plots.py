@@ -271,14 +271,14 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
 
 
 def save(fig, path) -> Path:
-    """Write `fig` as a PNG at `DPI` dots per inch to `path` (parent
+    """Write `fig` as a PNG at `DPI` dots per inch to `path`, atomically (parent
     directories are created). Returns the path."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"save: path = {str(path)!r} must end in .png")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format="png")
-    return path
+    from staleness import files
+
+    return files.write_with(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -590,48 +590,38 @@ def backup_workers(b: int = 1) -> BackupWorkers:
     return BackupWorkers(b)
 
 
-_SPEC_HELP = "bsp, asp, ssp:S, dssp:S_LOW:R_MAX[:nocap], softsync:N, backup:B"
+_SPEC_HELP = "bsp, asp, ssp[:S], dssp[:S_LOW[:R_MAX]][:nocap], softsync[:N], backup[:B]"
+
+# spec name -> (factory, the parameters positional values bind to). Omitted
+# numbers take the factory's defaults (`ssp` = ssp:3, `dssp` = dssp:3:12,
+# `softsync` = softsync:1, `backup` = backup:1), for every policy alike.
+_FACTORIES = {
+    "bsp": (bsp, ()),
+    "hardsync": (bsp, ()),
+    "asp": (asp, ()),
+    "ssp": (ssp, ("staleness",)),
+    "dssp": (dssp, ("s_low", "r_max")),
+    "softsync": (softsync, ("n",)),
+    "backup": (backup_workers, ("b",)),
+    "backup_workers": (backup_workers, ("b",)),
+}
 
 
 def parse(spec: str) -> Policy:
     """Parse a policy spec such as 'bsp', 'ssp:3', 'dssp:3:12', 'dssp:3:12:nocap',
-    'softsync:4', 'backup:2'."""
+    'dssp:s_low=3,r_max=12', 'softsync:4', 'backup:2' (grammar: `staleness.specs`).
+
+    Every omitted number takes the factory's default (`ssp` is `ssp(3)`).
+    Raises `staleness.specs.SpecError` (a ValueError) naming the bad part.
+    """
+    from staleness import specs
+
     if isinstance(spec, Policy):
         return spec
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"policy = {spec!r} is not a policy spec; valid: {_SPEC_HELP}")
-    name, *args = spec.strip().lower().split(":")
-
-    def ints(count_min, count_max):
-        if not count_min <= len(args) <= count_max:
-            raise ValueError(f"policy = {spec!r}: wrong number of arguments; valid: {_SPEC_HELP}")
-        try:
-            return [int(a) for a in args]
-        except ValueError:
-            raise ValueError(
-                f"policy = {spec!r}: arguments must be integers; valid: {_SPEC_HELP}"
-            ) from None
-
-    if name in ("bsp", "hardsync"):
-        ints(0, 0)
-        return bsp()
-    if name == "asp":
-        ints(0, 0)
-        return asp()
-    if name == "ssp":
-        (s,) = ints(1, 1)
-        return ssp(s)
-    if name == "dssp":
-        cap = True
-        if args and args[-1] == "nocap":
-            args.pop()
-            cap = False
-        values = ints(0, 2)
-        return dssp(*values, cap=cap)
-    if name == "softsync":
-        (n,) = ints(1, 1)
-        return softsync(n)
-    if name in ("backup", "backup_workers"):
-        (b,) = ints(1, 1)
-        return backup_workers(b)
-    raise ValueError(f"policy = {spec!r}: unknown policy {name!r}; valid: {_SPEC_HELP}")
+    main, mods = specs.split(spec, "policy")
+    if main.name not in _FACTORIES:
+        raise specs.SpecError(f"policy = {spec!r}: unknown policy {main.name!r}; valid: {_SPEC_HELP}")
+    if mods:
+        raise specs.SpecError(f"policy = {spec!r}: a policy takes no '+' modifiers; valid: {_SPEC_HELP}")
+    factory, positional = _FACTORIES[main.name]
+    return specs.call(main, factory, "policy", spec, positional=positional)

@@ -17,9 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from staleness.schedule import Schedule
+from staleness import files
+from staleness import metrics as _metrics
+from staleness.metrics import Metric
+from staleness.schedule import FileFormatError, Schedule
 
-__all__ = ["Result", "FORMAT_VERSION", "DivergenceError", "flatten_params", "unflatten_params"]
+__all__ = ["Result", "FORMAT_VERSION", "DivergenceError", "FileFormatError", "STATUSES", "flatten_params",
+           "unflatten_params"]
+
+STATUSES = ("complete", "diverged", "stopped")
 
 FORMAT_VERSION = 1
 
@@ -96,13 +102,21 @@ class Result:
         """The last history row as a dict."""
         return self.history.iloc[-1].to_dict() if len(self.history) else {}
 
+    def metric(self, name: str) -> Metric:
+        """The `staleness.metrics.Metric` `name` (direction and range) as the run's task
+        declared it (config['metrics']), else as known by name."""
+        info = self.config.get("metrics") or {}
+        if name in info:
+            return Metric.from_json(name, info[name])
+        return _metrics.get(name)
+
     def time_to(self, target: float, metric: str = "accuracy") -> float:
-        """First simulated time (s) at which `metric` reached `target` (NaN if never).
-        For 'loss'-like metrics the target is reached when the metric is <= target."""
+        """First time (s; simulated, or wall for real runs) at which `metric` reached
+        `target` in the metric's direction (>= for accuracy, <= for a loss); NaN if never."""
         if metric not in self.history:
-            raise ValueError(f"metric = {metric!r} not in history columns {list(self.history.columns)}")
-        values = self.history[metric].to_numpy()
-        hit = values <= target if "loss" in metric else values >= target
+            raise ValueError(f"metric = {metric!r} is not in the history; valid: "
+                             f"{', '.join(c for c in self.history.columns if c not in ('update', 'time'))}")
+        hit = self.metric(metric).reached(self.history[metric].to_numpy(), target)
         idx = np.flatnonzero(hit)
         return float(self.history["time"].iloc[idx[0]]) if len(idx) else math.nan
 
@@ -122,42 +136,86 @@ class Result:
         return out
 
     # -- files -----------------------------------------------------------------
-    def save(self, path) -> Path:
-        """Write the result into directory `path` (created); returns it."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+    def save(self, path, *, overwrite: bool = False, extra=None) -> Path:
+        """Write the result into directory `path`, atomically (built beside it, then
+        renamed into place); returns it. An existing Result there is replaced only
+        with overwrite=True, and then none of its old files stays behind.
+        extra: optional callable(directory) writing more files (plots) into the
+        directory before it is renamed into place."""
+        def write(d: Path) -> None:
+            self._write(d)
+            if extra is not None:
+                extra(d)
+
+        return files.write_dir(path, write, overwrite=overwrite)
+
+    def _write(self, path: Path) -> None:
         self.history.to_csv(path / "history.csv", index=False)
         self.schedule.save(path / "schedule.json")
         np.savez(path / "params.npz", **flatten_params(self.params))
         np.save(path / "train_loss.npy", np.asarray(self.train_loss))
         meta = {"format_version": FORMAT_VERSION, "status": self.status, "config": _jsonable(self.config)}
         (path / "result.json").write_text(json.dumps(meta, indent=1))
-        return path
 
     @classmethod
     def load(cls, path) -> "Result":
+        """Read a Result directory written by `save`, checking every file.
+
+        Raises FileNotFoundError (no result.json: not a Result directory) or
+        FileFormatError (a ValueError) naming the file and the field that is
+        truncated, corrupted or inconsistent with the rest.
+        """
         import pandas as pd
 
         path = Path(path)
         meta_file = path / "result.json"
-        if not meta_file.exists():
+        if not meta_file.is_file():
             raise FileNotFoundError(f"{meta_file} not found: not a staleness result directory")
-        meta = json.loads(meta_file.read_text())
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FileFormatError(f"{meta_file}: not valid JSON ({getattr(e, 'msg', e)})") from None
+        if not isinstance(meta, dict):
+            raise FileFormatError(f"{meta_file}: not a JSON object")
         if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"result format_version = {meta.get('format_version')!r} is not supported "
-                f"(this build reads {FORMAT_VERSION})"
-            )
-        with np.load(path / "params.npz") as z:
-            params = unflatten_params({k: z[k] for k in z.files})
-        return cls(
-            history=pd.read_csv(path / "history.csv"),
-            schedule=Schedule.load(path / "schedule.json"),
-            params=params,
-            config=meta["config"],
-            train_loss=np.load(path / "train_loss.npy"),
-            status=meta["status"],
-        )
+            raise FileFormatError(
+                f"{meta_file}: field 'format_version' = {meta.get('format_version')!r} is not supported "
+                f"(this build reads {FORMAT_VERSION})")
+        if meta.get("status") not in STATUSES:
+            raise FileFormatError(f"{meta_file}: field 'status' = {meta.get('status')!r} must be one of {STATUSES}")
+        if not isinstance(meta.get("config"), dict):
+            raise FileFormatError(f"{meta_file}: field 'config' is missing or not an object")
+        for name in ("schedule.json", "params.npz", "train_loss.npy", "history.csv"):
+            if not (path / name).is_file():
+                raise FileFormatError(f"{path / name}: missing (the Result directory is incomplete)")
+        schedule = Schedule.load(path / "schedule.json")
+        try:
+            with np.load(path / "params.npz", allow_pickle=False) as z:
+                params = unflatten_params({k: z[k] for k in z.files})
+        except Exception as e:  # noqa: BLE001 - zipfile/numpy raise many types for a damaged file
+            raise FileFormatError(f"{path / 'params.npz'}: cannot be read (truncated or corrupted: "
+                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        try:
+            train_loss = np.load(path / "train_loss.npy", allow_pickle=False)
+        except Exception as e:  # noqa: BLE001
+            raise FileFormatError(f"{path / 'train_loss.npy'}: cannot be read (truncated or corrupted: "
+                                  f"{type(e).__name__})") from None
+        if train_loss.ndim != 1 or len(train_loss) > schedule.num_updates:
+            raise FileFormatError(f"{path / 'train_loss.npy'}: holds {train_loss.shape} values for a schedule "
+                                  f"of {schedule.num_updates} updates")
+        try:
+            history = pd.read_csv(path / "history.csv")
+        except Exception as e:  # noqa: BLE001 - pandas' parser errors
+            raise FileFormatError(f"{path / 'history.csv'}: cannot be read ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        for col in ("update", "time"):
+            if col not in history or not pd.api.types.is_numeric_dtype(history[col]):
+                raise FileFormatError(f"{path / 'history.csv'}: column {col!r} is missing or not numeric")
+        if len(history) and (history["update"].max() > schedule.num_updates or history["update"].min() < 0):
+            raise FileFormatError(f"{path / 'history.csv'}: column 'update' goes beyond the schedule's "
+                                  f"{schedule.num_updates} updates")
+        return cls(history=history, schedule=schedule, params=params, config=meta["config"],
+                   train_loss=train_loss, status=meta["status"])
 
 
 def _jsonable(obj):

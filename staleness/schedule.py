@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Schedule", "NOT_APPLIED", "FORMAT_VERSION"]
+from staleness import files
+
+__all__ = ["Schedule", "NOT_APPLIED", "FORMAT_VERSION", "FileFormatError"]
+
+
+class FileFormatError(ValueError):
+    """A staleness file (or in-memory schedule) that is not valid: names the file and the field."""
 
 NOT_APPLIED = -1  # apply_version of a dropped or lost gradient
 FORMAT_VERSION = 1
@@ -180,45 +186,127 @@ class Schedule:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Schedule":
+    def from_dict(cls, data: dict, where: str = "schedule") -> "Schedule":
+        """Inverse of `to_dict`; raises FileFormatError naming `where` and the field."""
+        def bad(field, why):
+            return FileFormatError(f"{where}: field {field!r} {why}")
+
+        if not isinstance(data, dict):
+            raise FileFormatError(f"{where}: not a schedule (a JSON object with 'columns' and 'update_time')")
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise ValueError(
-                f"schedule format_version = {version!r} is not supported (this build reads {FORMAT_VERSION})"
-            )
+            raise bad("format_version", f"= {version!r} is not supported (this build reads {FORMAT_VERSION})")
+        columns = data.get("columns")
+        if not isinstance(columns, dict):
+            raise bad("columns", "is missing or not an object")
         cols = {}
         for name, dtype in _COLUMNS.items():
-            if name not in data["columns"]:
-                raise ValueError(f"schedule: column {name!r} missing")
-            values = [math.nan if v is None else v for v in data["columns"][name]]
-            cols[name] = np.asarray(values, dtype=dtype)
-        return cls(
-            columns=cols,
-            update_time=np.asarray(data["update_time"], np.float64),
-            num_workers=int(data["num_workers"]),
-            policy=data["policy"],
-            cluster=data.get("cluster", ""),
-            seed=data.get("seed"),
-            rstar=tuple((float(t), int(w), int(r)) for t, w, r in data.get("rstar", [])),
-            end_time=float(data.get("end_time", math.nan)),
-            meta=data.get("meta", {}),
-        )
+            if name not in columns:
+                raise bad(f"columns.{name}", "is missing")
+            values = columns[name]
+            if not isinstance(values, list):
+                raise bad(f"columns.{name}", "is not a list")
+            try:
+                values = [math.nan if v is None else v for v in values]
+                cols[name] = np.asarray(values, dtype=dtype)
+            except (TypeError, ValueError, OverflowError):
+                raise bad(f"columns.{name}", f"holds values that are not {np.dtype(dtype).name}") from None
+            if cols[name].ndim != 1:
+                raise bad(f"columns.{name}", "is not a flat list")
+        try:
+            update_time = np.asarray(data["update_time"], np.float64)
+            num_workers = data["num_workers"]
+            if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+                raise bad("num_workers", f"= {num_workers!r} must be an integer >= 1")
+            policy = data["policy"]
+            if not isinstance(policy, str):
+                raise bad("policy", f"= {policy!r} must be a string")
+            rstar = tuple((float(t), int(w), int(r)) for t, w, r in data.get("rstar", []))
+            end_time = float(math.nan if data.get("end_time") is None else data["end_time"])
+            meta = data.get("meta", {})
+        except KeyError as e:
+            raise bad(e.args[0], "is missing") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, FileFormatError):
+                raise
+            raise FileFormatError(f"{where}: malformed field ({str(e).splitlines()[0]})") from None
+        if update_time.ndim != 1:
+            raise bad("update_time", "is not a flat list")
+        try:
+            sched = cls(columns=cols, update_time=update_time, num_workers=num_workers, policy=policy,
+                        cluster=str(data.get("cluster", "")), seed=data.get("seed"), rstar=rstar,
+                        end_time=end_time, meta=meta if isinstance(meta, dict) else {})
+        except ValueError as e:
+            raise FileFormatError(f"{where}: {e}") from None
+        sched.validate(where)
+        return sched
+
+    def validate(self, where: str = "schedule") -> "Schedule":
+        """Check the schedule's consistency; returns it. Raises FileFormatError naming
+        `where` and the first bad field: workers in 0..num_workers-1, iterations and
+        versions >= 0, every applied gradient applied at or after the version it was
+        computed on and before num_updates, every update applying at least one
+        gradient, dropped/lost gradients not applied, update times non-decreasing."""
+        c, u = self.columns, self.num_updates
+
+        def bad(field, row, why):
+            raise FileFormatError(f"{where}: field {field!r} (row {row}) {why}")
+
+        def first(mask):
+            return int(np.flatnonzero(mask)[0])
+
+        w = c["worker"]
+        if len(w) and ((w < 0) | (w >= self.num_workers)).any():
+            i = first((w < 0) | (w >= self.num_workers))
+            bad("worker", i, f"= {int(w[i])} is not a worker of this {self.num_workers}-worker schedule "
+                f"(valid: 0..{self.num_workers - 1})")
+        for name in ("iteration", "pull_version"):
+            if len(c[name]) and (c[name] < 0).any():
+                i = first(c[name] < 0)
+                bad(name, i, f"= {int(c[name][i])} must be >= 0")
+        av, pv = c["apply_version"], c["pull_version"]
+        applied = av != NOT_APPLIED
+        wrong = applied & ((av < pv) | (av >= u) | (av < 0))
+        if wrong.any():
+            i = first(wrong)
+            bad("apply_version", i, f"= {int(av[i])} must lie in pull_version ({int(pv[i])})..num_updates-1 "
+                f"({u - 1}), or be {NOT_APPLIED} (not applied)")
+        if (pv > u).any():
+            i = first(pv > u)
+            bad("pull_version", i, f"= {int(pv[i])} exceeds num_updates ({u})")
+        both = applied & (c["dropped"] | c["lost"])
+        if both.any():
+            bad("apply_version", first(both), "is set for a dropped or lost gradient")
+        if u:
+            counts = np.bincount(av[applied], minlength=u)[:u]
+            if (counts == 0).any():
+                raise FileFormatError(f"{where}: update {int(np.flatnonzero(counts == 0)[0])} applies no gradient "
+                                      f"(field 'apply_version')")
+            t = self.update_time
+            if not np.isfinite(t).all() or (np.diff(t) < 0).any():
+                raise FileFormatError(f"{where}: field 'update_time' must be finite and non-decreasing")
+        return self
 
     def save(self, path) -> None:
-        """Write as JSON (NaN written as null)."""
+        """Write as JSON (NaN written as null), atomically."""
         data = self.to_dict()
         data["columns"] = {k: [None if isinstance(x, float) and math.isnan(x) else x for x in v]
                            for k, v in data["columns"].items()}
         if isinstance(data["end_time"], float) and math.isnan(data["end_time"]):
             data["end_time"] = None
-        Path(path).write_text(json.dumps(data))
+        files.write_text(path, json.dumps(data))
 
     @classmethod
     def load(cls, path) -> "Schedule":
-        data = json.loads(Path(path).read_text())
-        if data.get("end_time") is None:
-            data["end_time"] = math.nan
-        return cls.from_dict(data)
+        """Read a schedule JSON file; raises FileFormatError naming the file and the field."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except UnicodeDecodeError:
+            raise FileFormatError(f"{path}: not a schedule JSON file (not text)") from None
+        except json.JSONDecodeError as e:
+            raise FileFormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        return cls.from_dict(data, where=str(path))
 
     def equals(self, other: "Schedule") -> bool:
         """Exact equality of every column and update time (NaN == NaN)."""

@@ -139,12 +139,13 @@ def test_get_names_aliases_and_round_trip():
 
 @pytest.mark.parametrize("spec, needle", [
     ("sgd", "valid: constant, per_gradient"),
-    ("", "valid: constant"),
-    ("constant:3", "is not a learning-rate rule"),
-    ("delay_adaptive", "needs the number of workers"),
-    ("delay_adaptive:x", "num_workers 'x' must be an integer"),
+    ("", "is empty"),
+    ("constant:3", "too many values for 'constant'"),
+    ("delay_adaptive", "needs num_workers"),
+    ("delay_adaptive:x", "num_workers = 'x' must be an integer"),
     ("delay_adaptive:0", "num_workers = 0 must be an integer >= 1"),
-    (3, "must be a string"),
+    ("per_gradient+cosine", "is not a learning-rate rule"),
+    (3, "must be a spec string"),
 ])
 def test_get_errors(spec, needle):
     with pytest.raises(ValueError) as e:

@@ -40,10 +40,10 @@ def test_pipeline_gpipe_on_devices(tmp_path, capsys):
      "microbatches = 3 does not divide batch_size = 32"),
     (["--schedule", "pipedream"], "not known"),
     (["--schedule", "ddg", "--delays", "1,0"], "dsp only"),
-    (["--schedule", "ddg", "--stages", "2", "--batches", "0"], "num_batches = 0"),
+    (["--schedule", "ddg", "--stages", "2", "--batches", "0"], "--batches"),
     (["--schedule", "ddg", "--stages", "3", "--cluster", "1,2", "--batches", "2"], "2 workers but the pipeline has 3"),
     (["--task", "nope", "--stages", "2"], "unknown pipeline task"),
-    (["--schedule", "ddg", "--stages", "2", "--lr", "-1", "--batches", "2"], "lr = -1"),
+    (["--schedule", "ddg", "--stages", "2", "--lr", "-1", "--batches", "2"], "--lr"),
 ])
 def test_bad_input_one_line_exit_2(argv, fragment, capsys):
     code, _, err = run(["pipeline", "--no-progress", *argv], capsys)

@@ -13,10 +13,20 @@ def test_parse_roundtrip():
     assert P.parse("dssp") == P.dssp(3, 12)
 
 
+def test_parse_defaults_are_the_factories_for_every_policy():
+    """One behaviour for omitted numbers: every policy takes its factory's defaults."""
+    assert P.parse("ssp") == P.ssp() == P.ssp(3)
+    assert P.parse("dssp:2") == P.dssp(2) == P.dssp(2, 12)
+    assert P.parse("softsync") == P.softsync() and P.parse("backup") == P.backup_workers()
+    assert P.parse("dssp:s_low=2,r_max=5") == P.parse("dssp:2,5") == P.parse("dssp:2:5") == P.dssp(2, 5)
+    assert P.parse("dssp:nocap") == P.dssp(cap=False)
+
+
 @pytest.mark.parametrize(
     "spec, fragment",
-    [("ssp:-1", "staleness"), ("ssp", "number of arguments"), ("foo", "unknown policy"),
-     ("ssp:x", "integers"), ("softsync:0", "n = 0"), ("dssp:-1:3", "s_low"), ("", "not a policy")],
+    [("ssp:-1", "staleness"), ("ssp:1:2", "too many values"), ("foo", "unknown policy"),
+     ("ssp:x", "must be an integer"), ("softsync:0", "n = 0"), ("dssp:-1:3", "s_low"), ("", "is empty"),
+     ("ssp:k=1", "no argument 'k'"), ("ssp:", "empty"), ("asp+x", "no '\\+' modifiers")],
 )
 def test_parse_errors_name_the_problem(spec, fragment):
     with pytest.raises(ValueError, match=fragment):

@@ -17,7 +17,10 @@ __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from staleness import __version__
+
     parser = _Parser(prog="staleness", description="Stale-synchronous distributed training: simulate, compare, run.")
+    parser.add_argument("--version", action="version", version=f"staleness {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     schedule_cmd.add(sub)
     simulate_cmd.add_simulate(sub)
@@ -36,12 +39,12 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_attach_dash_values(parser, sys.argv[1:] if argv is None else list(argv)))
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as e:
+    except (UsageError, ValueError, OSError) as e:  # OSError: a file or directory that cannot be used
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"staleness: error: {msg}", file=sys.stderr)
         return 2
@@ -53,6 +56,38 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("staleness: interrupted", file=sys.stderr)
         return 130
+
+
+def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """Write `--opt VALUE` as `--opt=VALUE` when VALUE starts with '-' and is not an
+    option itself (e.g. `--cluster -1,1`), so argparse hands the value to the
+    option's own checks instead of failing with "expected one argument"."""
+    takes_value = set()
+    for action in _all_actions(parser):
+        if action.option_strings and action.nargs is None and not isinstance(
+                action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._VersionAction,
+                         argparse._HelpAction, argparse._StoreConstAction, argparse._CountAction)):
+            takes_value.update(action.option_strings)
+    known = {o for a in _all_actions(parser) for o in a.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if (a in takes_value and i + 1 < len(argv) and argv[i + 1].startswith("-")
+                and argv[i + 1].split("=", 1)[0] not in known):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _all_actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_actions(sub)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["UsageError", "print_table"]
+import math
+
+__all__ = ["UsageError", "print_table", "count", "natural", "positive", "nonnegative", "check_out"]
 
 
 class UsageError(ValueError):
@@ -15,6 +17,60 @@ class UsageError(ValueError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own errors: one line, exit 2
         raise UsageError(message)
+
+
+def _number(text: str, kind):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be finite")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type: an integer >= 1 (updates, workers, batch sizes)."""
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
+    return value
+
+
+def natural(text: str) -> int:
+    """argparse type: an integer >= 0 (seeds)."""
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
+    return value
+
+
+def positive(text: str) -> float:
+    """argparse type: a finite number > 0 (seconds, learning rates)."""
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+    return value
+
+
+def nonnegative(text: str) -> float:
+    """argparse type: a finite number >= 0 (tolerances, costs)."""
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    return value
+
+
+def check_out(args, default=None):
+    """--out as a validated Path (before any computation), or None: creatable,
+    writable, not a file, and not existing staleness output unless --overwrite."""
+    from staleness import files
+
+    out = args.out if args.out is not None else default
+    if out is None:
+        return None
+    return files.check_out(out, overwrite=bool(getattr(args, "overwrite", False)
+                                               or getattr(args, "resume_compare", False)))
 
 
 def _fmt(value) -> str:

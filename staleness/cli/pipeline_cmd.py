@@ -16,10 +16,10 @@ stage's updates, times on the simulated timeline), params.npz, result.json.
 from __future__ import annotations
 
 import os
+import sys
 import time
-from pathlib import Path
 
-from staleness.cli.common import UsageError, print_table
+from staleness.cli.common import UsageError, check_out, count, natural, nonnegative, positive, print_table
 
 __all__ = ["add"]
 
@@ -41,29 +41,30 @@ def add(sub) -> None:
     p.add_argument("--delays", default=None,
                    help="dsp link delays s_0,...,s_{K-1} in ticks, one per stage (the last is the link to the "
                    "loss); default 1,...,1,0")
-    p.add_argument("--microbatches", type=int, default=None, help="gpipe micro-batches per batch (default 4)")
+    p.add_argument("--microbatches", type=count, default=None, help="gpipe micro-batches per batch (default 4)")
     p.add_argument("--stash", action="store_true", help="dsp with PipeDream-style weight stashing")
     p.add_argument("--task", default=DEFAULT_TASK,
                    help=f"pipeline task (default {DEFAULT_TASK}); digits-resmlp, mnist1d-resmlp, cifar10-resnet20")
-    p.add_argument("--stages", type=int, default=None,
+    p.add_argument("--stages", type=count, default=None,
                    help=f"number of stages K (default: the number of --delays, else {DEFAULT_STAGES})")
-    p.add_argument("--blocks", type=int, default=None,
+    p.add_argument("--blocks", type=count, default=None,
                    help="residual blocks of the MLP tasks (default K); basic blocks per ResNet stage (default 3)")
-    p.add_argument("--batches", type=int, default=DEFAULT_BATCHES, help=f"batches to train (default {DEFAULT_BATCHES})")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
-    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"base learning rate (default {DEFAULT_LR:g})")
+    p.add_argument("--batches", type=count, default=DEFAULT_BATCHES, help=f"batches to train (default {DEFAULT_BATCHES})")
+    p.add_argument("--batch-size", type=count, default=32, help="examples per batch (default 32)")
+    p.add_argument("--lr", type=positive, default=DEFAULT_LR, help=f"base learning rate (default {DEFAULT_LR:g})")
     p.add_argument("--optimizer", default="momentum:0.9", help="per-stage optimizer (default momentum:0.9)")
     p.add_argument("--cluster", default=None,
                    help="per-stage speeds, one worker per stage, e.g. '1,1,2,1' or '4+stragglers=0.05:4:3' "
                    "(default: K stages at 1 s per batch)")
-    p.add_argument("--backward-ratio", type=float, default=2.0, help="backward / forward cost (default 2)")
-    p.add_argument("--recompute-cost", type=float, default=1.0,
+    p.add_argument("--backward-ratio", type=positive, default=2.0, help="backward / forward cost (default 2)")
+    p.add_argument("--recompute-cost", type=nonnegative, default=1.0,
                    help="cost of a stale backward's recomputed forward, in forwards (default 1; 0 = overlapped)")
     p.add_argument("--devices", action="store_true", help="run stage k on device k (shard_map + ppermute)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, default=None, help="batches between evaluations (default batches/10)")
+    p.add_argument("--seed", type=natural, default=0)
+    p.add_argument("--eval-every", type=count, default=None, help="batches between evaluations (default batches/10)")
     p.add_argument("--data-dir", default=None, help="CIFAR-10 directory (cifar10-resnet20)")
-    p.add_argument("--out", default=None, help="directory for the Result files")
+    p.add_argument("--out", default=None, help="directory for the Result files (checked before anything runs)")
+    p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd)
 
@@ -104,6 +105,7 @@ def _cmd(args) -> int:
         delays = ",".join(["1"] * (k - 1) + ["0"])
     sched = pp.parse(args.schedule, delays=delays, microbatches=args.microbatches, stash=args.stash)
     sched.resolve(k)  # delays of the wrong length: one clear line before any data is loaded
+    out = check_out(args)
     ptask = pp.tasks.get(args.task, num_stages=k, batch_size=args.batch_size, blocks=args.blocks,
                          data_dir=args.data_dir, seed=args.seed)
     t0 = time.perf_counter()
@@ -114,7 +116,7 @@ def _cmd(args) -> int:
                           progress=not args.no_progress)
     except DivergenceError as e:
         result = e.result
-        print(f"staleness: diverged: {e}")
+        print(f"staleness: diverged: {e}", file=sys.stderr)
     cfg = result.config
     where = f"{k} devices" if args.devices else "1 device (simulated)"
     print(f"{sched.describe()} on {k} stages (lags m = {cfg['lags']}), {args.task}, {args.batches} batches of "
@@ -126,8 +128,7 @@ def _cmd(args) -> int:
         "ticks": cfg["ticks"], "ticks_per_wall_s": cfg["ticks_per_s"], "staleness_max": s["staleness_max"],
         "idle_fraction_mean": s["wait_fraction_mean"], "final_accuracy": result.final.get("accuracy", float("nan")),
         "status": result.status}])
-    if args.out:
-        out = Path(args.out)
-        result.save(out)
+    if out is not None:
+        result.save(out, overwrite=args.overwrite)
         print(f"wrote {out}/")
     return 0 if result.status == "complete" else 1

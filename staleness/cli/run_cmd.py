@@ -8,7 +8,7 @@ import math
 import sys
 import time
 
-from staleness.cli.common import UsageError, print_table
+from staleness.cli.common import UsageError, check_out, count, natural, nonnegative, positive, print_table
 
 __all__ = ["add"]
 
@@ -22,28 +22,30 @@ _RUN_OPTIONS = [
      "policy spec: bsp, asp, ssp:S, dssp:S:R, softsync:N, backup:B (default ssp:3)"),
     ("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
      "injected, e.g. '1*4,2.6*4' (default: none; workers run at the hardware's speed)"),
-    ("--workers", "workers", int, None, "number of workers (default: the cluster's, else one per device)"),
-    ("--updates", "updates", int, DEFAULT_UPDATES, f"server updates (default {DEFAULT_UPDATES})"),
-    ("--max-time", "max_time", float, None, "wall-clock budget in seconds (optional)"),
-    ("--lr", "lr", float, 0.1, "base learning rate α0 (default 0.1)"),
+    ("--workers", "workers", count, None, "number of workers (default: the cluster's, else one per device)"),
+    ("--updates", "updates", count, DEFAULT_UPDATES, f"server updates (default {DEFAULT_UPDATES})"),
+    ("--max-time", "max_time", positive, None, "wall-clock budget in seconds (optional)"),
+    ("--lr", "lr", positive, 0.1, "base learning rate α0 (default 0.1)"),
     ("--lr-rule", "lr_rule", str, "constant", "constant, per_gradient, per_update, delay_adaptive:N"),
     ("--optimizer", "optimizer", str, "sgd", "sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule"),
-    ("--batch-size", "batch_size", int, 32, "per-worker minibatch μ (default 32)"),
+    ("--batch-size", "batch_size", count, 32, "per-worker minibatch μ (default 32)"),
     ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
-    ("--seed", "seed", int, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),
-    ("--time-scale", "time_scale", float, 0.01, "real seconds per simulated second of the cluster (default 0.01)"),
-    ("--eval-every", "eval_every", int, None, "updates between history rows (default: 20 rows)"),
-    ("--devices", "devices", int, None, "use the first N local devices (default: all)"),
-    ("--cpu-devices", "cpu_devices", int, None, "make N virtual CPU devices (per process) before JAX starts"),
+    ("--seed", "seed", natural, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),
+    ("--time-scale", "time_scale", positive, 0.01, "real seconds per simulated second of the cluster (default 0.01)"),
+    ("--eval-every", "eval_every", count, None, "updates between history rows (default: 20 rows)"),
+    ("--devices", "devices", count, None, "use the first N local devices (default: all)"),
+    ("--cpu-devices", "cpu_devices", count, None, "make N virtual CPU devices (per process) before JAX starts"),
     ("--checkpoint", "checkpoint", str, None, "checkpoint directory (the server's state)"),
-    ("--checkpoint-every", "checkpoint_every", int, None, "checkpoint every K updates"),
+    ("--checkpoint-every", "checkpoint_every", count, None, "checkpoint every K updates"),
     ("--resume", "resume", "flag", False, "continue from the checkpoint in --checkpoint"),
-    ("--worker-timeout", "worker_timeout", float, 30.0, "seconds after which a silent worker (or a dead "
+    ("--worker-timeout", "worker_timeout", positive, 30.0, "seconds after which a silent worker (or a dead "
      "process) is declared lost (default 30)"),
     ("--on-worker-failure", "on_worker_failure", str, "continue", "continue (gates count live workers) or stop"),
-    ("--heartbeat-timeout", "heartbeat_timeout", int, None, "multi-process: heartbeat timeout in seconds "
+    ("--heartbeat-timeout", "heartbeat_timeout", count, None, "multi-process: heartbeat timeout in seconds "
      "(default: half of --worker-timeout, rounded up)"),
-    ("--out", "out", str, None, "directory for the Result files (as `staleness simulate` writes them)"),
+    ("--out", "out", str, None, "directory for the Result files (as `staleness simulate` writes them; "
+     "checked before anything runs)"),
+    ("--overwrite", "overwrite", "flag", False, "replace staleness output already in --out"),
     ("--no-progress", "no_progress", "flag", False, "no live progress line"),
 ]
 
@@ -94,12 +96,13 @@ def add(sub) -> None:
                        "run's (bitwise on CPU).")
     p.add_argument("trace", help="Result directory or schedule JSON file")
     p.add_argument("--task", default=None, help="task (default: the Result's; required for a bare trace)")
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=positive, default=None)
     p.add_argument("--lr-rule", default=None)
     p.add_argument("--optimizer", default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--tolerance", type=float, default=0.0,
+    p.add_argument("--batch-size", type=count, default=None)
+    p.add_argument("--seed", type=natural, default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
+    p.add_argument("--tolerance", type=nonnegative, default=0.0,
                    help="largest accepted |difference| of final parameters (default 0: bitwise)")
     p.add_argument("--check", action="store_true", help="exit 1 unless the replay matches the recorded parameters")
     p.add_argument("--out", default=None, help="directory for the replay's Result files")
@@ -125,7 +128,16 @@ def _multiprocess(args) -> bool:
 
 
 def _cmd_run(args) -> int:
+    from staleness import cluster as _cluster
+    from staleness import policies as _policies
+    from staleness.cli.simulate_cmd import check_specs
+
     multi = _multiprocess(args)
+    _policies.parse(args.policy)   # specs first: one line before JAX starts
+    if args.cluster is not None:
+        _cluster.parse(args.cluster)
+    check_specs(args)
+    out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
     import staleness as st
@@ -161,9 +173,9 @@ def _cmd_run(args) -> int:
           f"({time.perf_counter() - t0:.1f} s with compilation), status {result.status}")
     print_table(result.history.to_dict("records"))
     print_table([result.summary()])
-    if args.out:
-        result.save(args.out)
-        print(f"wrote {args.out}/")
+    if out is not None:
+        result.save(out, overwrite=args.overwrite)
+        print(f"wrote {out}/")
     if code == 0 and result.status == "stopped":
         code = 130
     return code
@@ -178,6 +190,15 @@ def _cmd_launch(args) -> int:
         raise UsageError(f"--timeout = {args.timeout} must be a number of seconds > 0")
     if args.devices is not None:
         raise UsageError("--devices applies to one-process runs; use --cpu-devices per process")
+    from staleness import cluster as _cluster
+    from staleness import policies as _policies
+    from staleness.cli.simulate_cmd import check_specs
+
+    _policies.parse(args.policy)
+    if args.cluster is not None:
+        _cluster.parse(args.cluster)
+    check_specs(args)
+    check_out(args)
     return launch_local(args.local, _run_argv(args), timeout=args.timeout)
 
 
@@ -185,6 +206,7 @@ def _cmd_launch(args) -> int:
 def _cmd_replay(args) -> int:
     from staleness.runtime.replay import replay_trace
 
+    out = check_out(args)
     t0 = time.perf_counter()
     rep, cmp = replay_trace(args.trace, args.task, lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
                             seed=args.seed, batch_size=args.batch_size, config={"replay_of": str(args.trace)})
@@ -199,7 +221,7 @@ def _cmd_replay(args) -> int:
         code = 0 if cmp.within(args.tolerance) else 1
     elif args.check:
         raise UsageError("--check needs a Result directory (a bare trace has no recorded parameters)")
-    if args.out:
-        rep.save(args.out)
-        print(f"wrote {args.out}/")
+    if out is not None:
+        rep.save(out, overwrite=args.overwrite)
+        print(f"wrote {out}/")
     return code if args.check else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from staleness.cli.common import print_table
+from staleness.cli.common import count, natural, positive, print_table
 
 __all__ = ["add"]
 
@@ -21,9 +21,9 @@ def add(sub) -> None:
                    "(default: bsp, asp, ssp:3, dssp:3:12, softsync:4)")
     p.add_argument("--cluster", default=None,
                    help="cluster spec (see staleness.cluster.parse); default: 4 workers at 1.0 s + 4 at 2.6 s")
-    p.add_argument("--updates", type=int, default=2000, help="server updates to simulate (default 2000)")
-    p.add_argument("--max-time", type=float, default=None, help="simulated seconds budget (optional)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--updates", type=count, default=2000, help="server updates to simulate (default 2000)")
+    p.add_argument("--max-time", type=positive, default=None, help="simulated seconds budget (optional)")
+    p.add_argument("--seed", type=natural, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object per policy instead of a table")
     p.add_argument("--save", default=None, help="write the schedule of the first policy to this JSON file")
     p.set_defaults(func=_cmd_schedule)
@@ -36,9 +36,18 @@ def _cmd_schedule(args) -> int:
 
     specs = args.policy or ["bsp", "asp", "ssp:3", "dssp:3:12", "softsync:4"]
     pols = [P.parse(s) for s in specs]
-    cluster = C.parse(args.cluster) if args.cluster else C.default()
+    cluster = C.default() if args.cluster is None else C.parse(args.cluster)
     for pol in pols:
         pol.init(cluster.num_workers)  # validates e.g. softsync n <= workers before any work
+    if args.save:
+        from pathlib import Path
+
+        from staleness import files
+
+        save = Path(args.save)
+        if save.is_dir():
+            raise ValueError(f"--save = {args.save!r} is a directory; give a file name like schedule.json")
+        files.check_out(save.parent if str(save.parent) else ".", overwrite=True, what="--save's directory")
     rows = []
     for i, pol in enumerate(pols):
         sched = simulate_schedule(pol, cluster, num_updates=args.updates, max_time=args.max_time, seed=args.seed)

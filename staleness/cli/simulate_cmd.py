@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from pathlib import Path
 
-from staleness.cli.common import UsageError, print_table
+from staleness.cli.common import UsageError, check_out, count, natural, positive, print_table
 
 __all__ = ["add_simulate", "add_compare"]
 
 DEFAULT_TASK = "digits-mlp"
 DEFAULT_MAX_TIME = 600.0   # simulated seconds: ~3,300 ASP updates and ~230 BSP rounds on the default cluster
 DEFAULT_LR = 0.1
-DEFAULT_TARGET = 0.95
+DEFAULT_ACCURACY_TARGET = 0.95   # the default --target when the metric is accuracy (no default for others)
 
 
 def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
@@ -20,23 +20,49 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--cluster", default=None,
                    help="cluster spec, e.g. '1*4,2.6*4+jitter=0.1' or 'gtx1080ti*4,gtx1060*4' "
                    "(default: 4 workers at 1.0 s + 4 at 2.6 s per iteration, 10%% jitter)")
-    p.add_argument("--max-time", type=float, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g})")
-    p.add_argument("--updates", type=int, default=None, help="server updates per run (instead of --max-time)")
-    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"base learning rate α0 (default {DEFAULT_LR:g})")
+    p.add_argument("--max-time", type=positive, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g})")
+    p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time)")
+    p.add_argument("--lr", type=positive, default=DEFAULT_LR, help=f"base learning rate α0 (default {DEFAULT_LR:g})")
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule")
-    p.add_argument("--batch-size", type=int, default=32, help="per-worker minibatch μ (default 32)")
+    p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch μ (default 32)")
     p.add_argument("--partition", default="iid", help="iid (every worker samples all data) or shard (disjoint label-skewed shards)")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")
-    p.add_argument("--target", type=float, default=DEFAULT_TARGET, help=f"target accuracy for time-to-target (default {DEFAULT_TARGET:g})")
-    p.add_argument("--out", default=None, help="directory for CSV/PNG/Result files")
+    p.add_argument("--metric", default=None, help="metric for the table and time-to-target (default: accuracy "
+                   "where the task has it, else its first metric, e.g. loss); its direction comes from the task")
+    p.add_argument("--target", type=float, default=None,
+                   help=f"target value of --metric for time-to-target (default {DEFAULT_ACCURACY_TARGET:g} for "
+                   "accuracy, none for other metrics); checked against the metric's range")
+    p.add_argument("--out", default=None, help="directory for CSV/PNG/Result files (checked before anything runs)")
+    p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _cluster(args):
     from staleness import cluster as C
 
-    return C.parse(args.cluster) if args.cluster else C.default().jitter(0.1)
+    return C.default().jitter(0.1) if args.cluster is None else C.parse(args.cluster)
+
+
+def _metric_target(args, task):
+    """(metric, target) from --metric/--target, validated against the task's metrics."""
+    metric = args.metric if args.metric is not None else task.default_metric
+    m = task.metric(metric)
+    target = args.target
+    if target is None and metric == "accuracy":
+        target = DEFAULT_ACCURACY_TARGET
+    if target is not None:
+        target = m.check_target(target, "--target")
+    return metric, target
+
+
+def check_specs(args) -> None:
+    """Parse --lr-rule and --optimizer up front: a bad spec is one line before any work."""
+    from staleness import lr as _lr
+    from staleness.engine import optim
+
+    _lr.get(args.lr_rule)
+    optim.get(args.optimizer)
 
 
 def _budget(args):
@@ -51,7 +77,7 @@ def add_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one policy with real numerics and write a Result",
                        description="Simulate POLICY on a cluster and train a task along the schedule.")
     p.add_argument("--policy", default="ssp:3", help="policy spec (default ssp:3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=natural, default=0)
     p.add_argument("--checkpoint", default=None, help="directory to checkpoint into after every evaluation")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
     _training_args(p)
@@ -66,10 +92,13 @@ def _cmd_simulate(args) -> int:
     cluster = _cluster(args)
     policy = st.policies.parse(args.policy)
     policy.init(cluster.num_workers)
+    check_specs(args)
     updates, max_time = _budget(args)
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR")
+    out = check_out(args)
     task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
+    metric, target = _metric_target(args, task)
     t0 = time.perf_counter()
     try:
         result = st.simulate(task, policy, cluster, num_updates=updates, max_time=max_time, seed=args.seed,
@@ -77,17 +106,22 @@ def _cmd_simulate(args) -> int:
                              progress=not args.no_progress, checkpoint=args.checkpoint, resume=args.resume)
     except DivergenceError as e:
         result = e.result
-        print(f"staleness: diverged: {e}")
-    print(f"{policy.describe()} on {cluster.describe()} ({args.task}, seed {args.seed}): "
+        print(f"staleness: diverged: {e}", file=sys.stderr)
+    print(f"{policy.describe()} on {cluster.describe()} ({task.name}, seed {args.seed}): "
           f"{time.perf_counter() - t0:.1f} s wall")
-    cols = [c for c in result.history.columns]
-    print_table(result.history[cols].to_dict("records"))
-    print_table([result.summary(args.target)])
-    if args.out:
-        out = Path(args.out)
-        result.save(out)
-        plots.save(plots.comparison_figure([result], target=args.target), out / "summary.png")
+    print_table(result.history.to_dict("records"))
+    print_table([result.summary(target, metric)])
+    if out is not None:
+        def summary_png(d):
+            if len(result.history):
+                plots.save(plots.comparison_figure([result], metric=metric, target=target), d / "summary.png")
+
+        result.save(out, overwrite=args.overwrite, extra=summary_png)
         print(f"wrote {out}/")
+    if result.status == "stopped":
+        print("staleness: interrupted; wrote what was recorded" if out is not None else "staleness: interrupted",
+              file=sys.stderr)
+        return 130
     return 0 if result.status == "complete" else 1
 
 
@@ -100,6 +134,8 @@ def add_compare(sub) -> None:
     p.add_argument("--policy", action="append", default=None,
                    help="policy spec (repeatable; default: bsp asp ssp:3 ssp:15 dssp:3:12 softsync:4)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--resume", dest="resume_compare", action="store_true",
+                   help="continue the comparison in --out: run only what is not done yet")
     _training_args(p)
     p.set_defaults(func=_cmd_compare, out=None)
 
@@ -115,20 +151,33 @@ def _seeds(text: str) -> list[int]:
 
 
 def _cmd_compare(args) -> int:
+    import staleness as st
     from staleness.compare import DEFAULT_POLICIES, compare
 
     cluster = _cluster(args)
+    policies = [st.policies.parse(p) for p in (args.policy or DEFAULT_POLICIES)]
+    for p in policies:
+        p.init(cluster.num_workers)
+    seeds = _seeds(args.seeds)
+    check_specs(args)
     updates, max_time = _budget(args)
-    out = Path(args.out or "runs/compare")
+    if args.resume_compare and args.overwrite:
+        raise UsageError("give either --resume or --overwrite, not both")
+    out = check_out(args, default="runs/compare")
+    task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
+    metric, target = _metric_target(args, task)
     t0 = time.perf_counter()
-    cmp = compare(args.task, args.policy or DEFAULT_POLICIES, cluster, seeds=_seeds(args.seeds),
-                  max_time=max_time, num_updates=updates, lr=args.lr, lr_rule=args.lr_rule,
-                  optimizer=args.optimizer, batch_size=args.batch_size, target=args.target,
-                  progress=not args.no_progress, data_dir=args.data_dir, partition=args.partition)
+    cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,
+                  lr_rule=args.lr_rule, optimizer=args.optimizer, metric=metric, target=target,
+                  progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite)
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
-    print(f"{args.task} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
+    print(f"{task.name} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
           f"lr {args.lr:g} ({args.lr_rule}), seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
     print_table(cmp.table().to_dict("records"))
-    cmp.save(out)
+    if cmp.interrupted:
+        done = sum(r.status != "stopped" for r in cmp.results)
+        print(f"staleness: interrupted after {done} of {len(cmp.planned)} runs; wrote {out}/ "
+              f"(continue with --resume)", file=sys.stderr)
+        return 130
     print(f"wrote {out}/table.csv, history.csv, comparison.png, timeline_*.png, results/")
     return 0

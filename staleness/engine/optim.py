@@ -46,8 +46,6 @@ class ServerOptimizer:
             raise ValueError(f"lr schedule = {self.schedule!r} is not known; valid: {', '.join(SCHEDULES)}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum = {self.momentum!r} must be in [0, 1)")
-        if self.schedule != "constant" and self.horizon < 1:
-            raise ValueError(f"lr schedule {self.schedule!r} needs horizon >= 1 updates")
 
     def direction(self) -> optax.GradientTransformation:
         if self.name == "sgd":
@@ -60,13 +58,20 @@ class ServerOptimizer:
         """Learning-rate multiplier of update `update` (traced int)."""
         if self.schedule == "constant":
             return jnp.float32(1.0)
+        if self.horizon < 1:
+            raise ValueError(f"lr schedule {self.schedule!r} has no horizon; call with_horizon(updates) first")
         frac = jnp.clip(update.astype(jnp.float32) / self.horizon, 0.0, 1.0)
         if self.schedule == "cosine":
             return 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
         return 1.0 - frac
 
     def with_horizon(self, horizon: int) -> "ServerOptimizer":
-        return dataclasses.replace(self, horizon=int(horizon)) if self.schedule != "constant" else self
+        """This optimizer with its schedule stretched over `horizon` updates (the run's length)."""
+        if self.schedule == "constant":
+            return self
+        if int(horizon) < 1:
+            raise ValueError(f"lr schedule {self.schedule!r} needs a horizon >= 1 updates; got {horizon!r}")
+        return dataclasses.replace(self, horizon=int(horizon))
 
     def describe(self) -> str:
         out = self.name + (f":{self.momentum:g}" if self.name in ("momentum", "nesterov") else "")
@@ -75,15 +80,23 @@ class ServerOptimizer:
 
 def get(spec) -> ServerOptimizer:
     """Parse 'sgd', 'momentum', 'momentum:0.9', 'nesterov:0.9', 'adam', with an
-    optional '+cosine' / '+linear' learning-rate schedule."""
+    optional '+cosine' / '+linear' learning-rate schedule (grammar: `staleness.specs`)."""
+    from staleness import specs
+
     if isinstance(spec, ServerOptimizer):
         return spec
-    if not isinstance(spec, str):
-        raise ValueError(f"optimizer = {spec!r} must be a spec string like 'momentum:0.9+cosine'")
-    base, _, sched = spec.partition("+")
-    name, _, mom = base.partition(":")
-    try:
-        momentum = float(mom) if mom else 0.9
-    except ValueError:
-        raise ValueError(f"optimizer = {spec!r}: momentum {mom!r} is not a number") from None
-    return ServerOptimizer(name=name.strip().lower(), momentum=momentum, schedule=sched.strip().lower() or "constant")
+    main, mods = specs.split(spec, "optimizer")
+    if main.name not in NAMES:
+        raise specs.SpecError(f"optimizer = {spec!r}: unknown optimizer {main.name!r}; valid: {', '.join(NAMES)}")
+    if len(mods) > 1 or any(m.name not in SCHEDULES or m.args or m.kwargs for m in mods):
+        raise specs.SpecError(f"optimizer = {spec!r}: the schedule must be one of "
+                              f"{', '.join('+' + s for s in SCHEDULES)}")
+
+    def make(momentum: float = 0.9):
+        return ServerOptimizer(name=main.name, momentum=momentum, schedule=mods[0].name if mods else "constant")
+
+    if main.name in ("sgd", "adam"):
+        if main.args or main.kwargs:
+            raise specs.SpecError(f"optimizer = {spec!r}: {main.name!r} takes no arguments")
+        return make()
+    return specs.call(main, make, "optimizer", spec)

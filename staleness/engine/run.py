@@ -137,6 +137,9 @@ def replay(
     from tqdm.auto import tqdm
 
     lr = _check_lr(lr)
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
+    schedule.validate()
     if slot_mode not in ("vmap", "map"):
         raise ValueError(f"slot_mode = {slot_mode!r} must be 'vmap' or 'map'")
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
@@ -148,7 +151,7 @@ def replay(
     config = dict(config or {})
     config.update(task=task.name, batch_size=task.batch_size, lr=lr, lr_rule=rule.describe(),
                   optimizer=opt.describe(), seed=seed, policy=schedule.policy, cluster=schedule.cluster,
-                  workers=schedule.num_workers, eval_every=chunk)
+                  workers=schedule.num_workers, eval_every=chunk, metrics=task.metrics_config())
     consts = {"data_key": core.keys(seed)[1], "alpha0": jnp.float32(lr), "rule": jnp.int32(0)}
     rules = (rule,)
 
@@ -300,7 +303,8 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
         sched = schedules[(pol, s)]
         cfg = dict(task=task.name, batch_size=task.batch_size, lr=alpha, lr_rule=rule.describe(),
                    optimizer=opt.describe(), seed=s, policy=sched.policy, cluster=sched.cluster,
-                   workers=sched.num_workers, eval_every=chunk, sweep=True)
+                   workers=sched.num_workers, eval_every=chunk, sweep=True,
+                   metrics=task.metrics_config())
         results.append(Result(_frame(rows[i]), sched, final_params[i], cfg, train_loss[i], status[i]))
     return results
 

@@ -120,7 +120,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
                backward=sched.backward, lr=lr, optimizer=opt.describe(), seed=seed, cluster=cluster.describe(),
                engine="devices" if on_devices else "sim", devices=device_names, ticks=plan.num_ticks,
                eval_every=eval_every, backward_ratio=backward_ratio, recompute_cost=recompute_cost,
-               sim_throughput=timeline.throughput, policy=sched.describe(), workers=k)
+               sim_throughput=timeline.throughput, policy=sched.describe(), workers=k,
+               metrics=ptask.task.metrics_config())
 
     def row(tick_end: int, wall: float, train_loss: float, metrics: dict) -> dict:
         sim_t = float(tick_end_time[tick_end - 1]) if tick_end > 0 else 0.0

@@ -72,6 +72,8 @@ class Task:
         (quadratic, linreg), else None. Pytree leaves.
       hessian: Hessian of the training loss where it is a constant matrix over
         the flattened params (quadratic), else None. Pytree leaf.
+      metrics: the `staleness.metrics.Metric` of each name in metric_names
+        (direction and range); default: known by name (loss, accuracy, mse, ...).
     """
 
     name: str
@@ -89,6 +91,36 @@ class Task:
     data: PyTree = None
     optimum: PyTree = None
     hessian: jax.Array | None = None
+    metrics: tuple = ()
+
+    def __post_init__(self):
+        # Directions of the metrics: declared (staleness.metrics.Metric values) or
+        # known by name; a metric without a known direction is an error here, not
+        # a wrong "time to target" later.
+        from staleness import metrics as _metrics
+
+        declared = _metrics.resolve(self.metric_names, self.metrics or None)
+        if self.metrics and tuple(m.name for m in self.metrics) != tuple(self.metric_names):
+            raise ValueError(f"task {self.name!r}: metrics {[m.name for m in self.metrics]} must match "
+                             f"metric_names {list(self.metric_names)}")
+        object.__setattr__(self, "metrics", declared)
+
+    def metric(self, name: str):
+        """The `staleness.metrics.Metric` `name` of this task (ValueError naming the valid ones)."""
+        for m in self.metrics:
+            if m.name == name:
+                return m
+        raise ValueError(f"metric = {name!r} is not a metric of task {self.name!r}; "
+                         f"valid: {', '.join(self.metric_names)}")
+
+    def metrics_config(self) -> dict:
+        """{name: [goal, low, high]} of every metric (what a Result's config records)."""
+        return {m.name: m.to_json() for m in self.metrics}
+
+    @property
+    def default_metric(self) -> str:
+        """The metric comparisons report by default: accuracy where the task has it, else its first."""
+        return "accuracy" if "accuracy" in self.metric_names else self.metric_names[0]
 
     def init_params(self, key: jax.Array) -> PyTree:
         """Initial parameters (a pytree of float32 arrays) from a PRNG key."""
@@ -166,7 +198,7 @@ jax.tree_util.register_dataclass(
     data_fields=["data", "optimum", "hessian"],
     meta_fields=[
         "name", "batch_size", "num_workers", "partition", "metric_names",
-        "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn",
+        "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics",
     ],
 )
 

@@ -1,0 +1,129 @@
+"""Files and output directories, written so that nothing is ever half-written.
+
+Every file goes to a temporary name beside its destination and is renamed
+into place (`write_text`, `write_with`); a directory of files (a Result) is
+built in a temporary sibling directory and renamed into place as a whole
+(`write_dir`). A reader therefore sees the old version or the new one, never
+a mix, and a run stopped mid-write leaves at most a hidden `.NAME.tmp-*`
+directory behind.
+
+`check_out` validates an output directory before any computation starts: it
+must be creatable and writable, and it may not be an existing file or a
+directory that holds something other than staleness output. An existing
+staleness output (a directory holding one of `MARKERS`) is refused unless the
+caller allows overwriting it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["OutputError", "MARKERS", "check_out", "is_output", "write_text", "write_with", "write_dir"]
+
+MARKERS = ("result.json", "compare.json")
+"""A directory holding one of these files is staleness output (a Result, a comparison)."""
+
+
+class OutputError(ValueError):
+    """An output path that cannot be used (one line: the path, why, what to do)."""
+
+
+def is_output(path: Path) -> bool:
+    """Whether `path` is a directory written by staleness (a Result or a comparison)."""
+    return path.is_dir() and any((path / m).is_file() for m in MARKERS)
+
+
+def _probe(parent: Path, what: str, path) -> None:
+    try:
+        probe = tempfile.mkdtemp(prefix=".staleness-probe-", dir=parent)
+    except OSError as e:
+        raise OutputError(f"{what} = {str(path)!r} cannot be created in {str(parent)!r}: "
+                          f"{e.strerror or e}") from None
+    os.rmdir(probe)
+
+
+def check_out(path, *, overwrite: bool = False, what: str = "--out") -> Path:
+    """Validate output directory `path` before computing; returns it as a Path.
+
+    Valid: a path that does not exist yet and can be created (its nearest
+    existing ancestor is a writable directory), an empty writable directory,
+    or (with overwrite=True) a staleness output directory. Raises OutputError
+    otherwise, naming `what` (the argument) and the path.
+    """
+    if path is None or not str(path).strip():
+        raise OutputError(f"{what} = {path!r} must be a directory path")
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise OutputError(f"{what} = {str(path)!r} is an existing file, not a directory; "
+                              "choose a new directory")
+        if any(p.iterdir()):
+            if not is_output(p):
+                raise OutputError(f"{what} = {str(path)!r} is a non-empty directory that holds no staleness "
+                                  "output; choose a new or empty directory")
+            if not overwrite:
+                raise OutputError(f"{what} = {str(path)!r} already holds staleness output; pass --overwrite "
+                                  "to replace it (or choose another directory)")
+        _probe(p, what, path)
+        _probe(p.parent, what, path)
+        return p
+    ancestor = p.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{what} = {str(path)!r} lies under {str(ancestor)!r}, which is a file, not a directory")
+    _probe(ancestor, what, path)
+    return p
+
+
+def write_with(path, write: Callable[[Path], None]) -> Path:
+    """Call write(tmp_path) for a temporary file beside `path`, then rename it to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path, text: str) -> Path:
+    """Write `text` to `path` atomically (temporary file + rename)."""
+    return write_with(path, lambda tmp: tmp.write_text(text))
+
+
+def write_dir(path, write: Callable[[Path], None], *, overwrite: bool = False) -> Path:
+    """Build a directory with write(tmp_dir), then rename it to `path` as a whole.
+
+    An existing `path` is replaced only with overwrite=True (and only if it is
+    empty or staleness output); its old files are removed, none stays beside
+    the new ones.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not overwrite and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+    if path.exists() and path.is_dir() and any(path.iterdir()) and not is_output(path):
+        raise OutputError(f"{str(path)!r} holds files that are not staleness output; not replacing it")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    return path

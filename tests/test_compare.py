@@ -1,0 +1,151 @@
+"""`compare`: metrics with a direction, every built-in task, interrupted and resumed
+comparisons (Python and the CLI)."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import staleness as st
+import staleness.engine.run as engine_run
+from staleness.compare import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = st.cluster.heterogeneous([1.0, 1.0, 2.0, 2.0])
+
+
+def _mse_task():
+    """linreg whose held-out metric is called 'mse' (lower is better, known by name)."""
+    base = st.tasks.get("linreg", num_workers=4)
+    fn = base.eval_fn
+    return dataclasses.replace(base, name="linreg-mse", metric_names=("mse",), metrics=(),
+                               eval_fn=lambda p, d: {"mse": 2.0 * fn(p, d)["loss"]})
+
+
+def test_time_to_target_follows_the_metric_direction_not_its_name():
+    """The reported bug: for 'mse' the old check ('loss' in the name) counted any value
+    >= target as reached, giving time 0.0 when the final mse was far above it."""
+    cmp = compare(_mse_task(), ["asp"], CLUSTER, seeds=[0, 1], num_updates=20, lr=0.01, metric="mse",
+                  target=1e-6, num_evals=4)
+    row = cmp.table().iloc[0]
+    assert row["reached"] == "0/2" and np.isnan(row["time_to_mse_1e-06_s"])
+    assert row["final_mse"] > 1e-6
+    r = cmp.results[0]
+    final = float(r.history["mse"].iloc[-1])
+    assert r.time_to(final * 1.0001, "mse") > 0.0          # reached only late, when it went below
+    assert r.metric("mse").goal == "lower"
+
+
+@pytest.mark.parametrize("name", ["quadratic", "linreg", "digits-mlp", "digits-cnn", "mnist1d-mlp", "mnist1d-cnn"])
+def test_compare_works_for_every_built_in_task(name):
+    task = st.tasks.get(name, num_workers=4, batch_size=8)
+    cmp = compare(task, ["asp", "bsp"], CLUSTER, seeds=[0], num_updates=4, lr=0.01, num_evals=2)
+    table = cmp.table()
+    assert list(table["policy"]) == ["asp", "bsp"] and (table["status"] == "complete").all()
+    assert f"final_{task.default_metric}" in table
+    assert task.default_metric == ("accuracy" if "accuracy" in task.metric_names else "loss")
+
+
+def test_targets_are_checked_against_the_metrics_range():
+    task = st.tasks.get("digits-mlp", num_workers=4)
+    with pytest.raises(ValueError, match=r"outside the range of accuracy \[0, 1\]"):
+        compare(task, ["asp"], CLUSTER, num_updates=2, target=2.0)
+    with pytest.raises(ValueError, match=r"outside the range of loss \[0, inf\]"):
+        compare(task, ["asp"], CLUSTER, num_updates=2, metric="loss", target=-1.0)
+    with pytest.raises(ValueError, match="not a metric of task"):
+        compare(task, ["asp"], CLUSTER, num_updates=2, metric="mse")
+
+
+def test_a_task_metric_without_a_known_direction_is_an_error_at_construction():
+    base = st.tasks.get("linreg", num_workers=2)
+    with pytest.raises(ValueError, match="'f1' has no known direction"):
+        dataclasses.replace(base, metric_names=("f1",), metrics=())
+    t = dataclasses.replace(base, metric_names=("f1",), metrics=(st.metrics.Metric("f1", "higher", 0.0, 1.0),))
+    assert t.metric("f1").higher_is_better
+
+
+def _interrupt_on_call(monkeypatch, n):
+    """Make the n-th simulate call of compare raise KeyboardInterrupt (a Ctrl-C while scheduling)."""
+    real, calls = engine_run.simulate, []
+
+    def fake(*args, **kwargs):
+        calls.append(kwargs.get("seed"))
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_run, "simulate", fake)
+    return calls
+
+
+def test_interrupted_compare_marks_what_is_missing_and_resume_runs_only_that(tmp_path, monkeypatch):
+    out = tmp_path / "cmp"
+    task = st.tasks.get("quadratic", num_workers=4)
+    kwargs = dict(seeds=[0, 1], num_updates=10, lr=0.05, num_evals=2, out=out)
+    calls = _interrupt_on_call(monkeypatch, 3)
+    cmp = compare(task, ["asp", "ssp:1"], CLUSTER, **kwargs)
+    assert cmp.interrupted and len(cmp.results) == 2
+    table = pd.read_csv(out / "table.csv")
+    assert list(table["status"]) == ["complete", "incomplete"] and list(table["seeds"]) == [2, 0]
+    assert sorted(p.name for p in (out / "results").iterdir()) == ["asp_s0", "asp_s1"]
+    monkeypatch.undo()
+    calls = _interrupt_on_call(monkeypatch, 99)
+    done = compare(task, ["asp", "ssp:1"], CLUSTER, resume=True, **kwargs)
+    assert calls == [0, 1] and not done.interrupted                # only ssp:1's two seeds ran
+    assert list(pd.read_csv(out / "table.csv")["status"]) == ["complete", "complete"]
+    with pytest.raises(ValueError, match="was written with lr = 0.05, not 0.1"):
+        compare(task, ["asp", "ssp:1"], CLUSTER, resume=True, **{**kwargs, "lr": 0.1})
+
+
+def test_a_run_stopped_mid_replay_is_marked_stopped_and_left_out_of_the_medians(tmp_path, monkeypatch):
+    real, count = engine_run.core.run_chunk, []
+
+    def chunk(*args, **kwargs):
+        count.append(1)
+        if len(count) == 5:   # run 2 (seed 1), its second chunk: Ctrl-C inside the replay
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_run.core, "run_chunk", chunk)
+    cmp = compare(st.tasks.get("quadratic", num_workers=4), ["asp"], CLUSTER, seeds=[0, 1, 2], num_updates=12,
+                  lr=0.05, num_evals=4, out=tmp_path / "cmp")
+    assert cmp.interrupted and [r.status for r in cmp.results] == ["complete", "stopped"]
+    row = pd.read_csv(tmp_path / "cmp" / "table.csv").iloc[0]
+    assert row["status"] == "stopped" and row["stopped"] == 1 and row["seeds"] == 1
+    assert row["final_loss"] == cmp.results[0].final["loss"]
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_on_the_cli_exits_130_with_one_line_and_resume_finishes(tmp_path):
+    out = tmp_path / "cmp"
+    argv = [sys.executable, "-m", "staleness", "compare", "--task", "quadratic", "--policy", "asp",
+            "--policy", "ssp:1", "--seeds", "0,1,2,3", "--updates", "3000", "--cluster", "1,1,2,2",
+            "--no-progress", "--out", str(out)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not (out / "results" / "asp_s0" / "result.json").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the first run did not finish within 150 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130 and len(lines) == 1 and "interrupted after" in lines[0], err
+    table = pd.read_csv(out / "table.csv")
+    assert table["status"].iloc[-1] != "complete"
+    done = subprocess.run(argv + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr
+    assert list(pd.read_csv(out / "table.csv")["status"]) == ["complete", "complete"]
