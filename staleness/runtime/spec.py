@@ -56,7 +56,8 @@ class RunSpec:
                    policy=self.policy.describe(), cluster=self.cluster.describe() if self.cluster else "",
                    workers=self.num_workers, eval_every=self.eval_every, runtime="real",
                    time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates,
-                   partition=self.task.partition, task_seed=self.task.seed)
+                   partition=self.task.partition, task_seed=self.task.seed,
+                   metrics=self.task.metrics_config())
         out.update(extra)
         return out
 
