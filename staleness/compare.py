@@ -198,7 +198,7 @@ def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
 
 
 def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_time: float | None = None,
-            num_updates: int | None = None, lr: float = 0.05, lr_rule="constant", optimizer="sgd",
+            num_updates: int | None = None, lr: float | None = None, lr_rule="constant", optimizer="sgd",
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
             num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
             out=None, resume: bool = False, overwrite: bool = False) -> Comparison:
@@ -258,27 +258,28 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     interrupted = False
     todo = [(p, s) for p in pols for s in seeds]
     bar = tqdm(todo, desc="compare", unit="run", disable=not progress)
-    for pol, seed in bar:
-        key = (pol.describe(), seed)
-        if key in done:
-            results.append(done[key])
-            continue
-        bar.set_postfix_str(f"{pol.describe()} seed {seed}")
-        try:
-            r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed, lr=lr,
-                         lr_rule=lr_rule, optimizer=optimizer, num_evals=num_evals)
-        except DivergenceError as e:
-            r = e.result
-        except KeyboardInterrupt:  # Ctrl-C outside the replay's chunk loop (e.g. while scheduling)
-            interrupted = True
-            break
-        results.append(r)
-        if out is not None:
-            r.save(out / "results" / run_name(*key), overwrite=True)
-        if r.status == "stopped":  # Ctrl-C inside a run: keep what is done, run nothing more
-            interrupted = True
-            break
-    bar.close()
+    try:  # Ctrl-C anywhere in the loop (scheduling, saving) stops it; what finished is kept
+        for pol, seed in bar:
+            key = (pol.describe(), seed)
+            if key in done:
+                results.append(done[key])
+                continue
+            bar.set_postfix_str(f"{pol.describe()} seed {seed}")
+            try:
+                r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed, lr=lr,
+                             lr_rule=lr_rule, optimizer=optimizer, num_evals=num_evals)
+            except DivergenceError as e:
+                r = e.result
+            results.append(r)
+            if out is not None:
+                r.save(out / "results" / run_name(*key), overwrite=True)
+            if r.status == "stopped":  # Ctrl-C inside the replay: keep what is done, run nothing more
+                interrupted = True
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
     cmp = Comparison(results, metric, target, planned, interrupted)
     if out is not None:
         cmp.save(out, results=False)

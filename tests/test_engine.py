@@ -185,21 +185,20 @@ def test_bad_arguments(digits4):
 def test_map_slot_mode_is_bitwise_a_loop_of_per_gradient_calls(digits4):
     """The contract the real runtime relies on: with slot_mode='map' a replay
     equals, bit for bit, workers calling the jitted `core.gradient` one by one and
-    a server calling jitted `combine` + `server_update` on the stacked gradients."""
-    from staleness.engine.optim import get as get_opt
+    a server calling the jitted `engine.update.server_update` on the stacked gradients."""
+    from staleness.engine import update
 
     cluster = C.heterogeneous([1.0, 1.2, 2.0, 2.6]).jitter(0.2)
     sched = st.simulate_schedule(P.softsync(2), cluster, num_updates=30, seed=4)
     res = st.engine.replay(sched, digits4, lr=0.1, lr_rule="per_gradient", optimizer="momentum:0.9",
                            slot_mode="map", eval_every=10)
-    opt = get_opt("momentum:0.9")
+    opt = st.engine.optimizer("momentum:0.9", 0.1)
     rules = (st.lr.get("per_gradient"),)
     init_key, data_key = st.engine.keys(sched.seed)
     grad_fn = jax.jit(lambda p, w, i: core.gradient(digits4, p, data_key, w, i))
-    step_fn = jax.jit(lambda p, s, g, tau, m, u: core.server_update(
-        opt, p, s, core.combine(g, tau, m, rules), u, jnp.float32(0.1)))
+    step_fn = jax.jit(lambda p, s, g, tau, m, u: update.server_update(opt.tx, rules, p, s, g, tau, m))
     params = digits4.init_params(init_key)
-    opt_state = opt.direction().init(params)
+    opt_state = opt.init(params)
     versions = {0: params}
     index, mask = sched.update_members()
     f = sched.columns

@@ -40,10 +40,10 @@ def test_device_engine_equals_one_device_engine(digits3, sched):
     packed across devices. GPipe: micro-batches, accumulation, flush."""
     n = 5
     plan = pp.make_plan(sched, 3, n)
-    opt = optim.get("momentum:0.9")
+    opt = optim.resolve("momentum:0.9", 0.05)
     init_key, data_key = core.keys(0)
     params = digits3.init_stage_params(init_key)
-    ctx = S.Context(digits3, data_key, jnp.float32(0.05))
+    ctx = S.Context(digits3, data_key)
     cfgs, carry = sim.init(digits3, plan, opt, params, ctx)
     carry, loss_sim = sim.run_chunk(cfgs, plan, opt, ctx, carry, plan.xs(0, plan.num_ticks))
     engine = D.DeviceEngine(digits3, plan, opt, params, ctx)
@@ -76,6 +76,6 @@ def test_run_devices_agrees_with_simulate_and_writes_a_result(digits3, tmp_path)
 def test_too_few_devices_is_a_clear_error(digits3):
     plan = pp.make_plan(pp.dsp((1, 1, 0)), 3, 2)
     params = digits3.init_stage_params(jax.random.key(0))
-    ctx = S.Context(digits3, jax.random.key(1), jnp.float32(0.1))
+    ctx = S.Context(digits3, jax.random.key(1))
     with pytest.raises(ValueError, match="3 stages but only 2 device"):
-        D.DeviceEngine(digits3, plan, optim.get("sgd"), params, ctx, devices=jax.devices()[:2])
+        D.DeviceEngine(digits3, plan, optim.resolve("sgd", 0.1), params, ctx, devices=jax.devices()[:2])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import staleness.pipeline as pp
-from staleness.engine import core, optim
+from staleness.engine import core, optim, update
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 
@@ -36,9 +36,9 @@ def _max_diff(a, b):
 def _engine(ptask, sched, n, seed=0, chunks=1):
     """Run the one-device engine; returns (per-stage params, per-tick loss, states after the first chunk)."""
     plan = pp.make_plan(sched, ptask.num_stages, n)
-    opt = optim.get(f"momentum:{MOMENTUM}")
+    opt = optim.resolve(f"momentum:{MOMENTUM}", LR)
     init_key, data_key = core.keys(seed)
-    ctx = S.Context(ptask, data_key, jnp.float32(LR))
+    ctx = S.Context(ptask, data_key)
     cfgs, carry = sim.init(ptask, plan, opt, ptask.init_stage_params(init_key), ctx)
     length = -(-plan.num_ticks // chunks)
     losses, first = [], None
@@ -57,8 +57,8 @@ def _backprop(ptask, n, seed=0, microbatches=1):
     """Plain SGD with momentum on the whole model; gradient = mean of the micro-batch gradients."""
     init_key, data_key = core.keys(seed)
     params = ptask.task.init_params(init_key)
-    opt = optim.get(f"momentum:{MOMENTUM}")
-    state = opt.direction().init(params)
+    opt = optim.resolve(f"momentum:{MOMENTUM}", LR)
+    state = opt.init(params)
 
     @jax.jit
     def step(params, state, i):
@@ -67,7 +67,7 @@ def _backprop(ptask, n, seed=0, microbatches=1):
         parts = [jax.tree.map(lambda a: a.reshape(microbatches, -1, *a.shape[1:])[j], batch)
                  for j in range(microbatches)]
         g = jax.tree.map(lambda *gs: sum(gs) / microbatches, *[jax.grad(ptask.task.loss)(params, p) for p in parts])
-        return core.server_update(opt, params, state, g, i, jnp.float32(LR))
+        return update.apply(opt.tx, params, state, g)
 
     for i in range(n):
         params, state = step(params, state, jnp.int32(i))

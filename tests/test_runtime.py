@@ -81,9 +81,9 @@ def test_no_recompilation_across_runs(digits8):
     from staleness.runtime import numerics
 
     rt.run(digits8, "asp", CLUSTER, num_updates=20, time_scale=SCALE)
-    sizes = (numerics._gradient_jit._cache_size(), numerics._update_one_jit._cache_size())
+    sizes = (numerics._gradient_jit._cache_size(), numerics._server_update_jit._cache_size())
     rt.run(digits8, "ssp:3", CLUSTER, num_updates=20, time_scale=SCALE, seed=5)
-    assert (numerics._gradient_jit._cache_size(), numerics._update_one_jit._cache_size()) == sizes
+    assert (numerics._gradient_jit._cache_size(), numerics._server_update_jit._cache_size()) == sizes
 
 
 @pytest.mark.timeout(120)

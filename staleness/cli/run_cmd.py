@@ -25,9 +25,10 @@ _RUN_OPTIONS = [
     ("--workers", "workers", count, None, "number of workers (default: the cluster's, else one per device)"),
     ("--updates", "updates", count, DEFAULT_UPDATES, f"server updates (default {DEFAULT_UPDATES})"),
     ("--max-time", "max_time", positive, None, "wall-clock budget in seconds (optional)"),
-    ("--lr", "lr", positive, 0.1, "base learning rate α0 (default 0.1)"),
+    ("--lr", "lr", positive, None, "learning rate (default 0.1, or the lr= the --optimizer spec names)"),
     ("--lr-rule", "lr_rule", str, "constant", "constant, per_gradient, per_update, delay_adaptive:N"),
-    ("--optimizer", "optimizer", str, "sgd", "sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule"),
+    ("--optimizer", "optimizer", str, "sgd", "server optimizer spec, e.g. sgd, momentum:0.9, "
+     "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see staleness simulate --help)"),
     ("--batch-size", "batch_size", count, 32, "per-worker minibatch μ (default 32)"),
     ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
     ("--seed", "seed", natural, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),

@@ -22,9 +22,13 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
                    "(default: 4 workers at 1.0 s + 4 at 2.6 s per iteration, 10%% jitter)")
     p.add_argument("--max-time", type=positive, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g})")
     p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time)")
-    p.add_argument("--lr", type=positive, default=DEFAULT_LR, help=f"base learning rate α0 (default {DEFAULT_LR:g})")
+    p.add_argument("--lr", type=positive, default=None,
+                   help=f"learning rate (default {DEFAULT_LR:g}, or the lr= the --optimizer spec names)")
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
-    p.add_argument("--optimizer", default="sgd", help="sgd, momentum:0.9, nesterov:0.9, adam; '+cosine' for a schedule")
+    p.add_argument("--optimizer", default="sgd",
+                   help="server optimizer spec: sgd, momentum[:0.9], nesterov[:0.9], adam, adamw, with KEY=VALUE "
+                   "options lr, wd, clip, warmup (b1, b2, eps for adam/adamw) and +cosine or +linear, e.g. "
+                   "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default sgd)")
     p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch μ (default 32)")
     p.add_argument("--partition", default="iid", help="iid (every worker samples all data) or shard (disjoint label-skewed shards)")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")
@@ -57,12 +61,17 @@ def _metric_target(args, task):
 
 
 def check_specs(args) -> None:
-    """Parse --lr-rule and --optimizer up front: a bad spec is one line before any work."""
+    """Parse --lr-rule and --optimizer up front (a bad spec is one line before any
+    work) and settle the learning rate: --lr, else the spec's lr=, else DEFAULT_LR."""
     from staleness import lr as _lr
     from staleness.engine import optim
 
     _lr.get(args.lr_rule)
-    optim.get(args.optimizer)
+    spec = optim.get(args.optimizer)
+    if args.lr is not None and spec.lr is not None and args.lr != spec.lr:
+        raise UsageError(f"--lr = {args.lr:g} and --optimizer {args.optimizer!r} (lr={spec.lr:g}) disagree; "
+                         "give the learning rate once")
+    args.lr = None if spec.lr is not None else (args.lr if args.lr is not None else DEFAULT_LR)
 
 
 def _budget(args):
@@ -172,7 +181,7 @@ def _cmd_compare(args) -> int:
                   progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite)
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
     print(f"{task.name} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
-          f"lr {args.lr:g} ({args.lr_rule}), seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
+          f"lr {args.lr if args.lr is not None else args.optimizer} ({args.lr_rule}), seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
     print_table(cmp.table().to_dict("records"))
     if cmp.interrupted:
         done = sum(r.status != "stopped" for r in cmp.results)

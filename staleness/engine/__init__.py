@@ -5,10 +5,11 @@
 """
 
 from staleness.engine.core import keys
-from staleness.engine.optim import ServerOptimizer
-from staleness.engine.optim import get as optimizer
+from staleness.engine.optim import Optimizer, OptimizerSpec
+from staleness.engine.optim import resolve as optimizer
 from staleness.engine.plan import Plan, make_plan
 from staleness.engine.run import replay, resolve_task, simulate, sweep
+from staleness.engine.update import scale_by_staleness, server_update
 
-__all__ = ["simulate", "sweep", "replay", "keys", "optimizer", "ServerOptimizer", "Plan", "make_plan",
-           "resolve_task"]
+__all__ = ["simulate", "sweep", "replay", "keys", "optimizer", "Optimizer", "OptimizerSpec", "Plan", "make_plan",
+           "resolve_task", "scale_by_staleness", "server_update"]

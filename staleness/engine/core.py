@@ -5,9 +5,12 @@ Per update (unbatched code; `sweep` vmaps it over configurations):
      last R versions (R = max staleness + 1; version v lives in slot v % R),
   2. draw each gradient's minibatch as a pure function of (key, worker,
      iteration) and compute loss and gradient (vmapped over the C slots),
-  3. weight the gradients by the lr rule, average over the real slots,
-  4. apply the server optimizer and write the new version into the ring.
+  3. one server update (`engine.update`): weight the gradients by the lr rule,
+     average over the real slots, apply the optax optimizer,
+  4. write the new version into the ring.
 No Python runs per event: the host calls one compiled function per chunk.
+The optimizer's transformation is a static argument (`opt`); its learning
+rate lives in the optimizer state, so a sweep varies it per configuration.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from staleness import lr as _lr
-from staleness.engine.optim import ServerOptimizer
+from staleness.engine import update as _update
+from staleness.engine.optim import Optimizer, set_lr
 
-__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "combine", "server_update",
-           "run_chunk", "run_chunk_batched", "evaluate", "evaluate_batched"]
+__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "run_chunk_batched",
+           "evaluate", "evaluate_batched"]
 
 
 class Carry(NamedTuple):
@@ -44,34 +47,32 @@ def keys(seed):
     return init_key, data_key
 
 
-def init_carry(task, seed, opt: ServerOptimizer, ring: int) -> Carry:
-    """Initial parameters (from the run's init key), optimizer state and an empty
-    ring of `ring` versions. Eager: the task's own jitted init does the work, so
-    nothing large is compiled here."""
+def init_carry(task, seed, opt: Optimizer, ring: int) -> Carry:
+    """Initial parameters (from the run's init key), optimizer state (with the
+    optimizer's learning rate) and an empty ring of `ring` versions. Eager: the
+    task's own jitted init does the work, so nothing large is compiled here."""
     init_key, _ = keys(seed)
     params = task.init_params(init_key)
-    opt_state = opt.direction().init(params)
+    opt_state = opt.init(params)
     ring_tree = jax.tree.map(lambda p: jnp.zeros((ring,) + p.shape, p.dtype), params)
     return Carry(params, opt_state, ring_tree)
 
 
-def init_carry_batched(task, seeds, opt: ServerOptimizer, ring: int) -> Carry:
+def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None) -> Carry:
     """`init_carry` for several seeds, stacked on a leading configuration axis
-    (the ring on its second axis: [R, B, ...], see `_step_batched`)."""
+    (the ring on its second axis: [R, B, ...], see `_step_batched`); `lrs` [B]:
+    each configuration's learning rate, written into its optimizer state."""
     cache = {}
     for s in seeds:
         if s not in cache:
             cache[s] = init_carry(task, s, opt, ring)
     carries = [cache[s] for s in seeds]
+    if lrs is not None:
+        carries = [c._replace(opt_state=set_lr(c.opt_state, lr)) if lr is not None else c
+                   for c, lr in zip(carries, lrs)]
     params, opt_state = jax.tree.map(lambda *xs: jnp.stack(xs), *[(c.params, c.opt_state) for c in carries])
     ring_tree = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[c.ring for c in carries])
     return Carry(params, opt_state, ring_tree)
-
-
-def _rule_scale(rules, rule_index, staleness, mask):
-    if len(rules) == 1:
-        return rules[0].scale(staleness, mask)
-    return jnp.stack([r.scale(staleness, mask) for r in rules])[rule_index]
 
 
 def gradient(task, params, data_key, worker, iteration):
@@ -82,41 +83,18 @@ def gradient(task, params, data_key, worker, iteration):
     return jax.value_and_grad(task.loss)(params, task.minibatch(data_key, worker, iteration))
 
 
-def combine(grads, staleness, mask, rules: tuple, rule_index=0):
-    """Average C stacked gradients ([C, ...] leaves) weighted by the lr rule:
-    (1/c) Σ_l scale(τ_l)·g_l over the c real slots (Rudra's aggregation)."""
-    scale = _rule_scale(rules, rule_index, staleness, mask).astype(jnp.float32)
-    weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
-    return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
-
-
-def server_update(opt: ServerOptimizer, params, opt_state, grad, update, alpha0, real=True):
-    """One server step: θ ← θ − α0·shape(update)·direction(grad). With real=False
-    (a padding update) params and optimizer state are returned unchanged."""
-    direction, new_opt_state = opt.direction().update(grad, opt_state, params)
-    lr = jnp.where(real, alpha0 * opt.shape(update), 0.0)  # p - 0*d == p exactly
-    params = jax.tree.map(lambda p, d: p - (lr * d).astype(p.dtype), params, direction)
-    if jax.tree.leaves(opt_state):
-        new_opt_state = jax.tree.map(lambda a, b: jnp.where(real, a, b), new_opt_state, opt_state)
-    return params, new_opt_state
-
-
-def _update_from(task, opt: ServerOptimizer, rules: tuple, slot_mode: str, consts, params, opt_state,
-                 stale, update, x):
+def _update_from(task, opt, rules: tuple, slot_mode: str, consts, params, opt_state, stale, x):
     """Gradients of one update's C slots on their `stale` params ([C, ...]
-    leaves), combined by the lr rule and applied by the server optimizer.
+    leaves), then one server update (`engine.update.server_update`).
     Returns (params, opt_state, losses [C])."""
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
     data_key = consts["data_key"]
     if mask.shape[0] == 1:
         # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
-        # replay runs exactly the ops of plain SGD.
-        loss, grad = gradient(task, jax.tree.map(lambda a: a[0], stale), data_key, worker[0], iteration[0])
+        # replay runs exactly the ops of plain training.
+        loss, grads = gradient(task, jax.tree.map(lambda a: a[0], stale), data_key, worker[0], iteration[0])
         losses = loss[None]
-        if not (len(rules) == 1 and isinstance(rules[0], _lr.Constant)):
-            scale = _rule_scale(rules, consts["rule"], staleness, mask).astype(jnp.float32)
-            grad = jax.tree.map(lambda g: g * scale[0], grad)
     else:
         def one(args):
             p, w, i = args
@@ -126,12 +104,11 @@ def _update_from(task, opt: ServerOptimizer, rules: tuple, slot_mode: str, const
             losses, grads = lax.map(one, (stale, worker, iteration))
         else:
             losses, grads = jax.vmap(one)((stale, worker, iteration))
-        grad = combine(grads, staleness, mask, rules, consts["rule"])
-    params, opt_state = server_update(opt, params, opt_state, grad, update, consts["alpha0"], mask.any())
+    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"])
     return params, opt_state, jnp.where(mask, losses, jnp.nan)
 
 
-def _step(task, opt: ServerOptimizer, rules: tuple, slot_mode: str, consts, carry: Carry, x):
+def _step(task, opt, rules: tuple, slot_mode: str, consts, carry: Carry, x):
     params, opt_state, ring = carry
     r = jax.tree.leaves(ring)[0].shape[0]
     update, x = x
@@ -145,12 +122,11 @@ def _step(task, opt: ServerOptimizer, rules: tuple, slot_mode: str, consts, carr
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
-    params, opt_state, losses = _update_from(task, opt, rules, slot_mode, consts, params, opt_state,
-                                             stale, update, x)
+    params, opt_state, losses = _update_from(task, opt, rules, slot_mode, consts, params, opt_state, stale, x)
     return Carry(params, opt_state, ring), losses
 
 
-def _step_batched(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry, x):
+def _step_batched(task, opt, rules: tuple, consts, carry: Carry, x):
     """`_step` for B configurations at once. The ring is laid out [R, B, ...]:
     the write of version u is one contiguous block, and the reads are one flat
     `take` (a vmapped per-configuration dynamic index became a gather about
@@ -164,13 +140,13 @@ def _step_batched(task, opt: ServerOptimizer, rules: tuple, consts, carry: Carry
     stale = jax.tree.map(
         lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape((b, c) + a.shape[2:]), ring)
     update_one = functools.partial(_update_from, task, opt, rules, "vmap")
-    params, opt_state, losses = jax.vmap(update_one, in_axes=(0, 0, 0, 0, None, 0))(
-        consts, params, opt_state, stale, update, x)
+    params, opt_state, losses = jax.vmap(update_one)(consts, params, opt_state, stale, x)
     return Carry(params, opt_state, ring), losses
 
 
-def _chunk(task, carry: Carry, xs, consts, *, opt: ServerOptimizer, rules: tuple, slot_mode: str = "vmap"):
+def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap"):
     """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32).
+    opt: the optimizer's optax transformation (static).
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).

@@ -1,43 +1,70 @@
-"""The server's optimizer: an optax direction, a base learning rate and a schedule.
+"""Optimizers: optax transformations everywhere, spec strings for the command line.
 
-The server update of version u is
+Any `optax.GradientTransformation` is a server (or inner, or outer)
+optimizer: `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`,
+`optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)`, schedules, ...
+It carries its own learning rate; nothing multiplies it again.
 
-    g      = (1/c) Σ_l scale(τ_l) · g_l           (lr rule over the c real slots)
-    d, s'  = direction.update(g, s)               (identity, momentum trace, Adam, ...)
-    θ_u+1  = θ_u − α0 · shape(u) · d
+`resolve(optimizer, lr, horizon)` turns what a caller passes into an
+`Optimizer` (the transformation, its description, and the learning rate to
+put into its state):
 
-With `sgd` this is Rudra's θ ← θ − (1/c) Σ α(τ_l) g_l with α(τ) = α0·scale(τ);
-with momentum it equals `optax.sgd(α0·shape(u), momentum)`; with Adam,
-`optax.adam(α0·shape(u))` (the lr rule then reweights gradients inside the
-average, which is all a staleness rule can mean for Adam). α0 is kept out of
-the optax state so a sweep can vary it per configuration without recompiling.
+- an optax transformation: used as it is. If its state holds a
+  `learning_rate` (built with `optax.inject_hyperparams`), `lr=` replaces
+  that value in the state, which is how a sweep varies the learning rate of
+  one compiled program; otherwise `lr=` is an error (it would be ignored).
+- a spec string (the CLI's), grammar `staleness.specs`:
+
+      NAME[:ARGS][+SCHEDULE]
+      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw
+      ARGS as KEY=VALUE: lr, wd (weight decay), clip (global norm), warmup (updates),
+      b1, b2, eps (adam, adamw), momentum (momentum, nesterov)
+      SCHEDULE: constant (default) | cosine | linear  (decay to 0 over the run)
+
+  e.g. `adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine`. A spec builds
+  `chain([clip], direction, [weight decay], [schedule], learning rate)` with
+  the learning rate in the state (`inject_hyperparams`), so a sweep over
+  learning rates compiles once; `adamw:lr=1e-3` gives exactly the updates of
+  `optax.adamw(1e-3)`. `lr=` (the CLI's --lr) sets the learning rate when the
+  spec does not.
+
+Built transformations are cached per (spec, horizon): the replay's compiled
+program is keyed by the transformation object, so equal specs share it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["ServerOptimizer", "get", "NAMES", "SCHEDULES"]
+__all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "get", "resolve", "has_lr"]
 
-NAMES = ("sgd", "momentum", "nesterov", "adam")
+NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "linear")
+DEFAULT_LR = 0.05   # the learning rate of a spec that names none, when lr= is not given either
 
 
 @dataclasses.dataclass(frozen=True)
-class ServerOptimizer:
-    """Server optimizer (immutable, hashable: it is a static argument of the replay).
-
-    name: one of NAMES. momentum: the trace decay of momentum/nesterov.
-    schedule: one of SCHEDULES, over `horizon` updates (cosine/linear decay to 0).
-    """
+class OptimizerSpec:
+    """A parsed optimizer spec (immutable, hashable). `build(horizon)` makes the optax
+    transformation; `describe()` writes the spec back (parseable by `get`)."""
 
     name: str = "sgd"
+    lr: float | None = None
     momentum: float = 0.9
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    wd: float | None = None      # weight decay (adamw default: optax's 1e-4; others: none)
+    clip: float | None = None    # clip_by_global_norm
+    warmup: int = 0              # linear warmup from 0, in updates
     schedule: str = "constant"
-    horizon: int = 0
 
     def __post_init__(self):
         if self.name not in NAMES:
@@ -46,57 +73,170 @@ class ServerOptimizer:
             raise ValueError(f"lr schedule = {self.schedule!r} is not known; valid: {', '.join(SCHEDULES)}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum = {self.momentum!r} must be in [0, 1)")
+        for key, low, high in (("b1", 0.0, 1.0), ("b2", 0.0, 1.0)):
+            if not low <= getattr(self, key) < high:
+                raise ValueError(f"{key} = {getattr(self, key)!r} must be in [{low:g}, {high:g})")
+        if not self.eps > 0:
+            raise ValueError(f"eps = {self.eps!r} must be > 0")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr = {self.lr!r} must be a finite number > 0")
+        if self.wd is not None and not (math.isfinite(self.wd) and self.wd >= 0):
+            raise ValueError(f"wd = {self.wd!r} must be a finite number >= 0")
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip = {self.clip!r} must be a finite number > 0 (a global norm)")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup = {self.warmup!r} must be an integer >= 0 (updates)")
 
-    def direction(self) -> optax.GradientTransformation:
-        if self.name == "sgd":
-            return optax.identity()
-        if self.name in ("momentum", "nesterov"):
-            return optax.trace(decay=self.momentum, nesterov=self.name == "nesterov")
-        return optax.scale_by_adam()
+    def shape(self, horizon: int | None):
+        """The learning-rate multiplier as an optax schedule of the update count, or None (constant)."""
+        if self.schedule == "constant" and not self.warmup:
+            return None
+        if horizon is None or int(horizon) < 1:
+            raise ValueError(f"lr schedule {self.describe()!r} needs the run's length: a horizon >= 1 updates; "
+                             f"got {horizon!r}")
+        horizon = int(horizon)
+        if self.warmup >= horizon and self.schedule != "constant":
+            raise ValueError(f"warmup = {self.warmup} must be shorter than the run ({horizon} updates)")
+        decay = {
+            "constant": lambda n: optax.constant_schedule(1.0),
+            "cosine": lambda n: optax.cosine_decay_schedule(1.0, n),
+            "linear": lambda n: optax.linear_schedule(1.0, 0.0, n),
+        }[self.schedule](max(1, horizon - self.warmup))
+        if not self.warmup:
+            return decay
+        return optax.join_schedules([optax.linear_schedule(0.0, 1.0, self.warmup), decay], [self.warmup])
 
-    def shape(self, update):
-        """Learning-rate multiplier of update `update` (traced int)."""
-        if self.schedule == "constant":
-            return jnp.float32(1.0)
-        if self.horizon < 1:
-            raise ValueError(f"lr schedule {self.schedule!r} has no horizon; call with_horizon(updates) first")
-        frac = jnp.clip(update.astype(jnp.float32) / self.horizon, 0.0, 1.0)
-        if self.schedule == "cosine":
-            return 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
-        return 1.0 - frac
-
-    def with_horizon(self, horizon: int) -> "ServerOptimizer":
-        """This optimizer with its schedule stretched over `horizon` updates (the run's length)."""
-        if self.schedule == "constant":
-            return self
-        if int(horizon) < 1:
-            raise ValueError(f"lr schedule {self.schedule!r} needs a horizon >= 1 updates; got {horizon!r}")
-        return dataclasses.replace(self, horizon=int(horizon))
+    def build(self, horizon: int | None = None) -> optax.GradientTransformation:
+        """The optax transformation (learning rate 1.0 in its state: `Optimizer.init` sets it)."""
+        return _build(self, None if self.shape(horizon) is None else int(horizon))
 
     def describe(self) -> str:
-        out = self.name + (f":{self.momentum:g}" if self.name in ("momentum", "nesterov") else "")
-        return out + ("" if self.schedule == "constant" else f"+{self.schedule}")
+        defaults = OptimizerSpec(name=self.name)
+        parts = []
+        if self.name in ("momentum", "nesterov"):
+            parts.append(f"{self.momentum:g}")
+        for key in ("lr", "b1", "b2", "eps", "wd", "clip", "warmup"):
+            value = getattr(self, key)
+            if value != getattr(defaults, key) and not (key in ("b1", "b2", "eps") and self.name not in
+                                                        ("adam", "adamw")):
+                parts.append(f"{key}={value:g}")
+        text = self.name + (":" + ",".join(parts) if parts else "")
+        return text + ("" if self.schedule == "constant" else f"+{self.schedule}")
 
 
-def get(spec) -> ServerOptimizer:
-    """Parse 'sgd', 'momentum', 'momentum:0.9', 'nesterov:0.9', 'adam', with an
-    optional '+cosine' / '+linear' learning-rate schedule (grammar: `staleness.specs`)."""
+@functools.lru_cache(maxsize=256)
+def _build(spec: OptimizerSpec, horizon: int | None) -> optax.GradientTransformation:
+    parts = []
+    if spec.clip is not None:
+        parts.append(optax.clip_by_global_norm(spec.clip))
+    if spec.name in ("momentum", "nesterov"):
+        parts.append(optax.trace(decay=spec.momentum, nesterov=spec.name == "nesterov"))
+    elif spec.name in ("adam", "adamw"):
+        parts.append(optax.scale_by_adam(b1=spec.b1, b2=spec.b2, eps=spec.eps))
+    wd = spec.wd if spec.wd is not None else (1e-4 if spec.name == "adamw" else 0.0)
+    if wd:
+        parts.append(optax.add_decayed_weights(wd))
+    shape = spec.shape(horizon)
+    if shape is not None:
+        parts.append(optax.scale_by_schedule(shape))
+    parts.append(optax.inject_hyperparams(optax.scale_by_learning_rate)(learning_rate=1.0))
+    return optax.chain(*parts)
+
+
+def has_lr(tx: optax.GradientTransformation, params) -> bool:
+    """Whether `tx`'s state holds a `learning_rate` that `Optimizer.init` can set."""
+    state = jax.eval_shape(tx.init, params)
+    return optax.tree_utils.tree_get(state, "learning_rate", default=None) is not None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Optimizer:
+    """An optax transformation with its description and the learning rate to start from.
+
+    tx: the transformation (a static argument of compiled programs: hashable by identity).
+    name: what a Result's config records (a spec string, or 'optax' for a user's object).
+    lr: the learning rate `init` writes into the state's `learning_rate`, or None
+      (keep the transformation's own).
+    """
+
+    tx: Any
+    name: str
+    lr: float | None = None
+
+    def init(self, params):
+        """Optimizer state for `params`, with `lr` in it when given."""
+        state = self.tx.init(params)
+        return state if self.lr is None else set_lr(state, self.lr)
+
+    def describe(self) -> str:
+        return self.name
+
+
+def set_lr(state, lr):
+    """`state` with its `learning_rate` replaced by `lr` (a float or a traced scalar)."""
+    old = optax.tree_utils.tree_get(state, "learning_rate")
+    return optax.tree_utils.tree_set(state, learning_rate=jnp.asarray(lr, jnp.asarray(old).dtype))
+
+
+def get(spec) -> OptimizerSpec:
+    """Parse an optimizer spec string (see the module docstring) into an OptimizerSpec."""
     from staleness import specs
 
-    if isinstance(spec, ServerOptimizer):
+    if isinstance(spec, OptimizerSpec):
         return spec
     main, mods = specs.split(spec, "optimizer")
     if main.name not in NAMES:
-        raise specs.SpecError(f"optimizer = {spec!r}: unknown optimizer {main.name!r}; valid: {', '.join(NAMES)}")
+        raise specs.SpecError(f"optimizer = {spec!r}: unknown optimizer {main.name!r}; valid: {', '.join(NAMES)} "
+                              "(or pass any optax transformation from Python)")
     if len(mods) > 1 or any(m.name not in SCHEDULES or m.args or m.kwargs for m in mods):
         raise specs.SpecError(f"optimizer = {spec!r}: the schedule must be one of "
                               f"{', '.join('+' + s for s in SCHEDULES)}")
+    schedule = mods[0].name if mods else "constant"
+    name = main.name
 
-    def make(momentum: float = 0.9):
-        return ServerOptimizer(name=main.name, momentum=momentum, schedule=mods[0].name if mods else "constant")
+    def make(momentum: float = 0.9, lr: float | None = None, b1: float = 0.9, b2: float = 0.999,
+             eps: float = 1e-8, wd: float | None = None, clip: float | None = None, warmup: int = 0):
+        return OptimizerSpec(name=name, lr=lr, momentum=momentum, b1=b1, b2=b2, eps=eps, wd=wd, clip=clip,
+                             warmup=warmup, schedule=schedule)
 
-    if main.name in ("sgd", "adam"):
-        if main.args or main.kwargs:
-            raise specs.SpecError(f"optimizer = {spec!r}: {main.name!r} takes no arguments")
-        return make()
-    return specs.call(main, make, "optimizer", spec)
+    keys = {k for k, _ in main.kwargs}
+    allowed = {"lr", "learning_rate", "wd", "weight_decay", "clip", "warmup"}
+    allowed |= {"momentum"} if name in ("momentum", "nesterov") else set()
+    allowed |= {"b1", "b2", "eps"} if name in ("adam", "adamw") else set()
+    if keys - allowed:
+        raise specs.SpecError(f"optimizer = {spec!r}: {name!r} takes no {sorted(keys - allowed)[0]!r}; its "
+                              f"arguments are {', '.join(sorted(allowed - {'learning_rate', 'weight_decay'}))}")
+    positional = ("momentum",) if name in ("momentum", "nesterov") else ()
+    if main.args and not positional:
+        raise specs.SpecError(f"optimizer = {spec!r}: {name!r} takes only KEY=VALUE arguments "
+                              f"({', '.join(sorted(allowed - {'learning_rate', 'weight_decay'}))})")
+    return specs.call(main, make, "optimizer", spec, positional=positional,
+                      renames={"weight_decay": "wd", "learning_rate": "lr"})
+
+
+def resolve(optimizer, lr: float | None = None, horizon: int | None = None, params=None) -> Optimizer:
+    """An `Optimizer` from an optax transformation, a spec string or an OptimizerSpec.
+
+    lr: the learning rate (a spec's lr= wins if it names one and lr is None; a spec
+      naming none takes lr, else DEFAULT_LR). For an optax transformation, lr must
+      be None unless its state holds a learning_rate (`params` is needed to check).
+    horizon: updates of the run (for '+cosine', '+linear', warmup).
+    """
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr)
+                           or lr <= 0):
+        raise ValueError(f"lr = {lr!r} must be a finite number > 0 (the learning rate)")
+    if isinstance(optimizer, Optimizer):
+        return optimizer if lr is None else dataclasses.replace(optimizer, lr=float(lr))
+    if isinstance(optimizer, (optax.GradientTransformation, optax.GradientTransformationExtraArgs)):
+        if lr is not None and params is not None and not has_lr(optimizer, params):
+            raise ValueError(
+                f"lr = {lr!r} cannot be applied to this optax optimizer: its state has no learning_rate. "
+                "Give the learning rate to the optimizer itself, or build it with "
+                "optax.inject_hyperparams(optax.adamw)(learning_rate=...) to set or sweep it from here")
+        return Optimizer(optimizer, "optax", None if lr is None else float(lr))
+    spec = get(optimizer)
+    if spec.lr is not None and lr is not None and spec.lr != lr:
+        raise ValueError(f"optimizer = {spec.describe()!r} names lr={spec.lr:g} and lr = {lr!r} was given too; "
+                         "give one")
+    rate = spec.lr if spec.lr is not None else (lr if lr is not None else DEFAULT_LR)
+    return Optimizer(spec.build(horizon), spec.describe(), float(rate))

@@ -20,8 +20,7 @@ import numpy as np
 from staleness import lr as _lr
 from staleness import policies as _policies
 from staleness.engine import core
-from staleness.engine.optim import ServerOptimizer
-from staleness.engine.optim import get as get_optimizer
+from staleness.engine import optim as _optim
 from staleness.engine.plan import Plan, fingerprint, make_plan
 from staleness.results import DivergenceError, Result
 from staleness.schedule import Schedule
@@ -52,10 +51,29 @@ def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir
     return task
 
 
-def _check_lr(value) -> float:
-    if not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the base learning rate α0)")
+def _check_lr(value, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value)
+            or value <= 0):
+        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the learning rate)")
     return float(value)
+
+
+def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
+    """`optim.resolve` with the task's parameter shapes (to check that lr= can be set)."""
+    shapes = jax.eval_shape(task.init_fn, jax.random.key(0)) if lr is not None else None
+    return _optim.resolve(optimizer, lr, horizon, shapes)
+
+
+def learning_rate(opt: _optim.Optimizer, opt_state) -> float | None:
+    """The learning rate a run starts from (for its config): the one set, else the state's."""
+    if opt.lr is not None:
+        return opt.lr
+    import optax
+
+    value = optax.tree_utils.tree_get(opt_state, "learning_rate", default=None)
+    return None if value is None else float(np.asarray(value).reshape(-1)[0])
 
 
 def _chunk_length(num_updates: int, eval_every: int | None, num_evals: int) -> int:
@@ -100,7 +118,7 @@ def replay(
     schedule: Schedule,
     task,
     *,
-    lr: float = 0.05,
+    lr: float | None = None,
     lr_rule="constant",
     optimizer="sgd",
     seed: int | None = None,
@@ -119,9 +137,15 @@ def replay(
     Args:
       schedule: the `Schedule` to replay.
       task: a `staleness.tasks.Task` or a built-in task name.
-      lr: base learning rate α0. lr_rule: a `staleness.lr` rule or spec
-        ('constant', 'per_gradient', 'per_update', 'delay_adaptive:N').
-      optimizer: server optimizer spec ('sgd', 'momentum:0.9', 'adam', '+cosine').
+      lr: the learning rate: sets a spec optimizer's (default `optim.DEFAULT_LR`)
+        or the `learning_rate` in an optax optimizer's state (built with
+        `optax.inject_hyperparams`); None keeps the optimizer's own.
+      lr_rule: a `staleness.lr` rule or spec ('constant', 'per_gradient',
+        'per_update', 'delay_adaptive:N'): weights each gradient by its staleness.
+      optimizer: the server optimizer: any optax transformation (e.g.
+        `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`) or a
+        spec string ('sgd', 'momentum:0.9', 'adamw:lr=1e-3,wd=0.1,clip=1+cosine');
+        see `staleness.engine.optim`.
       seed: seeds the initial parameters and every minibatch (default: the schedule's seed).
       eval_every: updates between evaluations (= updates per compiled call);
         default ceil(updates / num_evals).
@@ -136,26 +160,27 @@ def replay(
     """
     from tqdm.auto import tqdm
 
-    lr = _check_lr(lr)
+    lr = _check_lr(lr, allow_none=True)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
     schedule.validate()
     if slot_mode not in ("vmap", "map"):
         raise ValueError(f"slot_mode = {slot_mode!r} must be 'vmap' or 'map'")
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
-    opt = get_optimizer(optimizer).with_horizon(schedule.num_updates)
     seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
     task = resolve_task(task, schedule.num_workers, batch_size)
+    opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
     chunk = _chunk_length(schedule.num_updates, eval_every, num_evals)
     plan = make_plan(schedule, chunk)
-    config = dict(config or {})
-    config.update(task=task.name, batch_size=task.batch_size, lr=lr, lr_rule=rule.describe(),
-                  optimizer=opt.describe(), seed=seed, policy=schedule.policy, cluster=schedule.cluster,
-                  workers=schedule.num_workers, eval_every=chunk, metrics=task.metrics_config())
-    consts = {"data_key": core.keys(seed)[1], "alpha0": jnp.float32(lr), "rule": jnp.int32(0)}
+    consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
     rules = (rule,)
 
     carry = core.init_carry(task, seed, opt, plan.ring)
+    config = dict(config or {})
+    config.update(task=task.name, batch_size=task.batch_size, lr=learning_rate(opt, carry.opt_state),
+                  lr_rule=rule.describe(), optimizer=opt.describe(), seed=seed, policy=schedule.policy,
+                  cluster=schedule.cluster, workers=schedule.num_workers, eval_every=chunk,
+                  metrics=task.metrics_config())
     rows = [_history_row(0, plan, math.nan, jax.device_get(core.evaluate(task, carry.params)))]
     train_loss = np.full(plan.num_updates, np.nan)
     start = 0
@@ -169,7 +194,7 @@ def replay(
                disable=not progress, desc=f"{schedule.policy}", leave=False)
     try:
         for k in range(start, plan.num_chunks):
-            carry, losses = core.run_chunk(task, carry, plan.xs(k), consts, opt=opt, rules=rules,
+            carry, losses = core.run_chunk(task, carry, plan.xs(k), consts, opt=opt.tx, rules=rules,
                                            slot_mode=slot_mode)
             xs = plan.chunk_view(k)
             losses = np.asarray(losses)
@@ -184,7 +209,7 @@ def replay(
                 raise DivergenceError(
                     f"non-finite loss at update {u} (gradient of worker {int(xs['worker'][row, slot])}, "
                     f"iteration {int(xs['iteration'][row, slot])}, staleness {int(xs['staleness'][row, slot])}); "
-                    f"try a smaller lr (now {lr:g}) or a staleness-aware lr_rule",
+                    f"try a smaller lr (now {config['lr']}) or a staleness-aware lr_rule",
                     result,
                 )
             metrics = jax.device_get(core.evaluate(task, carry.params))
@@ -219,7 +244,7 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     return replay(sched, task, seed=seed, **kwargs)
 
 
-def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0.05,),
+def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
           num_updates: int | None = None, max_time: float | None = None, optimizer="sgd",
           eval_every: int | None = None, num_evals: int = 20, batch_size: int | None = None,
           progress: bool = False) -> list[Result]:
@@ -235,7 +260,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
 
     pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
     rules_in = [_lr.get(r) if isinstance(r, str) else r for r in lr_rules]
-    lrs = [_check_lr(v) for v in lrs]
+    lrs = [_check_lr(v, allow_none=True) for v in lrs]
     seeds = [int(s) for s in seeds]
     if not pols or not seeds or not rules_in or not lrs:
         raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
@@ -251,15 +276,18 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
     plans = [make_plan(schedules[(p, s)], chunk, slots=slots, ring=ring, num_updates=u_max)
              for p, s, _, _ in configs]
     distinct_rules = tuple(dict.fromkeys(rules_in))
-    opt = get_optimizer(optimizer).with_horizon(u_max)
+    set_lrs = [v for v in lrs if v is not None]
+    opt = resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, u_max, task)
     n = len(configs)
     seed_arr = jnp.asarray([s for _, s, _, _ in configs], jnp.int32)
     consts = {
         "data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
-        "alpha0": jnp.asarray([v for *_, v in configs], jnp.float32),
         "rule": jnp.asarray([distinct_rules.index(r) for _, _, r, _ in configs], jnp.int32),
     }
-    carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], opt, ring)
+    carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], opt, ring,
+                                    lrs=[v for *_, v in configs])
+    rates = [v if v is not None else learning_rate(opt, jax.tree.map(lambda a, i=i: a[i], carry.opt_state))
+             for i, (*_, v) in enumerate(configs)]
     metrics0 = jax.device_get(core.evaluate_batched(task, carry.params))
     rows = [[_history_row(0, plans[i], math.nan, {k: v[i] for k, v in metrics0.items()})] for i in range(n)]
     train_loss = [np.full(p.num_updates, np.nan) for p in plans]
@@ -271,7 +299,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
         for k in range(num_chunks):
             parts = [p.xs(k) for p in plans]
             batched = (parts[0][0], np.stack([x for _, x in parts], axis=1))  # [K, B, 5, C]
-            carry, losses = core.run_chunk_batched(task, carry, batched, consts, opt=opt, rules=distinct_rules)
+            carry, losses = core.run_chunk_batched(task, carry, batched, consts, opt=opt.tx, rules=distinct_rules)
             xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
             losses = np.swapaxes(np.asarray(losses), 0, 1)  # [B, K, C]
             metrics = jax.device_get(core.evaluate_batched(task, carry.params))
@@ -301,7 +329,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(0
     results = []
     for i, (pol, s, rule, alpha) in enumerate(configs):
         sched = schedules[(pol, s)]
-        cfg = dict(task=task.name, batch_size=task.batch_size, lr=alpha, lr_rule=rule.describe(),
+        cfg = dict(task=task.name, batch_size=task.batch_size, lr=rates[i], lr_rule=rule.describe(),
                    optimizer=opt.describe(), seed=s, policy=sched.policy, cluster=sched.cluster,
                    workers=sched.num_workers, eval_every=chunk, sweep=True,
                    metrics=task.metrics_config())

@@ -36,7 +36,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from staleness.engine.optim import ServerOptimizer
+from staleness.engine.optim import Optimizer
 from staleness.pipeline import packing, sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.plan import Plan
@@ -82,7 +82,7 @@ class DeviceEngine:
     engine.stage_params(carry)                                     # per-stage params (NumPy)
     """
 
-    def __init__(self, ptask, plan: Plan, opt: ServerOptimizer, params, ctx: S.Context, devices=None):
+    def __init__(self, ptask, plan: Plan, opt: Optimizer, params, ctx: S.Context, devices=None):
         k = plan.num_stages
         self.plan, self.opt, self.num_stages = plan, opt, k
         self.devices = check_devices(k, devices)

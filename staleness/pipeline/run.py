@@ -21,7 +21,8 @@ import numpy as np
 
 from staleness import cluster as _cluster
 from staleness.engine import core
-from staleness.engine.optim import get as get_optimizer
+from staleness.engine import optim as _optim
+from staleness.engine.run import _check_lr
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.model import join_params
@@ -33,13 +34,6 @@ from staleness.results import DivergenceError, Result
 __all__ = ["run_devices", "simulate", "train"]
 
 DEFAULT_OPTIMIZER = "momentum:0.9"
-
-
-def _check_lr(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) \
-            or value <= 0:
-        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the base learning rate)")
-    return float(value)
 
 
 def _check_positive_int(name: str, value) -> int:
@@ -56,7 +50,7 @@ def _losses_per_batch(plan: Plan, tick_loss: np.ndarray) -> np.ndarray:
 
 
 def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=False, cluster=None,
-          seed: int = 0, lr: float = 0.05, optimizer=DEFAULT_OPTIMIZER, eval_every: int | None = None,
+          seed: int = 0, lr: float | None = None, optimizer=DEFAULT_OPTIMIZER, eval_every: int | None = None,
           num_evals: int = 10, backward_ratio: float = 2.0, recompute_cost: float = 1.0,
           progress: bool = False, config: dict | None = None) -> Result:
     """Train `ptask` for `num_batches` batches along `schedule`.
@@ -86,7 +80,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
     from tqdm.auto import tqdm
 
     num_batches = _check_positive_int("num_batches", num_batches)
-    lr = _check_lr(lr)
+    lr = _check_lr(lr, allow_none=True)
     sched = parse(schedule) if isinstance(schedule, str) else schedule
     if not isinstance(sched, PipelineSchedule):
         raise ValueError(f"schedule = {schedule!r} must be a PipelineSchedule or a spec like 'dsp:1,1,0'")
@@ -98,7 +92,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
     elif isinstance(cluster, str):
         cluster = _cluster.parse(cluster)
     timeline = simulate_timing(plan, cluster, seed, backward_ratio=backward_ratio, recompute_cost=recompute_cost)
-    opt = get_optimizer(optimizer).with_horizon(num_batches)
+    opt = _optim.resolve(optimizer, lr, num_batches, jax.eval_shape(ptask.init_stage_params, jax.random.key(0))
+                         if lr is not None else None)
     if eval_every is None:
         eval_every = max(1, -(-num_batches // _check_positive_int("num_evals", num_evals)))
     eval_every = _check_positive_int("eval_every", eval_every)
@@ -107,7 +102,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
 
     init_key, data_key = core.keys(seed)
     params = ptask.init_stage_params(init_key)
-    ctx = S.Context(ptask, data_key, jnp.float32(lr))
+    ctx = S.Context(ptask, data_key)
     on_devices = devices is not False and devices is not None
     step, get_params, carry, device_names, compile_s = _engine(ptask, plan, opt, params, ctx, devices, chunk)
 
@@ -117,7 +112,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
     cfg.update(task=ptask.name, schedule=sched.describe(), stages=k, batches=num_batches,
                microbatches=plan.microbatches, batch_size=ptask.batch_size, lags=list(plan.lags),
                forward_delays=list(plan.forward_delays), backward_delays=list(plan.backward_delays),
-               backward=sched.backward, lr=lr, optimizer=opt.describe(), seed=seed, cluster=cluster.describe(),
+               backward=sched.backward, lr=opt.lr, optimizer=opt.describe(), seed=seed, cluster=cluster.describe(),
                engine="devices" if on_devices else "sim", devices=device_names, ticks=plan.num_ticks,
                eval_every=eval_every, backward_ratio=backward_ratio, recompute_cost=recompute_cost,
                sim_throughput=timeline.throughput, policy=sched.describe(), workers=k,

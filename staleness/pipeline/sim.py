@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from staleness.engine.optim import ServerOptimizer
+from staleness.engine.optim import Optimizer
 from staleness.pipeline import stage as S
 from staleness.pipeline.plan import Plan
 
@@ -58,7 +58,7 @@ def configs(ptask, plan: Plan, params) -> tuple[S.StageConfig, ...]:
         for k in range(plan.num_stages))
 
 
-def init(ptask, plan: Plan, opt: ServerOptimizer, params, ctx: S.Context) -> tuple[tuple, SimCarry]:
+def init(ptask, plan: Plan, opt: Optimizer, params, ctx: S.Context) -> tuple[tuple, SimCarry]:
     """(configs, carry) for training `params` (a tuple of per-stage params) along `plan`."""
     params = jax.tree.map(jnp.array, params)  # the carry is donated; keep the caller's arrays
     cfgs = configs(ptask, plan, params)
@@ -118,12 +118,12 @@ def _chunk(cfgs, fdel, bdel, opt, ctx, carry, xs):
 _run_chunk = jax.jit(_chunk, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 
 
-def run_chunk(cfgs, plan: Plan, opt: ServerOptimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
+def run_chunk(cfgs, plan: Plan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
     """Run the ticks in `xs` (from `plan.xs`): returns (carry, loss per tick [L], NaN where none)."""
     return _run_chunk(cfgs, plan.forward_delays, plan.backward_delays, opt, ctx, carry, xs)
 
 
-def compile_chunk(cfgs, plan: Plan, opt: ServerOptimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
+def compile_chunk(cfgs, plan: Plan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
     """Compile `run_chunk` ahead of time for chunks shaped like `xs`; returns `fn(carry, xs) -> (carry, loss)`."""
     compiled = _run_chunk.lower(cfgs, plan.forward_delays, plan.backward_delays, opt, ctx, carry, xs).compile()
     return lambda carry, xs: compiled(ctx, carry, xs)

@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from staleness.engine.core import server_update
-from staleness.engine.optim import ServerOptimizer
+from staleness.engine.optim import Optimizer
+from staleness.engine.update import apply as apply_update
 
 __all__ = ["Context", "StageConfig", "StageState", "backward", "forward", "init_state", "match_varying"]
 
@@ -86,12 +86,11 @@ class Context(NamedTuple):
 
     ptask: Any            # PipelineTask (a pytree: its data are leaves)
     data_key: jax.Array   # the run's minibatch key
-    alpha0: jax.Array     # base learning rate (float32 scalar)
 
 
 class StageState(NamedTuple):
     params: Any       # the stage's weights (one copy)
-    opt_state: Any    # optax direction state (momentum trace, ...)
+    opt_state: Any    # optax state of the stage's optimizer (its learning rate included)
     count: jax.Array  # int32: updates applied
     acc: Any          # Σ weight gradients since the last update (GPipe), else ()
     store: Any        # queue: pytree of [m_k, ...] rings (see StageConfig.kind), else ()
@@ -169,10 +168,10 @@ def _vjp_treedef(cfg: StageConfig, ctx: Context, params):
 
 
 # -- state -------------------------------------------------------------------------
-def init_state(cfg: StageConfig, ctx: Context, opt: ServerOptimizer, params, *, with_store: bool = True
+def init_state(cfg: StageConfig, ctx: Context, opt: Optimizer, params, *, with_store: bool = True
                ) -> StageState:
-    """A fresh stage: given weights, zero optimizer state, empty queue (() if not `with_store`)."""
-    opt_state = opt.direction().init(params)
+    """A fresh stage: given weights, a fresh optimizer state, empty queue (() if not `with_store`)."""
+    opt_state = opt.init(params)
     acc = jax.tree.map(jnp.zeros_like, params) if cfg.accumulates else ()
     store = ()
     if cfg.lag > 0 and with_store:
@@ -229,7 +228,7 @@ def forward(cfg: StageConfig, ctx: Context, state: StageState, x_in, tick, mb, v
     return state._replace(store=store), y, pending, loss
 
 
-def backward(cfg: StageConfig, ctx: Context, opt: ServerOptimizer, state: StageState, pending, g_in,
+def backward(cfg: StageConfig, ctx: Context, opt: Optimizer, state: StageState, pending, g_in,
              valid, update):
     """Backward half of stage k's tick: gradient of the popped micro-batch, then the update.
 
@@ -258,12 +257,10 @@ def backward(cfg: StageConfig, ctx: Context, opt: ServerOptimizer, state: StageS
         if cfg.accumulates:
             acc = jax.tree.map(jnp.add, state.acc, g_w)
             mean = jax.tree.map(lambda a: a / cfg.microbatches, acc)
-            params, opt_state = server_update(opt, state.params, state.opt_state, mean, state.count,
-                                              ctx.alpha0, update)
+            params, opt_state = apply_update(opt.tx, state.params, state.opt_state, mean, update)
             acc = jax.tree.map(lambda a: jnp.where(update, jnp.zeros_like(a), a), acc)
         else:
-            params, opt_state = server_update(opt, state.params, state.opt_state, g_w, state.count,
-                                              ctx.alpha0, update)
+            params, opt_state = apply_update(opt.tx, state.params, state.opt_state, g_w, update)
             acc = state.acc
         count = state.count + update.astype(jnp.int32)
         return StageState(params, opt_state, count, acc, state.store), match_varying(g_x, ref)

@@ -2,15 +2,11 @@
 
 Workers call `gradient` (= `engine.core.gradient` under `jax.jit`) once per
 iteration; the server stacks the gradients of an update (`stack`) and applies
-`engine.core.combine` + `engine.core.server_update` (`update`), exactly the
-calls that `engine.replay(..., slot_mode='map')` makes per update. On CPU a
-recorded trace therefore replays to bitwise the same parameters
-(tests/test_engine.py proves the engine side of that contract).
-
-The one-gradient path mirrors the engine's: when every update holds one
-gradient (ASP, SSP, DSSP, 1-gradient softsync) the engine neither stacks nor
-averages, it scales the gradient by the lr rule (unless the rule is constant)
-and updates; `update_one` does the same.
+`engine.update.server_update` (`update`), the very function the compiled
+replay calls per update, so that on CPU a recorded trace replays to bitwise
+the same parameters (tests/test_engine.py proves the engine side of that
+contract). With one gradient slot per update (ASP, SSP, DSSP, 1-gradient
+softsync) the gradient is passed unstacked, as the engine passes it.
 """
 
 from __future__ import annotations
@@ -22,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness import lr as _lr
 from staleness.engine import core
-from staleness.engine.optim import ServerOptimizer
+from staleness.engine import update as _update
+from staleness.engine.optim import Optimizer
 
 __all__ = ["Numerics"]
 
@@ -37,22 +33,13 @@ def _stack(*grads):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
 
 
-def _update_many(params, opt_state, grads, staleness, mask, update, alpha0, *, opt, rule):
-    grad = core.combine(grads, staleness, mask, (rule,))
-    return core.server_update(opt, params, opt_state, grad, update, alpha0, mask.any())
-
-
-def _update_one(params, opt_state, grad, staleness, mask, update, alpha0, *, opt, rule):
-    if not isinstance(rule, _lr.Constant):
-        scale = rule.scale(staleness, mask).astype(jnp.float32)
-        grad = jax.tree.map(lambda g: g * scale[0], grad)
-    return core.server_update(opt, params, opt_state, grad, update, alpha0, mask.any())
+def _server_update(params, opt_state, grads, staleness, mask, *, tx, rule):
+    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask)
 
 
 _gradient_jit = jax.jit(_gradient)
 _stack_jit = jax.jit(_stack)
-_update_many_jit = jax.jit(_update_many, static_argnames=("opt", "rule"))
-_update_one_jit = jax.jit(_update_one, static_argnames=("opt", "rule"))
+_server_update_jit = jax.jit(_server_update, static_argnames=("tx", "rule"))
 
 
 class Numerics:
@@ -61,18 +48,18 @@ class Numerics:
     Args:
       task: the Task (passed to `jit` as an argument, so its data are device
         inputs, not constants).
-      opt: the server optimizer. rule: the lr rule. lr: base learning rate α0.
+      opt: the server `Optimizer` (its transformation is a static argument).
+      rule: the lr rule.
       slots: gradient slots per update (the policy's largest update); 1 selects
-        the engine's one-gradient path.
+        the one-gradient path.
       data_key: the run's minibatch key (`engine.core.keys(seed)[1]`).
     """
 
-    def __init__(self, task, opt: ServerOptimizer, rule, lr: float, slots: int, data_key):
+    def __init__(self, task, opt: Optimizer, rule, slots: int, data_key):
         self.task = task
         self.opt = opt
         self.rule = rule
         self.slots = int(slots)
-        self.alpha0 = np.float32(lr)
         self.data_key = data_key
         self._placed: dict = {}   # device -> (task, data_key) committed to it
         self._lock = threading.Lock()
@@ -101,20 +88,21 @@ class Numerics:
         Returns (params, opt_state).
         """
         c = len(grads)
-        u = np.int32(update)
         if self.slots == 1:
             tau = np.asarray(staleness, np.int32)
-            mask = np.ones(1, bool)
-            return _update_one_jit(params, opt_state, grads[0], tau, mask, u, self.alpha0,
-                                   opt=self.opt, rule=self.rule)
+            return _server_update_jit(params, opt_state, grads[0], tau, np.ones(1, bool),
+                                      tx=self.opt.tx, rule=self.rule)
         if c > self.slots:
             raise ValueError(f"update {update}: {c} gradients exceed the {self.slots} slots")
         pad = self.slots - c
         tau = np.asarray(list(staleness) + [0] * pad, np.int32)
         mask = np.asarray([True] * c + [False] * pad)
         stacked = _stack_jit(*grads, *([zeros] * pad))
-        return _update_many_jit(params, opt_state, stacked, tau, mask, u, self.alpha0,
-                                opt=self.opt, rule=self.rule)
+        return _server_update_jit(params, opt_state, stacked, tau, mask, tx=self.opt.tx, rule=self.rule)
+
+    def init_state(self, params):
+        """The optimizer state of `params` (with the run's learning rate)."""
+        return self.opt.init(params)
 
     def warm_up(self, params, devices, server_device=None) -> None:
         """Compile the gradient on every device in `devices` and, given a
@@ -124,7 +112,7 @@ class Numerics:
         if server_device is not None:
             server_params = jax.device_put(params, server_device)
             grad = jax.tree.map(jnp.zeros_like, server_params)
-            opt_state = self.opt.direction().init(server_params)
+            opt_state = self.init_state(server_params)
             outs.append(self.update(server_params, opt_state, [grad], [0], 0, grad))
         jax.block_until_ready(outs)
 

@@ -79,9 +79,12 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
         task = st.tasks.get(task, batch_size=int(batch_size or cfg.get("batch_size") or 32),
                             num_workers=sched.num_workers, partition=cfg.get("partition", "iid"),
                             seed=int(cfg.get("task_seed") or 0), data_dir=data_dir)
-    kw = dict(lr=lr if lr is not None else cfg.get("lr", 0.05),
+    if optimizer is None and cfg.get("optimizer") == "optax":
+        raise ValueError("the recorded run used an optax optimizer object; replay it from Python with "
+                         "optimizer=<the same optax transformation>")
+    kw = dict(lr=lr if lr is not None else cfg.get("lr"),
               lr_rule=lr_rule or cfg.get("lr_rule", "constant"),
-              optimizer=optimizer or cfg.get("optimizer", "sgd"),
+              optimizer=optimizer if optimizer is not None else cfg.get("optimizer", "sgd"),
               seed=seed if seed is not None else cfg.get("seed", sched.seed or 0))
     if "eval_every" not in replay_kwargs and cfg.get("eval_every"):
         replay_kwargs["eval_every"] = int(cfg["eval_every"])

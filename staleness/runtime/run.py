@@ -113,7 +113,7 @@ def serve(server: Server, spec: RunSpec, config: dict, resume_state=None) -> Res
 
 
 def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None = None, seed: int = 0,
-        lr: float = 0.05, lr_rule="constant", optimizer="sgd", batch_size: int | None = None, data_dir=None,
+        lr: float | None = None, lr_rule="constant", optimizer="sgd", batch_size: int | None = None, data_dir=None,
         devices=None, server_device=None, time_scale: float = 0.01, eval_every: int | None = None,
         num_evals: int = 20, max_time: float | None = None, checkpoint=None, checkpoint_every: int | None = None,
         resume: bool = False, worker_timeout: float = 30.0, on_worker_failure: str = "continue",
@@ -171,8 +171,8 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
 
     init_key, data_key = core.keys(spec.seed)
     params = jax.device_put(spec.task.init_params(init_key), server_device)
-    opt_state = spec.opt.direction().init(params)
-    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.lr, spec.slots, data_key)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key)
+    opt_state = numerics.init_state(params)
     numerics.warm_up(params, worker_devices, server_device)
     link = LocalTransport(server_device, worker_devices)
     stop_event = stop_event or threading.Event()

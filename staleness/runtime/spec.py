@@ -30,9 +30,9 @@ class RunSpec:
     policy: _policies.Policy
     cluster: Any            # staleness.cluster.Cluster or None (no injected delays)
     num_workers: int
-    opt: Any                # engine.optim.ServerOptimizer
+    opt: Any                # engine.optim.Optimizer (an optax transformation + its learning rate)
     rule: Any               # lr rule
-    lr: float
+    lr: float | None        # the learning rate set in the optimizer state (None: the optimizer's own)
     seed: int
     num_updates: int
     max_time: float | None
@@ -94,15 +94,14 @@ def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = ""
     return int(value)
 
 
-def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=0.05,
+def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=None,
               lr_rule="constant", optimizer="sgd", batch_size=None, data_dir=None, max_time=None,
               eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
               on_worker_failure="continue", checkpoint=None, checkpoint_every=None,
               resume=False) -> RunSpec:
     """Validate a real run's arguments; see `runtime.run`."""
     from staleness import cluster as _cluster
-    from staleness.engine.optim import get as get_optimizer
-    from staleness.engine.run import _check_lr, resolve_task
+    from staleness.engine.run import _check_lr, resolve_optimizer, resolve_task
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -121,11 +120,10 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     num_workers = _int("num_workers", num_workers, 1)
     num_updates = _int("num_updates", num_updates, 1, what=" (server updates)")
     seed = _int("seed", seed, 0)
-    lr = _check_lr(lr)
+    lr = _check_lr(lr, allow_none=True)
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     if not hasattr(rule, "scale"):
         raise ValueError(f"lr_rule = {lr_rule!r} must be a staleness.lr rule or a spec string")
-    opt = get_optimizer(optimizer).with_horizon(num_updates)
     max_time = _positive("max_time", max_time, allow_none=True)
     time_scale = _positive("time_scale", time_scale)
     worker_timeout = _positive("worker_timeout", worker_timeout)
@@ -142,10 +140,11 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     eval_every = _int("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
     task = resolve_task(task, num_workers, batch_size, data_dir)
+    opt = resolve_optimizer(optimizer, lr, num_updates, task)
     if task.num_workers < num_workers:
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
                          f"run's {num_workers} workers; build it with tasks.get(..., num_workers={num_workers})")
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
-                   lr=lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
+                   lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
                    time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure,
                    checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume))

@@ -1,0 +1,92 @@
+"""One server update: what "apply the gradients of one update" means, in one place.
+
+    grad        = aggregate(grads, staleness, mask, rules)    # lr rule weights, mean over real slots
+    params, s   = apply(tx, params, opt_state, grad, real)     # the optax optimizer
+    server_update(...) = apply(aggregate(...))
+
+`aggregate` is Rudra's (1/c) Σ_l scale(τ_l)·g_l over the c real gradient
+slots: the staleness rule weights each gradient inside the average (for one
+gradient per update it is `staleness.lr.scale_by_staleness(rule)` in front
+of the optimizer; with SGD it is the learning rate α·scale(τ); with AdamW it
+rescales the gradient Adam sees). `apply` is `tx.update` + `optax.apply_updates`;
+with real=False (a padding update of a fixed-shape replay) the parameters and
+the optimizer state come back unchanged, bit for bit.
+
+The compiled replay (`engine.core`), the real runtime's server
+(`runtime.numerics`) and the pipeline stages (`pipeline.stage`) all call these
+functions, so a recorded trace replays to the same bits on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from staleness import lr as _lr
+
+__all__ = ["rule_scale", "aggregate", "apply", "server_update", "scale_by_staleness"]
+
+
+def rule_scale(rules: tuple, rule_index, staleness, mask):
+    """[C] lr-rule factors of one update's slots; `rule_index` picks one of several rules (sweeps)."""
+    if len(rules) == 1:
+        return rules[0].scale(staleness, mask)
+    return jnp.stack([r.scale(staleness, mask) for r in rules])[rule_index]
+
+
+def aggregate(grads, staleness, mask, rules: tuple, rule_index=0):
+    """The gradient of one update from its C slots (staleness [C], mask [C] bool).
+
+    C > 1: `grads` has [C, ...] leaves; returns (1/c) Σ_l scale(τ_l)·g_l over the c
+    real slots. C == 1: `grads` is one gradient pytree (not stacked); it is scaled
+    by the rule unless the rule is constant (then returned as it is: one-worker ASP
+    runs exactly the ops of plain training).
+    """
+    if mask.shape[0] == 1:
+        if len(rules) == 1 and isinstance(rules[0], _lr.Constant):
+            return grads
+        scale = rule_scale(rules, rule_index, staleness, mask).astype(jnp.float32)
+        return jax.tree.map(lambda g: g * scale[0], grads)
+    scale = rule_scale(rules, rule_index, staleness, mask).astype(jnp.float32)
+    weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+    return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
+
+
+def apply(tx, params, opt_state, grad, real=True):
+    """One optimizer step: (params, opt_state) after `tx.update` + `optax.apply_updates`.
+    real: False (may be traced) keeps both unchanged (a padding update)."""
+    updates, new_state = tx.update(grad, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    if real is True:
+        return new_params, new_state
+    keep = lambda new, old: jnp.where(real, new, old)  # noqa: E731
+    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state)
+
+
+def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0):
+    """One server update from C gradient slots (see `aggregate`); an update with no
+    real slot (all of `mask` False) changes nothing. Returns (params, opt_state)."""
+    grad = aggregate(grads, staleness, mask, rules, rule_index)
+    return apply(tx, params, opt_state, grad, mask.any())
+
+
+def scale_by_staleness(rule):
+    """An optax transformation scaling the (one) gradient by `rule`'s factor for its
+    staleness: `tx.update(g, state, params, staleness=τ)`. Placed first in a chain
+    it is what `aggregate` does for an update of one gradient, for loops written by
+    hand (the engine applies the rule in `aggregate`, per gradient slot).
+    """
+    import optax
+
+    def init(params):
+        del params
+        return optax.EmptyState()
+
+    def update(updates, state, params=None, *, staleness=0, **extra):
+        del params, extra
+        tau = jnp.asarray(staleness, jnp.int32).reshape(1)
+        scale = rule.scale(tau, jnp.ones(1, bool)).astype(jnp.float32)[0]
+        return jax.tree.map(lambda g: g * scale, updates), state
+
+    return optax.GradientTransformationExtraArgs(init, update)
