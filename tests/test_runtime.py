@@ -253,7 +253,7 @@ def test_cli_run_writes_a_result_that_replays_bitwise(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["run", "--policy", "dssp:x", "--updates", "5"], "dssp:x"),
-    (["run", "--time-scale", "-1", "--cluster", "1*2", "--updates", "5"], "time_scale = -1"),
+    (["run", "--time-scale", "-1", "--cluster", "1*2", "--updates", "5"], "--time-scale"),
     (["run", "--on-worker-failure", "maybe", "--updates", "5"], "on_worker_failure"),
     (["run", "--coordinator", "127.0.0.1:1"], "--num-processes"),
     (["launch", "--local", "0"], "--local = 0"),
@@ -264,3 +264,16 @@ def test_cli_bad_input_one_line_exit_2(argv, fragment, capsys):
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("staleness: error:") and fragment in lines[0], err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lr_rule", ["constant", "per_gradient"])
+def test_multi_slot_trace_of_a_custom_jvp_task_replays_bitwise(lr_rule):
+    """softsync:2 on the quadratic (a custom_jvp gradient): the replay's map mode used
+    to compute slots in a lax.map, where XLA rounds the custom_jvp's matvec otherwise
+    than in the worker's standalone call (max |difference| 6e-8..2e-7 before the fix)."""
+    from staleness.runtime.replay import replay_trace
+
+    task = st.tasks.get("quadratic", num_workers=4)
+    res = rt.run(task, "softsync:2", "1,1,2.6,2.6", num_updates=40, time_scale=0.002, lr=0.1, lr_rule=lr_rule)
+    assert replay_trace(res)[1].bitwise

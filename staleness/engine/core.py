@@ -75,43 +75,58 @@ def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None) -> Carr
     return Carry(params, opt_state, ring_tree)
 
 
-def gradient(task, params, data_key, worker, iteration):
+def gradient(task, params, data_key, worker, iteration, index=None):
     """(loss, grad) of `worker`'s minibatch for its `iteration` at `params`.
 
+    index: the minibatch's training indices ([μ] int32, from `task.host_indices`)
+    for `indexed` tasks, so the batch is a gather like in a plain training loop;
+    None draws them with `task.minibatch` (the same examples).
     The per-gradient function shared by the engine and the real runtime: a
     trace replayed with `slot_mode='map'` computes every gradient with it."""
-    return jax.value_and_grad(task.loss)(params, task.minibatch(data_key, worker, iteration))
+    if index is None:
+        batch = task.minibatch(data_key, worker, iteration)
+    else:
+        batch = task.batch(index, data_key, worker, iteration)
+    return jax.value_and_grad(task.loss)(params, batch)
 
 
-def _update_from(task, opt, rules: tuple, slot_mode: str, consts, params, opt_state, stale, x):
+def _update_from(task, opt, rules: tuple, slot_mode: str, consts, params, opt_state, stale, x, index):
     """Gradients of one update's C slots on their `stale` params ([C, ...]
-    leaves), then one server update (`engine.update.server_update`).
-    Returns (params, opt_state, losses [C])."""
+    leaves) and minibatch indices ([C, μ], or None), then one server update
+    (`engine.update.server_update`). Returns (params, opt_state, losses [C])."""
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
     data_key = consts["data_key"]
     if mask.shape[0] == 1:
         # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
         # replay runs exactly the ops of plain training.
-        loss, grads = gradient(task, jax.tree.map(lambda a: a[0], stale), data_key, worker[0], iteration[0])
+        loss, grads = gradient(task, jax.tree.map(lambda a: a[0], stale), data_key, worker[0], iteration[0],
+                               None if index is None else index[0])
         losses = loss[None]
     else:
         def one(args):
-            p, w, i = args
-            return gradient(task, p, data_key, w, i)
+            p, w, i, ix = args
+            return gradient(task, p, data_key, w, i, ix)
 
-        if slot_mode == "map":  # each slot exactly as one standalone gradient call
-            losses, grads = lax.map(one, (stale, worker, iteration))
+        if slot_mode == "map":
+            # each slot exactly as one standalone gradient call: unrolled, not a
+            # lax.map (XLA compiles some ops, e.g. a custom_jvp's matvec, with other
+            # rounding inside a loop body than in a standalone call)
+            outs = [one(jax.tree.map(lambda a, c=c: a[c], (stale, worker, iteration, index)))
+                    for c in range(mask.shape[0])]
+            losses = jnp.stack([o[0] for o in outs])
+            grads = jax.tree.map(lambda *g: jnp.stack(g), *[o[1] for o in outs])
         else:
-            losses, grads = jax.vmap(one)((stale, worker, iteration))
-    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"])
+            losses, grads = jax.vmap(one)((stale, worker, iteration, index))
+    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"],
+                                              isolate=slot_mode == "map")
     return params, opt_state, jnp.where(mask, losses, jnp.nan)
 
 
 def _step(task, opt, rules: tuple, slot_mode: str, consts, carry: Carry, x):
     params, opt_state, ring = carry
     r = jax.tree.leaves(ring)[0].shape[0]
-    update, x = x
+    update, x, index = x
     # Store the current version first and read stale versions from the result:
     # every read then depends on the in-place write, so XLA never copies the ring
     # (reading first and writing last made it copy [R, ...] per step). One ring
@@ -122,7 +137,8 @@ def _step(task, opt, rules: tuple, slot_mode: str, consts, carry: Carry, x):
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
-    params, opt_state, losses = _update_from(task, opt, rules, slot_mode, consts, params, opt_state, stale, x)
+    params, opt_state, losses = _update_from(task, opt, rules, slot_mode, consts, params, opt_state, stale, x,
+                                             index)
     return Carry(params, opt_state, ring), losses
 
 
@@ -133,19 +149,20 @@ def _step_batched(task, opt, rules: tuple, consts, carry: Carry, x):
     twice as slow on CPU)."""
     params, opt_state, ring = carry
     r, b = jax.tree.leaves(ring)[0].shape[:2]
-    update, x = x                                    # x: [B, 5, C]
+    update, x, index = x                             # x: [B, 5, C]; index: [B, C, μ] or None
     ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
     c = x.shape[-1]
     flat = ((x[:, PULL, :] % r) * b + jnp.arange(b)[:, None]).reshape(-1)   # [B*C]
     stale = jax.tree.map(
         lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape((b, c) + a.shape[2:]), ring)
     update_one = functools.partial(_update_from, task, opt, rules, "vmap")
-    params, opt_state, losses = jax.vmap(update_one)(consts, params, opt_state, stale, x)
+    params, opt_state, losses = jax.vmap(update_one)(consts, params, opt_state, stale, x, index)
     return Carry(params, opt_state, ring), losses
 
 
 def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap"):
-    """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32).
+    """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32,
+    index [K, C, μ] int32 or None: the minibatch indices of every slot).
     opt: the optimizer's optax transformation (static).
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
@@ -159,7 +176,8 @@ run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode"), donat
 
 def _chunk_batched(task, carry, xs, consts, *, opt, rules):
     """`_chunk` for B configurations: carry leaves [B, ...] (ring [R, B, ...]),
-    xs = (update [K], packed [K, B, 5, C]) — the update index is shared."""
+    xs = (update [K], packed [K, B, 5, C], index [K, B, C, μ] or None) — the update
+    index is shared."""
     return lax.scan(functools.partial(_step_batched, task, opt, rules, consts), carry, xs)
 
 

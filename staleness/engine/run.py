@@ -106,6 +106,18 @@ def _update_losses(losses: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
+def chunk_inputs(task, plan: Plan, k: int, data_key):
+    """Scan inputs of chunk k: (update [K], packed [K, 5, C], index [K, C, μ] or None).
+    For `indexed` tasks the minibatch indices of every slot are computed here, on the
+    host (`task.host_indices`), so the compiled replay only gathers, as a plain
+    training loop over a precomputed table does."""
+    update, packed = plan.xs(k)
+    if not task.indexed:
+        return update, packed, None
+    lo, hi = k * plan.chunk, (k + 1) * plan.chunk
+    return update, packed, task.host_indices(data_key, plan.worker[lo:hi], plan.iteration[lo:hi])
+
+
 def _first_nonfinite(losses: np.ndarray, mask: np.ndarray):
     bad = mask & ~np.isfinite(losses)
     if not bad.any():
@@ -192,10 +204,12 @@ def replay(
     status = "complete"
     bar = tqdm(total=plan.num_updates, initial=min(start * chunk, plan.num_updates), unit="upd",
                disable=not progress, desc=f"{schedule.policy}", leave=False)
+    nxt = chunk_inputs(task, plan, start, consts["data_key"]) if start < plan.num_chunks else None
     try:
         for k in range(start, plan.num_chunks):
-            carry, losses = core.run_chunk(task, carry, plan.xs(k), consts, opt=opt.tx, rules=rules,
-                                           slot_mode=slot_mode)
+            carry, losses = core.run_chunk(task, carry, nxt, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode)
+            if k + 1 < plan.num_chunks:  # host work for the next chunk while this one runs
+                nxt = chunk_inputs(task, plan, k + 1, consts["data_key"])
             xs = plan.chunk_view(k)
             losses = np.asarray(losses)
             lo, hi = k * chunk, min((k + 1) * chunk, plan.num_updates)
@@ -295,11 +309,19 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     final_params = [None] * n
     num_chunks = plans[0].num_chunks
     bar = tqdm(total=num_chunks * chunk, unit="upd", disable=not progress, desc=f"sweep x{n}", leave=False)
+    data_keys = [core.keys(s)[1] for _, s, _, _ in configs]
+
+    def inputs(k):
+        parts = [chunk_inputs(task, p, k, key) for p, key in zip(plans, data_keys)]
+        index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, B, C, μ]
+        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, B, 5, C]
+
+    nxt = inputs(0)
     try:
         for k in range(num_chunks):
-            parts = [p.xs(k) for p in plans]
-            batched = (parts[0][0], np.stack([x for _, x in parts], axis=1))  # [K, B, 5, C]
-            carry, losses = core.run_chunk_batched(task, carry, batched, consts, opt=opt.tx, rules=distinct_rules)
+            carry, losses = core.run_chunk_batched(task, carry, nxt, consts, opt=opt.tx, rules=distinct_rules)
+            if k + 1 < num_chunks:
+                nxt = inputs(k + 1)
             xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
             losses = np.swapaxes(np.asarray(losses), 0, 1)  # [B, K, C]
             metrics = jax.device_get(core.evaluate_batched(task, carry.params))

@@ -25,8 +25,8 @@ from staleness.engine.optim import Optimizer
 __all__ = ["Numerics"]
 
 
-def _gradient(task, params, data_key, worker, iteration):
-    return core.gradient(task, params, data_key, worker, iteration)
+def _gradient(task, params, data_key, worker, iteration, index):
+    return core.gradient(task, params, data_key, worker, iteration, index)
 
 
 def _stack(*grads):
@@ -34,7 +34,7 @@ def _stack(*grads):
 
 
 def _server_update(params, opt_state, grads, staleness, mask, *, tx, rule):
-    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask)
+    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask, isolate=True)
 
 
 _gradient_jit = jax.jit(_gradient)
@@ -78,7 +78,9 @@ class Numerics:
     def gradient(self, params, worker: int, iteration: int, device):
         """(loss, grad) of `worker`'s minibatch for `iteration`; params are on `device`."""
         task, key = self.on(device)
-        return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration))
+        # the minibatch indices on the host, as the engine's replay computes them
+        index = self.task.host_indices(self.data_key, worker, iteration) if self.task.indexed else None
+        return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration), index)
 
     def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None):
         """Apply one server update from `grads` (1..slots gradients, in push order).

@@ -74,6 +74,11 @@ class Task:
         the flattened params (quadratic), else None. Pytree leaf.
       metrics: the `staleness.metrics.Metric` of each name in metric_names
         (direction and range); default: known by name (loss, accuracy, mse, ...).
+      gather_fn: (data, index [μ] int32, key, worker, iteration) -> batch, for
+        tasks whose minibatches are training examples drawn by
+        `staleness.tasks.sampling` (then `sample_fn` is the hash + gather_fn,
+        and the engine reads precomputed index tables); None for tasks that
+        sample otherwise (their `sample_fn` runs inside the replay).
     """
 
     name: str
@@ -92,6 +97,7 @@ class Task:
     optimum: PyTree = None
     hessian: jax.Array | None = None
     metrics: tuple = ()
+    gather_fn: Callable[[PyTree, jax.Array, jax.Array, Any, Any], Batch] | None = None
 
     def __post_init__(self):
         # Directions of the metrics: declared (staleness.metrics.Metric values) or
@@ -158,6 +164,33 @@ class Task:
             raise ValueError(f"iteration={iteration} must be >= 0.")
         return self.sample_fn(self.data, key, worker, iteration)
 
+    @property
+    def indexed(self) -> bool:
+        """Whether minibatches can come from precomputed index tables (`host_indices`)."""
+        return self.gather_fn is not None
+
+    @functools.cached_property
+    def _layout(self):
+        from staleness.tasks import sampling
+
+        return None if self.partition == "iid" else sampling.layout_of(self.data)
+
+    def host_indices(self, key: jax.Array, worker, iteration) -> np.ndarray:
+        """[..., μ] int32 training indices of the minibatches of `worker`/`iteration`
+        (NumPy arrays of one shape), computed on the host: exactly the indices
+        `minibatch(key, worker, iteration)` draws. Only for `indexed` tasks."""
+        from staleness.tasks import sampling
+
+        if not self.indexed:
+            raise ValueError(f"task {self.name!r} draws its minibatches on the device (no gather_fn)")
+        bits = np.asarray(jax.random.key_data(key), np.uint32).reshape(-1)[:2]
+        return sampling.host_indices(bits, np.asarray(worker), np.asarray(iteration), self.batch_size,
+                                     self.train_size, self._layout)
+
+    def batch(self, index, key: jax.Array, worker, iteration) -> Batch:
+        """The minibatch of training examples `index` ([μ] int32; jittable)."""
+        return self.gather_fn(self.data, index, key, worker, iteration)
+
     def evaluate(self, params: PyTree) -> dict[str, jax.Array]:
         """Held-out metrics of `params`: {name: scalar} for name in `metric_names`.
 
@@ -198,7 +231,7 @@ jax.tree_util.register_dataclass(
     data_fields=["data", "optimum", "hessian"],
     meta_fields=[
         "name", "batch_size", "num_workers", "partition", "metric_names",
-        "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics",
+        "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics", "gather_fn",
     ],
 )
 

@@ -103,6 +103,7 @@ def classification_task(
         init_fn=init_fn,
         loss_fn=loss_fn,
         sample_fn=data.make_sample_fn(batch_size, partition, train_size, train_transform),
+        gather_fn=data.make_gather_fn(train_transform),
         eval_fn=data.make_eval_fn(per_example, test_size),
         data=data.device_data(arrays_data),
     )

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from staleness.tasks import sampling
 from staleness.tasks.base import NO_EXAMPLE, Batch, PyTree, example_key
 
 DEFAULT_EVAL_CHUNK = 1000
@@ -151,6 +152,24 @@ def sampler_data(y_train: np.ndarray, partition: str, num_workers: int, seed: in
 
 
 @functools.lru_cache(maxsize=128)
+def make_gather_fn(
+    transform: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+) -> Callable[[PyTree, jax.Array, jax.Array, Any, Any], Batch]:
+    """Build `gather_fn(data, index, key, worker, iteration) -> {"x", "y", "index"}`:
+    the minibatch of training examples `index` ([μ] int32). `transform(key, x)` maps
+    the gathered raw inputs to model inputs (normalisation, augmentation) with the
+    per-(worker, iteration) key. Cached per transform (tasks share compiled code)."""
+
+    def gather_fn(data: PyTree, index: jax.Array, key: jax.Array, worker: Any, iteration: Any) -> Batch:
+        x = data["x_train"][index]
+        if transform is not None:
+            x = transform(example_key(key, worker, iteration), x)
+        return {"x": x, "y": data["y_train"][index], "index": index}
+
+    return gather_fn
+
+
+@functools.lru_cache(maxsize=128)
 def make_sample_fn(
     batch_size: int,
     partition: str,
@@ -159,33 +178,23 @@ def make_sample_fn(
 ) -> Callable[[PyTree, jax.Array, Any, Any], Batch]:
     """Build `sample_fn(data, key, worker, iteration) -> {"x", "y", "index"}`.
 
-    `data` must hold "x_train" and "y_train" (and "order", "shard_bounds" under
-    shard). `transform(key, x)` maps the gathered raw inputs to model inputs (for
-    example normalisation and augmentation); it gets its own key split from the
-    per-(worker, iteration) key.
+    `data` must hold "x_train" and "y_train" (and the partition layout "order",
+    "shard_bounds" unless iid). The indices are `staleness.tasks.sampling`'s hash
+    of (key, worker, iteration), computed here with jax.numpy: exactly the table
+    the engine builds on the host (`Task.host_indices`), then `make_gather_fn`.
 
     The result is jitted and cached per argument tuple, so tasks that differ only
     in their data (seed, shards) share compiled code.
     """
+    gather = make_gather_fn(transform)
 
     def sample_fn(data: PyTree, key: jax.Array, worker: Any, iteration: Any) -> Batch:
-        k_index = example_key(key, worker, iteration)
-        if transform is not None:
-            k_index, k_transform = jax.random.split(k_index)
-        # One 32-bit draw per example reduced modulo the range: uniform up to a
-        # relative bias below range/2^32 (< 2e-5 for 50k examples), and about half
-        # the compile time of `randint` under nested vmap.
-        bits = jax.random.bits(k_index, (batch_size,), jnp.uint32)
+        d = sampling.draws(jnp, jax.random.key_data(key), worker, iteration, batch_size)
         if partition == "iid":
-            index = (bits % jnp.uint32(train_size)).astype(jnp.int32)
+            index = sampling.positions(jnp, d, worker, train_size)
         else:
-            bounds = data["shard_bounds"]
-            lo, hi = bounds[worker], bounds[worker + 1]
-            index = data["order"][lo + (bits % (hi - lo).astype(jnp.uint32)).astype(jnp.int32)]
-        x = data["x_train"][index]
-        if transform is not None:
-            x = transform(k_transform, x)
-        return {"x": x, "y": data["y_train"][index], "index": index}
+            index = sampling.positions(jnp, d, worker, train_size, data["order"], data["shard_bounds"])
+        return gather(data, index, key, worker, iteration)
 
     return jax.jit(sample_fn)
 

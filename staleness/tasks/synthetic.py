@@ -140,6 +140,7 @@ def linreg(batch_size: int, num_workers: int, partition: str, seed: int, *,
         metric_names=("loss",), train_size=num_train, test_size=num_test, seed=seed,
         init_fn=_linreg_init(dim), loss_fn=_linreg_loss,
         sample_fn=data.make_sample_fn(batch_size, partition, num_train),
+        gather_fn=data.make_gather_fn(),
         eval_fn=data.make_eval_fn(_linreg_per_example, num_test),
         data=data.device_data(arrays_data), optimum=optimum,
     )
