@@ -198,7 +198,7 @@ def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
 
 
 def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_time: float | None = None,
-            num_updates: int | None = None, lr: float | None = None, lr_rule="constant", optimizer="sgd",
+            num_updates: int | None = None, lr: float | None = None, lr_rule="constant", optimizer=None,
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
             num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
             out=None, resume: bool = False, overwrite: bool = False) -> Comparison:

@@ -27,7 +27,7 @@ _RUN_OPTIONS = [
     ("--max-time", "max_time", positive, None, "wall-clock budget in seconds (optional)"),
     ("--lr", "lr", positive, None, "learning rate (default 0.1, or the lr= the --optimizer spec names)"),
     ("--lr-rule", "lr_rule", str, "constant", "constant, per_gradient, per_update, delay_adaptive:N"),
-    ("--optimizer", "optimizer", str, "sgd", "server optimizer spec, e.g. sgd, momentum:0.9, "
+    ("--optimizer", "optimizer", str, None, "server optimizer spec, e.g. sgd, momentum:0.9, "
      "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see staleness simulate --help)"),
     ("--batch-size", "batch_size", count, 32, "per-worker minibatch μ (default 32)"),
     ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
@@ -128,6 +128,18 @@ def _multiprocess(args) -> bool:
     return all(given)
 
 
+def _settle_lr(args) -> None:
+    """As `simulate`'s: --lr, else the optimizer's own, else the CLI's default for a
+    built-in task trained with plain sgd (the task itself is built later, in the
+    runtime, after jax.distributed starts)."""
+    from staleness.cli.simulate_cmd import DEFAULT_LR
+    from staleness.tasks import registry
+
+    if (args.lr is None and args.optimizer is None and args.task in registry.names()
+            and registry.declared_optimizer(args.task) is None):
+        args.lr = DEFAULT_LR
+
+
 def _cmd_run(args) -> int:
     from staleness import cluster as _cluster
     from staleness import policies as _policies
@@ -138,6 +150,7 @@ def _cmd_run(args) -> int:
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
+    _settle_lr(args)
     out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
@@ -199,6 +212,7 @@ def _cmd_launch(args) -> int:
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
+    _settle_lr(args)
     check_out(args)
     return launch_local(args.local, _run_argv(args), timeout=args.timeout)
 

@@ -25,10 +25,10 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--lr", type=positive, default=None,
                    help=f"learning rate (default {DEFAULT_LR:g}, or the lr= the --optimizer spec names)")
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
-    p.add_argument("--optimizer", default="sgd",
+    p.add_argument("--optimizer", default=None,
                    help="server optimizer spec: sgd, momentum[:0.9], nesterov[:0.9], adam, adamw, with KEY=VALUE "
                    "options lr, wd, clip, warmup (b1, b2, eps for adam/adamw) and +cosine or +linear, e.g. "
-                   "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default sgd)")
+                   "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default: the task's, else sgd)")
     p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch μ (default 32)")
     p.add_argument("--partition", default="iid", help="iid (every worker samples all data) or shard (disjoint label-skewed shards)")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")
@@ -61,17 +61,28 @@ def _metric_target(args, task):
 
 
 def check_specs(args) -> None:
-    """Parse --lr-rule and --optimizer up front (a bad spec is one line before any
-    work) and settle the learning rate: --lr, else the spec's lr=, else DEFAULT_LR."""
+    """Parse --lr-rule and --optimizer up front (a bad spec is one line before any work)."""
     from staleness import lr as _lr
     from staleness.engine import optim
 
     _lr.get(args.lr_rule)
-    spec = optim.get(args.optimizer)
-    if args.lr is not None and spec.lr is not None and args.lr != spec.lr:
-        raise UsageError(f"--lr = {args.lr:g} and --optimizer {args.optimizer!r} (lr={spec.lr:g}) disagree; "
-                         "give the learning rate once")
-    args.lr = None if spec.lr is not None else (args.lr if args.lr is not None else DEFAULT_LR)
+    if args.optimizer is not None:
+        spec = optim.get(args.optimizer)
+        if args.lr is not None and spec.lr is not None and args.lr != spec.lr:
+            raise UsageError(f"--lr = {args.lr:g} and --optimizer {args.optimizer!r} (lr={spec.lr:g}) disagree; "
+                             "give the learning rate once")
+
+
+def settle_lr(args, task) -> None:
+    """The learning rate of a run: --lr, else the optimizer's own (its spec's lr=, or
+    the task's default optimizer), else DEFAULT_LR for a spec that names none."""
+    from staleness.engine import optim
+
+    if args.lr is not None:
+        return
+    optimizer = args.optimizer if args.optimizer is not None else task.optimizer
+    if optimizer is None or (isinstance(optimizer, str) and optim.get(optimizer).lr is None):
+        args.lr = DEFAULT_LR
 
 
 def _budget(args):
@@ -107,6 +118,7 @@ def _cmd_simulate(args) -> int:
         raise UsageError("--resume needs --checkpoint DIR")
     out = check_out(args)
     task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
+    settle_lr(args, task)
     metric, target = _metric_target(args, task)
     t0 = time.perf_counter()
     try:
@@ -174,6 +186,7 @@ def _cmd_compare(args) -> int:
         raise UsageError("give either --resume or --overwrite, not both")
     out = check_out(args, default="runs/compare")
     task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
+    settle_lr(args, task)
     metric, target = _metric_target(args, task)
     t0 = time.perf_counter()
     cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,

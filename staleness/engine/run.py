@@ -61,7 +61,10 @@ def _check_lr(value, allow_none: bool = False) -> float | None:
 
 
 def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
-    """`optim.resolve` with the task's parameter shapes (to check that lr= can be set)."""
+    """`optim.resolve` of `optimizer` (None: the task's own, else 'sgd'), with the task's
+    parameter shapes (to check that lr= can be set)."""
+    if optimizer is None:
+        optimizer = task.optimizer if task.optimizer is not None else "sgd"
     shapes = jax.eval_shape(task.init_fn, jax.random.key(0)) if lr is not None else None
     return _optim.resolve(optimizer, lr, horizon, shapes)
 
@@ -132,7 +135,7 @@ def replay(
     *,
     lr: float | None = None,
     lr_rule="constant",
-    optimizer="sgd",
+    optimizer=None,
     seed: int | None = None,
     eval_every: int | None = None,
     num_evals: int = 20,
@@ -157,7 +160,7 @@ def replay(
       optimizer: the server optimizer: any optax transformation (e.g.
         `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`) or a
         spec string ('sgd', 'momentum:0.9', 'adamw:lr=1e-3,wd=0.1,clip=1+cosine');
-        see `staleness.engine.optim`.
+        see `staleness.engine.optim`. None: the task's own optimizer, else 'sgd'.
       seed: seeds the initial parameters and every minibatch (default: the schedule's seed).
       eval_every: updates between evaluations (= updates per compiled call);
         default ceil(updates / num_evals).
@@ -259,7 +262,7 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
 
 
 def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
-          num_updates: int | None = None, max_time: float | None = None, optimizer="sgd",
+          num_updates: int | None = None, max_time: float | None = None, optimizer=None,
           eval_every: int | None = None, num_evals: int = 20, batch_size: int | None = None,
           progress: bool = False) -> list[Result]:
     """Replay many configurations in one compiled, vmapped call per chunk.

@@ -113,7 +113,7 @@ def serve(server: Server, spec: RunSpec, config: dict, resume_state=None) -> Res
 
 
 def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None = None, seed: int = 0,
-        lr: float | None = None, lr_rule="constant", optimizer="sgd", batch_size: int | None = None, data_dir=None,
+        lr: float | None = None, lr_rule="constant", optimizer=None, batch_size: int | None = None, data_dir=None,
         devices=None, server_device=None, time_scale: float = 0.01, eval_every: int | None = None,
         num_evals: int = 20, max_time: float | None = None, checkpoint=None, checkpoint_every: int | None = None,
         resume: bool = False, worker_timeout: float = 30.0, on_worker_failure: str = "continue",

@@ -95,7 +95,7 @@ def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = ""
 
 
 def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=None,
-              lr_rule="constant", optimizer="sgd", batch_size=None, data_dir=None, max_time=None,
+              lr_rule="constant", optimizer=None, batch_size=None, data_dir=None, max_time=None,
               eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
               on_worker_failure="continue", checkpoint=None, checkpoint_every=None,
               resume=False) -> RunSpec:

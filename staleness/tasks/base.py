@@ -79,6 +79,8 @@ class Task:
         `staleness.tasks.sampling` (then `sample_fn` is the hash + gather_fn,
         and the engine reads precomputed index tables); None for tasks that
         sample otherwise (their `sample_fn` runs inside the replay).
+      optimizer: the optimizer the task trains with when a run names none (an
+        optimizer spec string or an optax transformation); None: 'sgd'.
     """
 
     name: str
@@ -98,6 +100,7 @@ class Task:
     hessian: jax.Array | None = None
     metrics: tuple = ()
     gather_fn: Callable[[PyTree, jax.Array, jax.Array, Any, Any], Batch] | None = None
+    optimizer: Any = None
 
     def __post_init__(self):
         # Directions of the metrics: declared (staleness.metrics.Metric values) or
@@ -232,6 +235,7 @@ jax.tree_util.register_dataclass(
     meta_fields=[
         "name", "batch_size", "num_workers", "partition", "metric_names",
         "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics", "gather_fn",
+        "optimizer",
     ],
 )
 

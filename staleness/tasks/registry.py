@@ -91,6 +91,13 @@ _BUILDERS: dict[str, Callable[..., Task]] = {
 _NEEDS_DATA_DIR = ("cifar10-resnet20", "cifar100-resnet20")
 
 
+def declared_optimizer(name: str):
+    """The optimizer built-in task `name` trains with by default (without building
+    it: no data is loaded), or None (sgd). Not a built-in name: None."""
+    builder = _BUILDERS.get(name)
+    return getattr(builder, "optimizer", None) if builder is not None else None
+
+
 def names() -> list[str]:
     """Names of the built-in tasks, for `get`."""
     return list(_BUILDERS)
