@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +40,72 @@ class DivergenceError(FloatingPointError):
 
 
 def flatten_params(params, prefix: str = "") -> dict[str, np.ndarray]:
-    """Nested dicts/lists of arrays -> {'a/b/0': array} (for .npz files)."""
+    """Params pytree -> {'a/b/0': array} (for .npz files).
+
+    Nodes: mappings (dicts, FrozenDicts, flax nnx `State`s; keys written with
+    str()), lists and tuples ('#i' entries); leaves: arrays and numbers of a
+    numeric or bool dtype, and flax nnx `Variable`s (their value). Anything else
+    (objects, None, PRNG key arrays) is a TypeError naming its path: saving it
+    would write junk that does not load back as the weights."""
     out: dict[str, np.ndarray] = {}
-    if isinstance(params, dict):
-        for k in sorted(params):
-            out.update(flatten_params(params[k], f"{prefix}{k}/"))
-    elif isinstance(params, (list, tuple)):
+    where = prefix[:-1] if prefix else "value"
+    if isinstance(params, Mapping):
+        keys = {str(k): k for k in params}
+        if len(keys) != len(params):
+            raise TypeError(f"params at {where!r}: keys {list(params)} collide when written as strings")
+        for name in sorted(keys):
+            if "/" in name or name.startswith("#") or not name:
+                raise TypeError(f"params at {where!r}: key {name!r} cannot be saved (empty, contains '/' or "
+                                "starts with '#')")
+            out.update(flatten_params(params[keys[name]], f"{prefix}{name}/"))
+        return out
+    if isinstance(params, (list, tuple)):
         for i, v in enumerate(params):
             out.update(flatten_params(v, f"{prefix}#{i}/"))
-    else:
-        out[prefix[:-1] if prefix else "value"] = np.asarray(params)
+        return out
+    value = _leaf_value(params)
+    if value is None:
+        raise TypeError(f"params at {where!r}: a {type(params).__name__} is not an array; Result.save writes "
+                        "params that are nested dicts/lists of numeric arrays (convert the model's state to "
+                        "arrays first, e.g. flax.nnx.to_pure_dict)")
+    out[where] = value
     return out
+
+
+def _leaf_value(leaf) -> np.ndarray | None:
+    """`leaf` as a NumPy array of a numeric/bool dtype, or None if it is not one."""
+    variable = _nnx_variable_type()
+    if variable is not None and isinstance(leaf, variable):
+        leaf = leaf.get_value()
+    if leaf is None or isinstance(leaf, (str, bytes)):
+        return None
+    try:
+        import jax
+
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        value = np.asarray(leaf)
+    except Exception:  # noqa: BLE001 - anything numpy cannot convert is not an array
+        return None
+    if value.dtype.kind not in "biufc" and value.dtype.type.__module__ != "ml_dtypes":   # bfloat16, float8
+        return None
+    return value
+
+
+def _nnx_variable_type():
+    """flax.nnx.Variable if flax is already imported (params from nnx models), else None."""
+    import sys
+
+    if "flax.nnx" not in sys.modules and "flax" not in sys.modules:
+        return None
+    try:
+        from flax import nnx
+    except ImportError:  # pragma: no cover
+        return None
+    return nnx.Variable
 
 
 def unflatten_params(flat: dict[str, np.ndarray]):

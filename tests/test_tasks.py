@@ -46,7 +46,7 @@ def all_finite(tree) -> bool:
 def test_names():
     assert tasks.names() == [
         "quadratic", "linreg", "digits-mlp", "digits-cnn",
-        "mnist1d-mlp", "mnist1d-cnn", "cifar10-resnet20", "cifar100-resnet20",
+        "mnist1d-mlp", "mnist1d-cnn", "cifar10-resnet20", "cifar100-resnet20", "stdlib-lm",
     ]
 
 

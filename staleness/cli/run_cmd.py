@@ -17,7 +17,8 @@ DEFAULT_UPDATES = 500
 # (flag, dest, type or 'flag', default, help): the options of `run`, shared with
 # `launch`, which passes them on to every process it starts.
 _RUN_OPTIONS = [
-    ("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp)"),
+    ("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp) or package.module:factory "
+     "(a function on the Python path returning a Task)"),
     ("--policy", "policy", str, "ssp:3",
      "policy spec: bsp, asp, ssp:S, dssp:S:R, softsync:N, backup:B (default ssp:3)"),
     ("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
@@ -96,7 +97,8 @@ def add(sub) -> None:
                        "slot_mode='map'; for a Result directory, compare the final parameters with the recorded "
                        "run's (bitwise on CPU).")
     p.add_argument("trace", help="Result directory or schedule JSON file")
-    p.add_argument("--task", default=None, help="task (default: the Result's; required for a bare trace)")
+    p.add_argument("--task", default=None, help="task name or package.module:factory (default: the Result's, "
+                   "as it was given to the run; required for a bare trace)")
     p.add_argument("--lr", type=positive, default=None)
     p.add_argument("--lr-rule", default=None)
     p.add_argument("--optimizer", default=None)

@@ -16,7 +16,10 @@ DEFAULT_ACCURACY_TARGET = 0.95   # the default --target when the metric is accur
 
 
 def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
-    p.add_argument("--task", default=task_default, help=f"built-in task (default {task_default}); see staleness.tasks.names()")
+    p.add_argument("--task", default=task_default, help=f"task: a built-in name (default {task_default}; see "
+                   "staleness.tasks.names()) or a custom task as package.module:factory (a function on the Python "
+                   "path returning a Task; called with num_workers, batch_size, partition, seed, data_dir as its "
+                   "signature takes them)")
     p.add_argument("--cluster", default=None,
                    help="cluster spec, e.g. '1*4,2.6*4+jitter=0.1' or 'gtx1080ti*4,gtx1060*4' "
                    "(default: 4 workers at 1.0 s + 4 at 2.6 s per iteration, 10%% jitter)")
@@ -30,7 +33,9 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
                    "options lr, wd, clip, warmup (b1, b2, eps for adam/adamw) and +cosine or +linear, e.g. "
                    "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default: the task's, else sgd)")
     p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch μ (default 32)")
-    p.add_argument("--partition", default="iid", help="iid (every worker samples all data) or shard (disjoint label-skewed shards)")
+    p.add_argument("--partition", default="iid", help="iid (every worker samples all data), shard (disjoint "
+                   "label-skewed shards), dirichlet:ALPHA (Dirichlet label proportions per worker, e.g. "
+                   "dirichlet:0.5) or sizes:F1,...,Fn (unequal iid shards, one fraction per worker)")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")
     p.add_argument("--metric", default=None, help="metric for the table and time-to-target (default: accuracy "
                    "where the task has it, else its first metric, e.g. loss); its direction comes from the task")

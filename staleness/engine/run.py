@@ -32,23 +32,11 @@ CHECKPOINT_VERSION = 1
 
 
 def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir=None, partition: str | None = None):
-    """A Task object, or a built-in task name made for `num_workers` workers."""
-    from staleness import tasks as _tasks
+    """A Task object, or a task name (built-in, registered or 'package.module:factory')
+    made for `num_workers` workers: `staleness.tasks.registry.resolve`."""
+    from staleness.tasks import registry
 
-    if isinstance(task, str):
-        kwargs = {"num_workers": num_workers}
-        for key, value in (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition)):
-            if value is not None:
-                kwargs[key] = value
-        return _tasks.get(task, **kwargs)
-    if not isinstance(task, _tasks.Task):
-        raise ValueError(f"task = {task!r} must be a staleness.tasks.Task or a task name {_tasks.names()}")
-    if task.partition == "shard" and task.num_workers < num_workers:
-        raise ValueError(
-            f"task {task.name!r} is sharded for num_workers = {task.num_workers} but the schedule has "
-            f"{num_workers} workers; build it with tasks.get(..., num_workers={num_workers})"
-        )
-    return task
+    return registry.resolve(task, num_workers, batch_size, data_dir, partition)
 
 
 def _check_lr(value, allow_none: bool = False) -> float | None:
@@ -192,10 +180,9 @@ def replay(
 
     carry = core.init_carry(task, seed, opt, plan.ring)
     config = dict(config or {})
-    config.update(task=task.name, batch_size=task.batch_size, lr=learning_rate(opt, carry.opt_state),
+    config.update(**task.config(), lr=learning_rate(opt, carry.opt_state),
                   lr_rule=rule.describe(), optimizer=opt.describe(), seed=seed, policy=schedule.policy,
-                  cluster=schedule.cluster, workers=schedule.num_workers, eval_every=chunk,
-                  metrics=task.metrics_config())
+                  cluster=schedule.cluster, workers=schedule.num_workers, eval_every=chunk)
     rows = [_history_row(0, plan, math.nan, jax.device_get(core.evaluate(task, carry.params)))]
     train_loss = np.full(plan.num_updates, np.nan)
     start = 0
@@ -352,12 +339,12 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
         final_params = [fp if fp is not None else jax.tree.map(lambda a: a[i], params_host)
                         for i, fp in enumerate(final_params)]
     results = []
+    task_config = task.config()
     for i, (pol, s, rule, alpha) in enumerate(configs):
         sched = schedules[(pol, s)]
-        cfg = dict(task=task.name, batch_size=task.batch_size, lr=rates[i], lr_rule=rule.describe(),
+        cfg = dict(task_config, lr=rates[i], lr_rule=rule.describe(),
                    optimizer=opt.describe(), seed=s, policy=sched.policy, cluster=sched.cluster,
-                   workers=sched.num_workers, eval_every=chunk, sweep=True,
-                   metrics=task.metrics_config())
+                   workers=sched.num_workers, eval_every=chunk, sweep=True)
         results.append(Result(_frame(rows[i]), sched, final_params[i], cfg, train_loss[i], status[i]))
     return results
 

@@ -116,7 +116,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
                engine="devices" if on_devices else "sim", devices=device_names, ticks=plan.num_ticks,
                eval_every=eval_every, backward_ratio=backward_ratio, recompute_cost=recompute_cost,
                sim_throughput=timeline.throughput, policy=sched.describe(), workers=k,
-               metrics=ptask.task.metrics_config())
+               **{k: v for k, v in ptask.task.config().items() if k not in ("task", "batch_size")})
 
     def row(tick_end: int, wall: float, train_loss: float, metrics: dict) -> dict:
         sim_t = float(tick_end_time[tick_end - 1]) if tick_end > 0 else 0.0

@@ -51,13 +51,11 @@ class RunSpec:
 
     def config(self, **extra) -> dict:
         """The Result's config (the engine's keys, plus how the run was executed)."""
-        out = dict(task=self.task.name, batch_size=self.task.batch_size, lr=self.lr,
+        out = dict(self.task.config(), lr=self.lr,
                    lr_rule=self.rule.describe(), optimizer=self.opt.describe(), seed=self.seed,
                    policy=self.policy.describe(), cluster=self.cluster.describe() if self.cluster else "",
                    workers=self.num_workers, eval_every=self.eval_every, runtime="real",
-                   time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates,
-                   partition=self.task.partition, task_seed=self.task.seed,
-                   metrics=self.task.metrics_config())
+                   time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates)
         out.update(extra)
         return out
 

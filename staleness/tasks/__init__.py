@@ -9,23 +9,44 @@
 
 Built-in names: quadratic, linreg, digits-mlp, digits-cnn, mnist1d-mlp,
 mnist1d-cnn, cifar10-resnet20, cifar100-resnet20 (see `names()`).
+
+Your own: `from_flax(model, loss, data, ...)` (a linen or nnx model, a loss name
+or function, arrays), `from_functions(init, loss, sample, evaluate, ...)`;
+`register(name, factory)` names a factory for `get` and the CLI, which also
+accepts `--task package.module:factory`. Per-worker partitions: iid, shard,
+dirichlet:ALPHA, sizes:F1,...,Fλ (`partitions`).
 """
 
-from staleness.tasks import cifar, data, models
+from staleness.tasks import cifar, data, models, partitions
 from staleness.tasks.base import NO_EXAMPLE, PARTITIONS, Task, concat_batches
+from staleness.tasks.builders import from_flax, from_functions
 from staleness.tasks.classification import classification_task
-from staleness.tasks.registry import get, names, options
+from staleness.tasks.errors import (DataError, FactoryError, LabelShapeError, LossError, ModelKindError,
+                                    MutableStateError, TaskError)
+from staleness.tasks.registry import get, names, options, register, resolve
 
 __all__ = [
     "NO_EXAMPLE",
     "PARTITIONS",
+    "DataError",
+    "FactoryError",
+    "LabelShapeError",
+    "LossError",
+    "ModelKindError",
+    "MutableStateError",
     "Task",
+    "TaskError",
     "cifar",
     "classification_task",
     "concat_batches",
     "data",
+    "from_flax",
+    "from_functions",
     "get",
     "models",
     "names",
     "options",
+    "partitions",
+    "register",
+    "resolve",
 ]

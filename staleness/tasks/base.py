@@ -35,9 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PARTITIONS = ("iid", "shard")
+PARTITIONS = ("iid", "shard", "dirichlet:ALPHA", "sizes:F1,...,Fλ")
 """Valid values of `partition`: `iid` samples every worker's minibatches from the
-whole training set; `shard` gives worker w its own disjoint, label-skewed shard."""
+whole training set; `shard` gives worker w its own disjoint, label-skewed shard;
+`dirichlet:ALPHA` Dirichlet(ALPHA) label proportions per worker; `sizes:...`
+unequal iid shards (see `staleness.tasks.partitions`)."""
 
 NO_EXAMPLE = -1
 """Sentinel in `batch["index"]` for tasks without a training set (quadratic)."""
@@ -51,13 +53,14 @@ class Task:
     """One training problem: model, data, loss and held-out metrics.
 
     Build the built-in ones with `staleness.tasks.get(name, ...)`; build your own
-    from arrays and a flax module with `staleness.tasks.classification_task`.
+    from a flax (linen or nnx) model, a loss and arrays with
+    `staleness.tasks.from_flax`, or from plain functions with `from_functions`.
 
     Attributes:
       name: registry name, e.g. "digits-mlp".
       batch_size: per-worker minibatch size μ (examples per gradient).
       num_workers: number of workers λ the data are partitioned for.
-      partition: "iid" or "shard" (see `PARTITIONS`).
+      partition: "iid", "shard", "dirichlet:ALPHA" or "sizes:F1,...,Fλ" (see `PARTITIONS`).
       metric_names: the keys `evaluate` returns, e.g. ("loss", "accuracy").
       train_size: number of training examples (0 for tasks without data).
       test_size: number of held-out examples `evaluate` averages over (0 if none).
@@ -121,6 +124,12 @@ class Task:
                 return m
         raise ValueError(f"metric = {name!r} is not a metric of task {self.name!r}; "
                          f"valid: {', '.join(self.metric_names)}")
+
+    def config(self) -> dict:
+        """What a Result's config records of its task: name, minibatch size, the seed of
+        its data and partition, the partition and how non-IID it is, the metrics."""
+        return {"task": self.name, "batch_size": self.batch_size, "task_seed": self.seed,
+                **self.partition_info(), "metrics": self.metrics_config()}
 
     def metrics_config(self) -> dict:
         """{name: [goal, low, high]} of every metric (what a Result's config records)."""
@@ -220,6 +229,16 @@ class Task:
         lo, hi = np.asarray(self.data["shard_bounds"])[[worker, worker + 1]]
         return order[lo:hi]
 
+    def partition_info(self) -> dict:
+        """The partition and how non-IID it is (what a Result's config records):
+        {"partition", "worker_examples": [λ] examples each worker draws from,
+        "label_skew": mean total-variation distance between each worker's label
+        distribution and the training set's (None without integer labels)}."""
+        from staleness.tasks import partitions
+
+        return partitions.info(self.partition, self.num_workers, self.train_size, self._layout,
+                               partitions.labels_of(self.data) if self.train_size else None)
+
     def __repr__(self) -> str:
         return (
             f"Task(name={self.name!r}, batch_size={self.batch_size}, "
@@ -263,8 +282,9 @@ def check_common(batch_size: Any, num_workers: Any, partition: Any, seed: Any) -
         raise ValueError(f"batch_size must be >= 1 (examples per worker minibatch); got {batch_size}.")
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1; got {num_workers}.")
-    if partition not in PARTITIONS:
-        raise ValueError(f"partition must be one of {PARTITIONS}; got {partition!r}.")
+    from staleness.tasks import partitions
+
+    partitions.parse(partition)   # ValueError naming the valid partitions
     if seed < 0:
         raise ValueError(f"seed must be >= 0; got {seed}.")
 

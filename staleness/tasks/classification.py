@@ -14,6 +14,7 @@ import optax
 
 from staleness.tasks import data
 from staleness.tasks.base import PyTree, Task, check_common, check_shard
+from staleness.tasks.errors import ModelKindError
 
 
 @functools.lru_cache(maxsize=64)
@@ -57,11 +58,13 @@ def classification_task(
     Args:
       name: a label for the task.
       model: flax.linen module mapping inputs [B, ...] to logits [B, classes]; it
-        must not use mutable collections (no BatchNorm).
+        must not use mutable collections (no BatchNorm). For nnx modules, other
+        losses or dict data use `staleness.tasks.from_flax`.
       arrays: `data.Arrays` of NumPy arrays; labels are int class ids.
       batch_size: per-worker minibatch size μ.
       num_workers: workers λ the data are partitioned for.
-      partition: "iid" or "shard" (see `staleness.tasks.data`).
+      partition: "iid", "shard", "dirichlet:ALPHA" or "sizes:F1,...,Fλ" (see
+        `staleness.tasks.partitions`).
       seed: seed of the shard permutation.
       train_transform: optional (key, raw x batch) -> model input, applied to
         each minibatch (e.g. normalisation + augmentation).
@@ -71,6 +74,13 @@ def classification_task(
     Returns:
       A `Task` with metric_names ("loss", "accuracy").
     """
+    if not isinstance(model, nn.Module):
+        from staleness.tasks.builders import model_kind
+
+        kind = model_kind(model)   # ModelKindError for a class or a non-flax object
+        raise ModelKindError(f"classification_task takes a flax.linen Module; got a flax {kind} module "
+                             f"{type(model).__name__}. Build nnx models with staleness.tasks.from_flax(model, "
+                             "'cross_entropy', (x, y), ...).")
     check_common(batch_size, num_workers, partition, seed)
     train_size, test_size = len(arrays.y_train), len(arrays.y_test)
     if train_size == 0 or test_size == 0:
@@ -88,7 +98,7 @@ def classification_task(
     arrays_data = {
         "x_train": arrays.x_train,
         "y_train": arrays.y_train.astype(np.int32),
-        **data.sampler_data(arrays.y_train, partition, num_workers, seed),
+        **data.sampler_data(arrays.y_train, partition, num_workers, seed, name=repr(name)),
         **data.chunked_test_data(arrays.x_test, arrays.y_test.astype(np.int32), eval_chunk),
     }
     return Task(

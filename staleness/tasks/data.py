@@ -5,15 +5,10 @@ sampler and evaluator built here turn it into the `sample_fn`/`eval_fn` of a
 `Task`. Nothing is downloaded: digits ships inside scikit-learn, MNIST-1D and
 the regression data are generated.
 
-Partitions (`partition=`):
-- "iid": every minibatch is μ examples drawn uniformly with replacement from the
-  whole training set, keyed by (key, worker, iteration).
-- "shard": a fixed permutation of the training set (from the task's seed) is
-  stably sorted by label (by target value for regression) and cut into
-  `num_workers` contiguous shards whose sizes differ by at most one; worker w
-  draws uniformly with replacement from shard w only. Shards are disjoint and
-  label-skewed (with 8 workers and 10 classes each worker sees about 1-2
-  classes): the non-iid setting.
+Partitions (`partition=`): "iid", "shard", "dirichlet:ALPHA" and
+"sizes:F1,...,Fλ"; see `staleness.tasks.partitions`. Every non-iid partition
+is a layout (order, bounds) in data["order"], data["shard_bounds"]: worker w
+draws uniformly with replacement from order[bounds[w]:bounds[w + 1]].
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from staleness.tasks import sampling
+from staleness.tasks import partitions, sampling
 from staleness.tasks.base import NO_EXAMPLE, Batch, PyTree, example_key
 
 DEFAULT_EVAL_CHUNK = 1000
@@ -130,67 +125,89 @@ def device_data(tree: dict[str, np.ndarray]) -> dict[str, jax.Array]:
 
 
 def shard_layout(y_train: np.ndarray, num_workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Label-skewed disjoint shards (see module docstring).
+    """Label-skewed disjoint shards (see `staleness.tasks.partitions`).
 
     Returns:
       (order [N] int32, bounds [num_workers + 1] int32): worker w owns training
       indices order[bounds[w]:bounds[w + 1]].
     """
-    n = len(y_train)
-    perm = np.random.default_rng(seed).permutation(n)
-    order = perm[np.argsort(y_train[perm], kind="stable")]
-    bounds = (np.arange(num_workers + 1) * n) // num_workers
-    return order.astype(np.int32), bounds.astype(np.int32)
+    return partitions.shard_layout(y_train, num_workers, seed)
 
 
-def sampler_data(y_train: np.ndarray, partition: str, num_workers: int, seed: int) -> dict[str, np.ndarray]:
-    """The extra arrays a sampler needs for `partition` (empty under iid)."""
-    if partition == "iid":
+def sampler_data(y_train: np.ndarray | None, partition: str, num_workers: int, seed: int,
+                 train_size: int | None = None, name: str = "the task") -> dict[str, np.ndarray]:
+    """The extra arrays a sampler needs for `partition` (empty under iid): the layout
+    {"order", "shard_bounds"} of `staleness.tasks.partitions.layout`. `y_train` are
+    the per-example labels the label-skewed partitions split by (None: none)."""
+    n = len(y_train) if train_size is None else int(train_size)
+    found = partitions.layout(partition, y_train, num_workers, seed, n, name=name)
+    if found is None:
         return {}
-    order, bounds = shard_layout(y_train, num_workers, seed)
+    order, bounds = found
     return {"order": order, "shard_bounds": bounds}
+
+
+EXAMPLES = "examples"
+"""Key of `data` holding a dict of per-example training arrays {field: [N, ...]}
+(tasks built by `staleness.tasks.builders`); the built-in tasks use x_train/y_train."""
 
 
 @functools.lru_cache(maxsize=128)
 def make_gather_fn(
     transform: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    source: str | None = None,
 ) -> Callable[[PyTree, jax.Array, jax.Array, Any, Any], Batch]:
-    """Build `gather_fn(data, index, key, worker, iteration) -> {"x", "y", "index"}`:
-    the minibatch of training examples `index` ([μ] int32). `transform(key, x)` maps
-    the gathered raw inputs to model inputs (normalisation, augmentation) with the
-    per-(worker, iteration) key. Cached per transform (tasks share compiled code)."""
+    """Build `gather_fn(data, index, key, worker, iteration) -> batch`: the minibatch
+    of training examples `index` ([μ] int32). `transform(key, x)` maps the gathered
+    raw inputs to model inputs (normalisation, augmentation) with the
+    per-(worker, iteration) key. Cached per argument tuple (tasks share compiled code).
+
+    source None: the batch is {"x": data["x_train"][index], "y": data["y_train"][index],
+    "index"}; source=EXAMPLES: {field: data["examples"][field][index] for every field,
+    "index"} (the transform, if any, applies to field "x").
+    """
 
     def gather_fn(data: PyTree, index: jax.Array, key: jax.Array, worker: Any, iteration: Any) -> Batch:
-        x = data["x_train"][index]
+        if source is None:
+            batch = {"x": data["x_train"][index], "y": data["y_train"][index]}
+        else:
+            batch = {k: v[index] for k, v in data[source].items()}
         if transform is not None:
-            x = transform(example_key(key, worker, iteration), x)
-        return {"x": x, "y": data["y_train"][index], "index": index}
+            batch["x"] = transform(example_key(key, worker, iteration), batch["x"])
+        return {**batch, "index": index}
 
     return gather_fn
 
 
-@functools.lru_cache(maxsize=128)
 def make_sample_fn(
     batch_size: int,
     partition: str,
     train_size: int,
     transform: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    source: str | None = None,
 ) -> Callable[[PyTree, jax.Array, Any, Any], Batch]:
-    """Build `sample_fn(data, key, worker, iteration) -> {"x", "y", "index"}`.
+    """Build `sample_fn(data, key, worker, iteration) -> batch`.
 
-    `data` must hold "x_train" and "y_train" (and the partition layout "order",
-    "shard_bounds" unless iid). The indices are `staleness.tasks.sampling`'s hash
-    of (key, worker, iteration), computed here with jax.numpy: exactly the table
-    the engine builds on the host (`Task.host_indices`), then `make_gather_fn`.
+    `data` must hold the training arrays (see `make_gather_fn`) and, unless
+    `partition` is "iid", the layout "order", "shard_bounds". The indices are
+    `staleness.tasks.sampling`'s hash of (key, worker, iteration), computed here
+    with jax.numpy: exactly the table the engine builds on the host
+    (`Task.host_indices`), then `make_gather_fn(transform, source)`.
 
-    The result is jitted and cached per argument tuple, so tasks that differ only
-    in their data (seed, shards) share compiled code.
+    The result is jitted and cached per (batch_size, iid or not, train_size,
+    transform, source), so tasks that differ only in their data (seed, shards,
+    partition parameters) share compiled code.
     """
-    gather = make_gather_fn(transform)
+    return _sample_fn(batch_size, partition == "iid", train_size, transform, source)
+
+
+@functools.lru_cache(maxsize=128)
+def _sample_fn(batch_size: int, iid: bool, train_size: int, transform, source):
+    gather = make_gather_fn(transform, source)
 
     def sample_fn(data: PyTree, key: jax.Array, worker: Any, iteration: Any) -> Batch:
         d = sampling.draws(jnp, jax.random.key_data(key), worker, iteration, batch_size)
-        if partition == "iid":
+        if iid:
             index = sampling.positions(jnp, d, worker, train_size)
         else:
             index = sampling.positions(jnp, d, worker, train_size, data["order"], data["shard_bounds"])
@@ -218,9 +235,10 @@ def empty_sample_fn(batch_size: int) -> Callable[[PyTree, jax.Array, Any, Any], 
 # Evaluation
 
 
-def chunked_test_data(x_test: np.ndarray, y_test: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
-    """Pad the test set to whole chunks and reshape to [num_chunks, chunk, ...] with a mask."""
-    m = len(y_test)
+def chunked(arrays: dict[str, np.ndarray], chunk: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Pad per-example arrays ({name: [M, ...]}, one M) to whole chunks and reshape them
+    to [num_chunks, chunk, ...]; returns (chunks, mask [num_chunks, chunk] of real examples)."""
+    m = len(next(iter(arrays.values())))
     chunk = max(1, min(chunk, m))
     num_chunks = -(-m // chunk)
     pad = num_chunks * chunk - m
@@ -230,8 +248,13 @@ def chunked_test_data(x_test: np.ndarray, y_test: np.ndarray, chunk: int) -> dic
         return a.reshape(num_chunks, chunk, *a.shape[1:])
 
     mask = np.arange(num_chunks * chunk) < m
-    return {"x_test": pad_reshape(x_test), "y_test": pad_reshape(y_test),
-            "mask_test": mask.reshape(num_chunks, chunk)}
+    return {k: pad_reshape(np.asarray(v)) for k, v in arrays.items()}, mask.reshape(num_chunks, chunk)
+
+
+def chunked_test_data(x_test: np.ndarray, y_test: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
+    """Pad the test set to whole chunks and reshape to [num_chunks, chunk, ...] with a mask."""
+    parts, mask = chunked({"x_test": x_test, "y_test": y_test}, chunk)
+    return {**parts, "mask_test": mask}
 
 
 @functools.lru_cache(maxsize=128)

@@ -1,14 +1,29 @@
-"""Built-in tasks by name: `names()`, `get(name, ...)`, `options(name)`."""
+"""Tasks by name: built-in, registered (`register`) or `package.module:factory`.
+
+`get(name, ...)` builds any of them; `resolve(task, num_workers, ...)` is what the
+engine and the runtime call (a Task, or a name built for the run's workers);
+`names()`, `options(name)`.
+
+A factory (registered or named as `module:factory`) is called with the keyword
+arguments a built-in task gets (batch_size, num_workers, partition, seed, and
+data_dir), filtered by its signature (all of them if it takes **kwargs), plus
+any task options, and must return a `Task`. The Task is renamed to the name it
+was asked for, so a Result records that name and `staleness replay` can
+resolve it again.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
-from staleness.tasks import cifar, data, models
+from staleness.tasks import cifar, data, lm, models
 from staleness.tasks.base import Task, check_common
 from staleness.tasks.classification import classification_task
+from staleness.tasks.errors import FactoryError
 from staleness.tasks.synthetic import linreg, quadratic
 
 
@@ -86,45 +101,163 @@ _BUILDERS: dict[str, Callable[..., Task]] = {
     "mnist1d-cnn": _mnist1d_cnn,
     "cifar10-resnet20": _cifar(10),
     "cifar100-resnet20": _cifar(100),
+    "stdlib-lm": lm.stdlib_lm,
 }
 
 _NEEDS_DATA_DIR = ("cifar10-resnet20", "cifar100-resnet20")
 
 
+_REGISTERED: dict[str, Callable[..., Task]] = {}
+"""Tasks added with `register` (this process only)."""
+
+_COMMON = ("batch_size", "num_workers", "partition", "seed", "data_dir")
+
+
+def check_name(name: Any) -> str:
+    """A task name: a non-empty string."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name = {name!r} must be a non-empty string (the task's name).")
+    return name
+
+
+def register(name: str, factory: Callable[..., Task] | None = None, *, overwrite: bool = False):
+    """Make `get(name, ...)` (and the CLI's --task NAME in this process) build tasks
+    with `factory(**kwargs) -> Task`; kwargs as for `module:factory` names (see the
+    module docstring). Returns the factory, so it also works as a decorator:
+    `@register("my-task")`. A built-in name cannot be replaced; a registered one
+    only with overwrite=True."""
+    check_name(name)
+    if ":" in name:
+        raise ValueError(f"name = {name!r}: ':' is reserved for 'package.module:factory' names.")
+    if factory is None:
+        return lambda f: register(name, f, overwrite=overwrite)
+    if not callable(factory):
+        raise TypeError(f"factory = {factory!r} must be a callable returning a staleness.tasks.Task.")
+    if name in _BUILDERS:
+        raise ValueError(f"task {name!r} is built in; register yours under another name.")
+    if name in _REGISTERED and not overwrite and _REGISTERED[name] is not factory:
+        raise ValueError(f"task {name!r} is already registered; pass overwrite=True to replace it.")
+    _REGISTERED[name] = factory
+    return factory
+
+
+def is_reference(name: Any) -> bool:
+    """Whether `name` has the form 'package.module:factory'."""
+    return isinstance(name, str) and ":" in name
+
+
+def factory_of(name: str) -> Callable[..., Task]:
+    """The factory behind a registered name or a 'package.module:factory' reference
+    (importing the module); FactoryError (a ValueError) naming what is missing."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if not is_reference(name):
+        raise ValueError(f"unknown task {name!r}; valid names are {', '.join(names())}, or a custom task as "
+                         "'package.module:factory'.")
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise FactoryError(f"task = {name!r} must have the form 'package.module:factory' (a module on the "
+                           "Python path and a function in it that returns a Task).")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise FactoryError(f"task = {name!r}: no module named {module_name!r} (is its directory on "
+                               "PYTHONPATH?).") from None
+        raise FactoryError(f"task = {name!r}: importing {module_name!r} failed: {e}") from e
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise FactoryError(f"task = {name!r}: module {module_name!r} has no attribute {attr!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise FactoryError(f"task = {name!r}: {attr!r} in {module_name!r} is not callable (a factory "
+                           "returning a Task is).")
+    return obj
+
+
+def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_options: dict) -> Task:
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):   # builtins without a signature: give everything
+        sig = None
+    params = sig.parameters.values() if sig is not None else ()
+    takes_all = sig is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    accepted = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                      inspect.Parameter.KEYWORD_ONLY)}
+    if not takes_all:
+        unknown = sorted(set(task_options) - accepted)
+        if unknown:
+            raise TypeError(f"task {name!r} got unknown option(s) {unknown}; its options are "
+                            f"{sorted(accepted - set(_COMMON)) or 'none'}.")
+    kwargs = {k: v for k, v in {**common, **task_options}.items() if takes_all or k in accepted}
+    task = factory(**kwargs)
+    if not isinstance(task, Task):
+        raise FactoryError(f"task = {name!r}: the factory returned {type(task).__name__}, not a "
+                           "staleness.tasks.Task (build one with staleness.tasks.from_flax or from_functions).")
+    return task if task.name == name else dataclasses.replace(task, name=name)
+
+
+def resolve(task: Any, num_workers: int, batch_size: int | None = None, data_dir: Any = None,
+            partition: str | None = None) -> Task:
+    """The Task a run trains: `task` itself (checked against the run's `num_workers`),
+    or the task named `task` (built-in, registered or 'package.module:factory')
+    built for `num_workers` workers with the given options (None: the default).
+    What `staleness.engine.resolve_task` and the runtime call."""
+    if isinstance(task, str):
+        kwargs = {"num_workers": num_workers}
+        for key, value in (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition)):
+            if value is not None:
+                kwargs[key] = value
+        return get(task, **kwargs)
+    if not isinstance(task, Task):
+        raise ValueError(f"task = {task!r} must be a staleness.tasks.Task or a task name {names()} "
+                         "(or 'package.module:factory')")
+    if task.partition != "iid" and task.num_workers < num_workers:
+        raise ValueError(
+            f"task {task.name!r} is sharded for num_workers = {task.num_workers} but the schedule has "
+            f"{num_workers} workers; build it with tasks.get(..., num_workers={num_workers})"
+        )
+    return task
+
+
 def declared_optimizer(name: str):
-    """The optimizer built-in task `name` trains with by default (without building
-    it: no data is loaded), or None (sgd). Not a built-in name: None."""
-    builder = _BUILDERS.get(name)
+    """The optimizer built-in or registered task `name` trains with by default (its
+    factory's `optimizer` attribute; nothing is built, no data loaded), or None (sgd
+    or unknown without building it)."""
+    builder = _BUILDERS.get(name) or _REGISTERED.get(name)
     return getattr(builder, "optimizer", None) if builder is not None else None
 
 
 def names() -> list[str]:
-    """Names of the built-in tasks, for `get`."""
-    return list(_BUILDERS)
+    """Names of the built-in tasks, then the registered ones, for `get`."""
+    return list(_BUILDERS) + [n for n in _REGISTERED if n not in _BUILDERS]
 
 
 def options(name: str) -> dict[str, Any]:
-    """Task-specific keyword options of built-in task `name` and their defaults."""
-    builder = _builder(name)
+    """Task-specific keyword options of task `name` and their defaults."""
+    builder = _builder(name) if name in _BUILDERS else factory_of(name)
     return {p.name: p.default for p in inspect.signature(builder).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "data_dir"}
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _COMMON}
 
 
 def _builder(name: str) -> Callable[..., Task]:
     if name not in _BUILDERS:
-        raise ValueError(f"unknown task {name!r}; valid names are {', '.join(_BUILDERS)}.")
+        raise ValueError(f"unknown task {name!r}; valid names are {', '.join(names())}, or a custom task as "
+                         "'package.module:factory'.")
     return _BUILDERS[name]
 
 
 def get(name: str, batch_size: int = 32, partition: str = "iid", num_workers: int = 8,
         data_dir: Any = None, seed: int = 0, **task_options: Any) -> Task:
-    """Build built-in task `name`.
+    """Build task `name`: built-in, registered, or 'package.module:factory'.
 
     Args:
-      name: one of `names()`.
+      name: one of `names()`, or 'package.module:factory' (see the module docstring).
       batch_size: per-worker minibatch size μ (examples per gradient).
-      partition: "iid" (every worker samples the whole training set) or "shard"
-        (disjoint label-skewed shards, one per worker).
+      partition: "iid" (every worker samples the whole training set), "shard"
+        (disjoint label-skewed shards, one per worker), "dirichlet:ALPHA" or
+        "sizes:F1,...,Fλ" (see `staleness.tasks.partitions`).
       num_workers: number of workers λ the data are partitioned for.
       data_dir: directory with local data (CIFAR tasks; ignored by the others,
         whose data ship with a package or are generated). Defaults to
@@ -140,8 +273,12 @@ def get(name: str, batch_size: int = 32, partition: str = "iid", num_workers: in
     Returns:
       The `Task`.
     """
-    builder = _builder(name)
     check_common(batch_size, num_workers, partition, seed)
+    if name not in _BUILDERS:
+        common = {"batch_size": batch_size, "num_workers": num_workers, "partition": partition, "seed": seed,
+                  "data_dir": data_dir}
+        return _call_factory(name, factory_of(name), common, task_options)
+    builder = _builder(name)
     valid = options(name)
     unknown = sorted(set(task_options) - set(valid))
     if unknown:
