@@ -29,8 +29,8 @@ import matplotlib.pyplot as plt
 import staleness as st
 from staleness import plots
 
-# Small settings by default (CI runs every notebook top to bottom in well under two
-# minutes); set the environment variable STALENESS_FULL=1 for the full size.
+# Small settings by default (CI runs every notebook top to bottom in a few minutes);
+# set the environment variable STALENESS_FULL=1 for the full size.
 FULL = os.environ.get("STALENESS_FULL", "0") == "1"
 pd.set_option("display.precision", 3)'''
 
@@ -406,7 +406,7 @@ and how strongly it shows at this small size depends on α0 and μ; the benchmar
 NB05 = [
     ("md", """# 05 · Policy explorer
 
-Move the sliders and watch three views update: the **staleness histogram**, the **worker
+Move the controls and watch three views update: the **staleness histogram**, the **worker
 timeline** (blue: compute, orange: waiting at the gate) and the **training loss** against
 simulated time (grey: BSP on the same cluster, for reference).
 
@@ -416,11 +416,16 @@ simulated time (grey: BSP on the same cluster, for reference).
 - *lr rule*: how a gradient's weight depends on its staleness
 
 Each change simulates a new schedule and replays it on `digits-mlp` (a few seconds; a new
-shape compiles once). The explorer uses `ipywidgets.interactive_output`, so it also runs
-headless: executed in CI it renders the default settings once."""),
+shape compiles once). The figure is an ordinary output of the explorer's cell, shown through
+a display handle, and a change redraws it in place. Executed headless (CI), the cell shows
+the default settings' figure like any other cell output."""),
     ("code", SETUP + '''
+import io
+import traceback
+
 import ipywidgets as widgets
-from IPython.display import display
+from IPython.display import Image, Pretty, display
+from matplotlib.figure import Figure
 
 MAX_TIME = 200.0 if FULL else 80.0   # simulated seconds per run
 NUM_WORKERS = 8
@@ -456,36 +461,32 @@ def bsp_reference(cluster):
     return _reference[key]
 
 
-state = {"renders": 0, "error": None, "last": None}
-
-
 def explore(policy, s, r_max, n, fast, slow_seconds, jitter, straggler_rate, lr_rule):
-    try:
-        pol = make_policy(policy, s, r_max, n)
-        cluster = make_cluster(fast, slow_seconds, jitter, straggler_rate)
-        result = st.simulate(task, pol, cluster, max_time=MAX_TIME, seed=0, lr=0.05, lr_rule=lr_rule,
-                             num_evals=20)
-        ref = bsp_reference(cluster)
-        fig = plt.figure(figsize=(12, 7), layout="constrained")
-        grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.1])
-        plots.staleness_histogram(result, ax=fig.add_subplot(grid[0, 0]))
-        ax = fig.add_subplot(grid[0, 1])
-        ax.plot(ref.history["time"], ref.history["loss"], color="0.6", label="bsp (reference)")
-        ax.plot(result.history["time"], result.history["loss"], label=pol.describe())
-        ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel("held-out loss")
-        ax.legend(fontsize="small")
-        plots.worker_timeline(result, ax=fig.add_subplot(grid[1, :]), max_time=min(MAX_TIME, 40.0))
-        summary = result.summary()
-        fig.suptitle(f"{pol.describe()} on {cluster.describe()}: {summary['updates']} updates, "
-                     f"τ mean {summary['staleness_mean']:.1f} / max {summary['staleness_max']}, "
-                     f"wait {summary['wait_fraction_mean']:.0%}, final accuracy {summary['final_accuracy']:.3f}")
-        plt.show()
-        state["renders"] += 1
-        state["last"] = summary
-    except Exception as e:  # the Output widget would swallow it; keep it for the check below
-        state["error"] = e
-        raise'''),
+    """Simulate one setting of the controls; returns (the figure as a PNG Image, the run's summary)."""
+    pol = make_policy(policy, s, r_max, n)
+    cluster = make_cluster(fast, slow_seconds, jitter, straggler_rate)
+    result = st.simulate(task, pol, cluster, max_time=MAX_TIME, seed=0, lr=0.05, lr_rule=lr_rule,
+                         num_evals=20)
+    ref = bsp_reference(cluster)
+    # A bare Figure, not pyplot's: the inline backend must not show it a second time at the
+    # end of the cell, nor keep the figures drawn by later callbacks.
+    fig = Figure(figsize=(12, 7), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.1])
+    plots.staleness_histogram(result, ax=fig.add_subplot(grid[0, 0]))
+    ax = fig.add_subplot(grid[0, 1])
+    ax.plot(ref.history["time"], ref.history["loss"], color="0.6", label="bsp (reference)")
+    ax.plot(result.history["time"], result.history["loss"], label=pol.describe())
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("held-out loss")
+    ax.legend(fontsize="small")
+    plots.worker_timeline(result, ax=fig.add_subplot(grid[1, :]), max_time=min(MAX_TIME, 40.0))
+    summary = result.summary()
+    fig.suptitle(f"{pol.describe()} on {cluster.describe()}: {summary['updates']} updates, "
+                 f"τ mean {summary['staleness_mean']:.1f} / max {summary['staleness_max']}, "
+                 f"wait {summary['wait_fraction_mean']:.0%}, final accuracy {summary['final_accuracy']:.3f}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    return Image(buf.getvalue()), summary'''),
     ("code", '''style = {"description_width": "110px"}
 layout = widgets.Layout(width="340px")
 controls = {
@@ -510,12 +511,46 @@ controls = {
                                 description="lr rule", style=style, layout=layout),
 }
 names = list(controls)
-ui = widgets.HBox([widgets.VBox([controls[k] for k in names[:5]]), widgets.VBox([controls[k] for k in names[5:]])])
-out = widgets.interactive_output(explore, controls)   # renders the defaults once, now
-display(ui, out)'''),
-    ("md", """The cell below checks that the explorer rendered (an exception inside the widget's
-output area would otherwise only be shown there) and prints the default run's summary, so
-a headless execution has a visible result."""),
+status = widgets.Label()
+ui = widgets.VBox([widgets.HBox([widgets.VBox([controls[k] for k in names[:5]]),
+                                 widgets.VBox([controls[k] for k in names[5:]])]), status])
+
+# Not ipywidgets.interactive_output: its Output widget captures the figure, and a headless
+# runner (nbclient, hence nbmake) then echoes each captured output back to the kernel on the
+# shell socket while it waits on that same socket for the cell's reply. jupyter_client sends
+# through a synchronous shadow of the asyncio socket, which can swallow the reply's wake-up:
+# the cell then hangs until its timeout (seen under CPU load). A display handle needs no echo.
+state = {"renders": 0, "last": None, "error": None}
+
+
+def render():
+    """Simulate the controls' current setting; returns the figure (a PNG Image)."""
+    image, summary = explore(**{k: w.value for k, w in controls.items()})
+    state["renders"] += 1
+    state["last"] = summary
+    return image
+
+
+def on_change(change):
+    status.value = "simulating…"
+    try:
+        figure.update(render())
+    except Exception as e:  # a callback's exception would only reach the kernel's log: show it here
+        state["error"] = e
+        status.value = f"error: {e!r}"
+        figure.update(Pretty(traceback.format_exc()))
+    else:
+        state["error"] = None
+        status.value = ""
+
+
+display(ui)
+figure = display(render(), display_id=True)   # the defaults, as this cell's own output
+for w in controls.values():
+    w.observe(on_change, names="value")'''),
+    ("md", """The cell below checks the last render (an exception in a control's callback is kept
+there) and prints the summary of the run drawn above, the defaults when the notebook runs
+top to bottom, so a headless execution has a visible result."""),
     ("code", '''if state["error"] is not None:
     raise state["error"]
 assert state["renders"] >= 1, "the explorer did not render"

@@ -65,7 +65,7 @@ import staleness as st
 import staleness.pipeline as pp
 from staleness import plots
 
-# Small settings by default (CI runs every notebook top to bottom in well under two
+# Small settings by default (CI runs every notebook top to bottom in a few
 # minutes); set the environment variable STALENESS_FULL=1 for the full size.
 FULL = os.environ.get("STALENESS_FULL", "0") == "1"
 pd.set_option("display.precision", 3)
@@ -335,7 +335,7 @@ import matplotlib.pyplot as plt
 import staleness as st
 from staleness import plots
 
-# Small settings by default (CI runs every notebook top to bottom in well under two
+# Small settings by default (CI runs every notebook top to bottom in a few
 # minutes); set the environment variable STALENESS_FULL=1 for the full size.
 FULL = os.environ.get("STALENESS_FULL", "0") == "1"
 pd.set_option("display.precision", 3)

@@ -44,3 +44,28 @@ def test_generated_notebooks_match_generator():
     for name, cells in build.NOTEBOOKS.items():
         assert (NOTEBOOKS / name).read_text() == build.render(cells), (
             f"{name} differs from notebooks/_build.py; run python notebooks/_build.py")
+
+
+# Output captured by an ipywidgets Output widget makes nbclient (so nbmake) play the
+# frontend: it sends the captured output back to the kernel on the shell socket while it
+# waits on that socket for the cell's execute_reply. jupyter_client sends through a
+# synchronous shadow of the asyncio socket, which can consume the reply's wake-up, and the
+# cell then blocks until --nbmake-timeout (notebook 05 did, under CPU load). Show figures as
+# ordinary outputs (display handles for live updates) instead.
+_OUTPUT_CAPTURE = ("interactive_output", "widgets.Output(", "widgets.interact", "widgets.interactive(",
+                   "@interact", "interact(")
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
+def test_notebook_does_not_capture_output_in_a_widget(path):
+    nb = json.loads(path.read_text())
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        code = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                         if not line.lstrip().startswith("#"))
+        found = [p for p in _OUTPUT_CAPTURE if p in code]
+        assert not found, (
+            f"{path.name} cell {i} uses {found}: an Output widget can hang headless execution "
+            "(see the comment above this test); display the figure with display(..., display_id=True) "
+            "and update the handle from the widgets' observers")

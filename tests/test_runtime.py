@@ -160,8 +160,8 @@ def test_cluster_failure_model_fails_and_rejoins_workers():
     pushes = {w: f["push_time"][(f["worker"] == w) & ~f["lost"]] for w in range(4)}
     # worker 2 failed at 8 simulated s (0.08 s real; the server notices within a tick) and
     # never came back; worker 1 failed at 0.05 s and rejoined at 0.15 s
-    assert pushes[2].max() < 0.08 + 0.06 and np.any(pushes[1] > 0.15)
-    assert not np.any((pushes[1] > 0.05 + 0.06) & (pushes[1] < 0.15))
+    assert np.all(pushes[2] < 0.08) and np.any(pushes[1] > 0.15)
+    assert not np.any((pushes[1] >= 0.05) & (pushes[1] < 0.15))
     rep = st.engine.replay(res.schedule, task, slot_mode="map", lr=0.05)
     assert _bitwise(res.params, rep.params)
 

@@ -11,7 +11,8 @@ exactly as the simulator drives it with simulated time:
   - a worker is lost (its process died, it exceeded `worker_timeout`, or the
     cluster's failure model says so): record its in-flight gradient as lost,
     `policy.fail`; gates then count live workers only;
-  - a worker rejoins (cluster failure model, or on resume): `policy.join`.
+  - a worker rejoins (cluster failure model, on resume, or its restarted process
+    rejoined the job): `policy.join`.
 
 Each wait on the transport is bounded (`TICK_SECONDS`), so stop requests,
 deadlines, failure events and progress are checked even when nothing arrives.
@@ -28,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from staleness.runtime.errors import WorkerError, WorkerLostError
-from staleness.runtime.messages import Release, WorkerFailed, WorkerLost
+from staleness.runtime.messages import Release, WorkerFailed, WorkerJoined, WorkerLost
 from staleness.runtime.recorder import InFlight, Recorder
 from staleness.runtime.transport import Arrival, ServerLink
 
@@ -223,14 +224,18 @@ class Server:
             "clocks": list(self.state.clocks), "live": self.state.num_live, "workers": self.num_workers,
         })
 
-    def _housekeeping(self) -> None:
-        now = self.now()
+    def _apply_membership(self, now: float) -> None:
+        """Emulated failures and rejoins (the cluster's failure model) that are due by `now`."""
         while self.membership and self.membership[0][0] <= now:
             _, kind, w = self.membership.popleft()
             if kind == "fail":
                 self._lose(w, now, "cluster failure model", real=False)
             else:
                 self._join(w, now)
+
+    def _housekeeping(self) -> None:
+        now = self.now()
+        self._apply_membership(now)
         if now - self._last_deadline_check >= TICK_SECONDS:
             self._last_deadline_check = now
             self._check_deadlines(now)
@@ -267,6 +272,7 @@ class Server:
         try:
             while self.rec.num_updates < self.num_updates:
                 ev = self.link.poll(TICK_SECONDS)
+                self._apply_membership(self.now())  # a failure due by now comes before this push
                 if isinstance(ev, Arrival):
                     before = self.rec.num_updates
                     self._on_arrival(ev)
@@ -279,6 +285,9 @@ class Server:
                 elif isinstance(ev, WorkerLost):
                     if 0 <= ev.worker < self.num_workers:
                         self._lose(ev.worker, self.now(), ev.reason, real=True)
+                elif isinstance(ev, WorkerJoined):  # its process was restarted and rejoined
+                    if 0 <= ev.worker < self.num_workers:
+                        self._join(ev.worker, self.now())
                 self._housekeeping()
                 if self.stop_event.is_set() or (self.max_time is not None and self.now() >= self.max_time):
                     self.status = "stopped" if self.stop_event.is_set() else "complete"
