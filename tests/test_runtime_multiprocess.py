@@ -9,6 +9,7 @@ deadline passes. Nothing here asserts on timings.
 Run as a script, this file is the child process of the worker-exception test.
 """
 
+import math
 import os
 import signal
 import subprocess
@@ -188,6 +189,80 @@ def test_killed_worker_process_is_detected_and_handled_as_configured(procs, tmp_
         assert st.Result.load(out).status == "stopped"
 
 
+def _progress_at_least(n):
+    """A predicate on output lines: the live progress line shows >= n updates."""
+    def ok(line):
+        head = line.split("/", 1)[0].strip().split("\r")[-1].strip()
+        return head.isdigit() and int(head) >= n
+    return ok
+
+
+@pytest.mark.timeout(DEADLINE + 30)
+def test_a_killed_process_0_ends_the_others_with_one_line_and_status_1(procs):
+    """Process 0 (the server, and the parent of the coordination service) is
+    SIGKILLed: the others see it leave, print one `staleness: error:` line and
+    exit 1 (JAX would abort them with SIGABRT if the service died with process 0),
+    and the service process goes away once they have left."""
+    _job(procs, 3, ["--task", "quadratic", "--policy", "asp", "--cluster", "1*6", "--time-scale", "0.05",
+                    "--updates", "100000", "--lr", "0.01", "--worker-timeout", "2"])
+    procs.wait_for(0, _progress_at_least(60))
+    service = _descendants(procs.procs[0].pid)
+    assert len(service) == 1, service  # the coordination service's process
+    os.killpg(procs.procs[0].pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    codes = procs.finish()
+    detected = time.monotonic() - t_kill
+    assert codes == [-signal.SIGKILL, 1, 1], procs.text(1)[-3000:]
+    for i in (1, 2):
+        text = procs.text(i)
+        errors = [line for line in text.splitlines() if line.startswith("staleness: error:")]
+        assert errors == [f"staleness: error: process {i}: lost the server (process 0): process left the job "
+                          "(died or shut down; heartbeat timeout or disconnect)"], text[-3000:]
+        assert "Check failure" not in text and "Terminating process" not in text, text[-3000:]
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{service[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{service[0]}").exists(), "the coordination service outlived the job"
+    print(f"process 0 killed: the others exited {detected:.1f} s later")
+
+
+@pytest.mark.timeout(DEADLINE + 30)
+def test_a_restarted_worker_process_rejoins_the_running_job(procs, tmp_path):
+    """Process 2 of 3 (workers 2 and 5) is SIGKILLed and started again with the
+    same arguments: it rejoins (a new incarnation on fresh channels), the server
+    lets workers 2 and 5 back in with policy.join, they push again, the run
+    completes and its trace replays bitwise."""
+    from staleness.runtime.multiprocess import free_port
+
+    out = tmp_path / "out"
+    port = free_port()
+    args = ["--task", "quadratic", "--policy", "asp", "--cluster", "1*6", "--time-scale", "0.05",
+            "--updates", "2500", "--lr", "0.01", "--worker-timeout", "4", "--lr-rule", "per_gradient"]
+
+    def argv(i):
+        return [sys.executable, "-m", "staleness", "run", "--coordinator", f"127.0.0.1:{port}", "--num-processes",
+                "3", "--process-id", str(i), *args, *(["--out", str(out)] if i == 0 else ["--no-progress"])]
+
+    for i in range(3):
+        procs.spawn(argv(i))
+    procs.wait_for(0, _progress_at_least(150))
+    os.killpg(procs.procs[2].pid, signal.SIGKILL)
+    procs.spawn(argv(2))  # procs.procs[3]: process 2, second incarnation
+    codes = procs.finish()
+    assert codes == [0, 0, -signal.SIGKILL, 0], procs.text(0)[-3000:] + procs.text(3)[-3000:]
+    res = _check_result(out, "asp", 6, failures=True)
+    f = res.schedule.columns
+    assert res.status == "complete" and res.schedule.num_updates == 2500
+    for w in (2, 5):
+        lost = f["lost"] & (f["worker"] == w)
+        assert lost.sum() <= 1, "a worker is lost once (its process died once)"
+        t_lost = f["end"][lost][0] if lost.any() else None
+        back = (f["worker"] == w) & ~f["lost"]
+        if t_lost is not None:
+            back &= f["push_time"] > t_lost
+        assert back.sum() > 0, f"worker {w} never pushed after its process rejoined"
+
+
 def _child_failing_worker(port, n, pid):
     """A process of a job whose worker 1 raises at iteration 3 (inside its compiled step)."""
     import dataclasses
@@ -251,6 +326,198 @@ def test_ctrl_c_on_the_launcher_stops_every_process_and_writes_the_result(procs,
     assert res.status == "stopped" and 30 <= res.schedule.num_updates < 1_000_000
 
 
+# -- a peer whose arrays cannot be fetched (no processes: a fake coordination) ------------------
+class _Unfetchable:
+    """Stands for an array pulled from a peer that died mid-transfer: the pull
+    returned it, but materializing it fails (as `jax.experimental.transfer` does)."""
+
+    def block_until_ready(self):
+        raise RuntimeError("INTERNAL: -1 = recv() failed errno: 107 Transport endpoint is not connected")
+
+    def __float__(self):
+        self.block_until_ready()
+
+    def __array__(self, *args, **kwargs):
+        self.block_until_ready()
+
+
+class _FakeCoord:
+    """Just enough of `coordination.Coordination` for a DistributedServerLink:
+    a dict as key-value store (pushes are put there in advance) and a transfer
+    'server' whose pulls return the prepared payloads."""
+
+    process_id = 0
+    incarnation = 1
+
+    def __init__(self, messages, payloads):
+        self.kv = dict(messages)
+        self.payloads = payloads
+        self.transfer = self
+        self.listeners = []
+
+    def get(self, name, timeout_ms=200):
+        if name in self.kv:
+            return self.kv.pop(name)
+        time.sleep(0.01)
+        return None
+
+    def try_get(self, name):
+        return None
+
+    def set(self, name, value, overwrite=False):
+        self.kv[name] = value
+
+    def delete(self, name):
+        pass
+
+    def on_lost(self, callback):
+        self.listeners.append(callback)
+
+    def is_live(self, process):
+        return True
+
+    def address(self, *args):
+        return "fake:0"
+
+    def new_id(self):
+        return 99
+
+    def connect(self, address):
+        return self
+
+    def pull(self, handle, avals):
+        return self.payloads[handle]
+
+    def await_pull(self, handle, arrays):
+        pass
+
+
+def _drain(link, timeout=10.0):
+    events, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ev = link.poll(0.05)
+        if ev is not None:
+            events.append(ev)
+        elif len(events) >= 3:
+            break
+    return events
+
+
+@pytest.mark.timeout(60)
+def test_a_pull_that_fails_after_returning_loses_the_process_and_never_reaches_the_server():
+    """Regression (killed-worker test on a loaded machine): a gradient pulled from
+    a process that died mid-transfer was handed to the server as lazy arrays, and
+    `build_result` crashed fetching its loss long after. The receiving thread now
+    materializes every pull: the good push arrives with a float loss and the
+    gradient on the server's device; the failed one loses that process's workers
+    (1 and 3) and never reaches the server."""
+    import jax
+    import jax.numpy as jnp
+
+    from staleness.runtime.coordination import DistributedServerLink, _msg_key
+    from staleness.runtime.messages import Push, WorkerLost
+    from staleness.runtime.transport import Arrival
+
+    device = jax.local_devices()[0]
+    shape = {"theta": jnp.zeros((3,), jnp.float32)}
+    good = (jnp.float32(0.5), {"theta": jnp.ones((3,), jnp.float32)})
+    bad = (_Unfetchable(), {"theta": _Unfetchable()})
+    messages = {_msg_key("push", 1, 1, 0): Push(1, 0, 0, 0, handle=1).to_json(),
+                _msg_key("push", 1, 1, 1): Push(3, 0, 0, 0, handle=2).to_json()}
+    coord = _FakeCoord(messages, {1: good, 2: bad})
+    link = DistributedServerLink(coord, [0, 1, 0, 1], device, shape)
+    try:
+        events = _drain(link)
+    finally:
+        link.stop()
+    arrivals = [e for e in events if isinstance(e, Arrival)]
+    assert [a.push.worker for a in arrivals] == [1], events
+    assert type(arrivals[0].loss) is float and arrivals[0].loss == 0.5
+    assert arrivals[0].grad["theta"].is_ready()
+    lost = sorted(e.worker for e in events if isinstance(e, WorkerLost))
+    assert lost == [1, 3], events
+    assert all("pull failed" in e.reason and "errno: 107" in e.reason for e in events if isinstance(e, WorkerLost))
+
+
+def test_the_recorder_holds_floats_only():
+    import jax.numpy as jnp
+
+    from staleness.runtime.recorder import InFlight, Recorder
+
+    rec = Recorder()
+    f = InFlight(0, 0, 0.0, 0.0, 0)
+    rec.add(0, f, 0.0, 1.0, 1.0, False, False, jnp.float32(2.5))
+    rec.add(1, f, 0.0, 1.0, 1.0, False, False, 1.25)
+    rec.add(2, f, 0.0, 1.0, math.nan, False, True, None)
+    assert [type(x) for x in rec.losses] == [float, float, float]
+    assert rec.losses[:2] == [2.5, 1.25] and math.isnan(rec.losses[2])
+
+
+def _child_dies_mid_transfer(port, pid, out):
+    """A process of a 2-process job whose worker 1 (process 1) is SIGKILLed right
+    after it offered its third gradient and announced it: the server's pull of
+    that gradient returns (lazily, as pulls do) and its arrays fail afterwards."""
+    from staleness.runtime import coordination, run_process
+
+    if pid == 1:
+        push = coordination.DistributedWorkerLink.push
+
+        def push_then_die(self, msg, loss, grad):
+            push(self, msg, loss, grad)
+            if msg.iteration >= 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        coordination.DistributedWorkerLink.push = push_then_die
+    result = run_process(_padded_quadratic, "asp", "1,4", coordinator=f"127.0.0.1:{port}", num_processes=2,
+                         process_id=pid, num_updates=60, time_scale=0.01, lr=0.05, worker_timeout=20,
+                         init_timeout=60)
+    if pid == 0:
+        result.save(out)
+        print(f"RESULT {result.status} {result.schedule.num_updates}", flush=True)
+    return 0
+
+
+PAD = 1_000_000  # float32 entries of an unused parameter: every gradient is 4 MB (a transfer takes a while)
+
+
+def _padded_quadratic():
+    """The quadratic task with a large unused parameter (its gradient is zero)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    import staleness as st
+
+    base = st.tasks.get("quadratic", num_workers=2)
+    return dataclasses.replace(base, init_fn=lambda key: dict(base.init_fn(key), pad=jnp.zeros((PAD,), jnp.float32)))
+
+
+@pytest.mark.timeout(DEADLINE + 30)
+def test_a_worker_process_dying_mid_transfer_is_lost_and_the_result_replays(procs, tmp_path):
+    import jax
+
+    import staleness as st
+    from staleness.runtime.multiprocess import free_port
+
+    out = tmp_path / "out"
+    port = free_port()
+    for i in range(2):
+        procs.spawn([sys.executable, __file__, "midpull", str(port), str(i), str(out)])
+    codes = procs.finish()
+    text = procs.text(0)
+    assert codes == [0, -signal.SIGKILL], text[-3000:]
+    assert "RESULT complete 60" in text, text[-3000:]
+    res = st.Result.load(out)
+    f = res.schedule.columns
+    assert np.any(f["lost"] & (f["worker"] == 1)), "worker 1 was never recorded lost"
+    assert np.all(np.isfinite(res.train_loss))  # every loss was fetched on arrival
+    rep = st.engine.replay(res.schedule, _padded_quadratic(), slot_mode="map", lr=res.config["lr"],
+                           seed=res.config["seed"], lr_rule=res.config["lr_rule"], optimizer=res.config["optimizer"])
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(rep.params)))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "fail":
         sys.exit(_child_failing_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+    if sys.argv[1] == "midpull":
+        sys.exit(_child_dies_mid_transfer(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))

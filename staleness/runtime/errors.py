@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RunFailure", "WorkerError", "WorkerLostError"]
+__all__ = ["RunFailure", "WorkerError", "WorkerLostError", "ServerLostError"]
 
 
 class RunFailure(RuntimeError):
@@ -30,4 +30,16 @@ class WorkerLostError(RunFailure):
     def __init__(self, worker: int, reason: str, result=None):
         super().__init__(f"worker {worker} lost: {reason}", result)
         self.worker = worker
+        self.reason = reason
+
+
+class ServerLostError(RunFailure):
+    """A worker process of a multi-process job lost the server (process 0 died or
+    left, or this process was declared dead by the coordination service). There is
+    no Result on this side: process 0 writes it. `staleness run` prints the
+    message on one line and exits with status 1."""
+
+    def __init__(self, process: int, reason: str):
+        super().__init__(f"process {process}: lost the server (process 0): {reason}")
+        self.process = process
         self.reason = reason

@@ -3,8 +3,9 @@
 A `Release` goes from the server to a worker: start iteration `iteration` on
 the parameters of `version`. A `Push` goes back with the gradient's metadata
 (its loss and gradient travel beside it as arrays). `WorkerFailed` (the worker
-raised) and `WorkerLost` (the worker, or its process, is gone) are events the
-transport raises on the server side.
+raised), `WorkerLost` (the worker, or its process, is gone) and `WorkerJoined`
+(a restarted process is back with its workers) are events the transport
+raises on the server side.
 
 Times inside a `Push` are durations on the worker's own clock, measured back
 from the moment it sent the push (`since_recv`, `since_start`, `since_end`), so
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-__all__ = ["Release", "Push", "WorkerFailed", "WorkerLost", "STOP"]
+__all__ = ["Release", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "STOP"]
 
 STOP = -1  # worker id of a release that stops every worker of a process
 
@@ -89,6 +90,15 @@ class WorkerFailed:
 @dataclasses.dataclass(frozen=True)
 class WorkerLost:
     """A worker is gone (its process died or left); `reason` says how it was seen."""
+
+    worker: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerJoined:
+    """A lost worker is back (its process was restarted and rejoined the job);
+    the server lets it in with `policy.join`. `reason` says how."""
 
     worker: int
     reason: str

@@ -7,6 +7,14 @@ same arguments (`staleness run --coordinator HOST:PORT --num-processes N
 --process-id I ...` on each host); process 0 returns the Result, the others
 return None when the server stops them.
 
+Faults: a worker process that dies is seen by process 0 (liveness) and its
+workers are lost (`on_worker_failure`). Started again with the same
+arguments and process id while the job runs, it rejoins: its workers come
+back through `policy.join` at the slowest live clock. If process 0 dies, the
+others raise `ServerLostError` (`staleness run` prints one line and exits 1);
+process 0 itself cannot rejoin (the server's state died with it: restart the
+job, with --resume from a checkpoint to continue).
+
 Every policy, BSP included, runs through the parameter-server transport of
 `staleness.runtime.coordination` (no lockstep collectives): the server's
 jitted `combine` + `server_update` is then the only place gradients are
@@ -71,7 +79,8 @@ def run_process(task, policy, cluster=None, *, coordinator: str, num_processes: 
 
     Returns: the Result on process 0, None on the others. Process 0 raises
     `WorkerError` / `WorkerLostError` / `DivergenceError` like `runtime.run`.
-    Other processes raise `RunFailure` if they lose the server.
+    Other processes raise `ServerLostError` if they lose the server. A process
+    started again with the id of a lost one rejoins the running job.
     """
     import math
 
@@ -102,7 +111,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     from staleness.engine import core
     from staleness.runtime import checkpoint as _ckpt
     from staleness.runtime.coordination import DistributedServerLink, DistributedWorkerLink
-    from staleness.runtime.errors import RunFailure
+    from staleness.runtime.errors import ServerLostError
     from staleness.runtime.numerics import Numerics, zeros_like
     from staleness.runtime.run import JOIN_SECONDS, _checkpointer, make_progress, serve, sigint_stops
     from staleness.runtime.server import Server
@@ -121,7 +130,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     server_device = local[0]
     init_key, data_key = core.keys(spec.seed)
     params_shape = jax.eval_shape(spec.task.init_params, init_key)
-    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.lr, spec.slots, data_key)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key)
     config = spec.config(devices=sorted({f"p{worker_process[w]}" for w in range(spec.num_workers)}),
                          server_device=f"p0:{server_device}", processes=n,
                          transport="coordination-service+jax.experimental.transfer")
@@ -132,7 +141,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
         params = jax.device_put(spec.task.init_params(init_key), server_device)
         callback, close_progress = make_progress(progress)
         server = Server(policy=spec.policy, num_workers=spec.num_workers, numerics=numerics, params=params,
-                        opt_state=spec.opt.direction().init(params), zeros=zeros_like(params),
+                        opt_state=numerics.init_state(params), zeros=zeros_like(params),
                         link=DistributedServerLink(coord, worker_process, server_device, params_shape),
                         num_updates=spec.num_updates, max_time=spec.max_time, eval_every=spec.eval_every,
                         worker_timeout=spec.worker_timeout, on_worker_failure=spec.on_worker_failure,
@@ -147,7 +156,16 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
         warm = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), warm)
     numerics.warm_up(warm, list(placement.values()), server_device if pid == 0 else None)
     link = DistributedWorkerLink(coord, placement, params_shape) if placement else None
-    coord.barrier("ready", init_timeout)  # every process compiled and listening: start the clock
+    if coord.rejoining:  # a restarted process: the job runs already; tell the server we are back
+        if pid == 0:
+            raise RuntimeError("process 0 cannot rejoin a running job (the server's state died with it)")
+        if link is None or link.server_done():  # nothing to do here, or the run ended while we started
+            if link is not None:
+                link.stopped.set()
+            return None
+        coord.announce_join()
+    else:
+        coord.barrier("ready", init_timeout)  # every process compiled and listening: start the clock
 
     threads = []
     try:
@@ -169,7 +187,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
                 if stop_event.is_set():
                     break
             if link.server_lost:
-                raise RunFailure(f"process {pid}: lost the server (process 0): {link.server_lost}")
+                raise ServerLostError(pid, link.server_lost)
             return None
     finally:
         if link is not None:

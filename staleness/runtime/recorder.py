@@ -1,9 +1,12 @@
 """The trace of a real run: the simulator's columns, filled as events happen.
 
 One row per gradient in push order (a lost gradient at the time its loss was
-detected), exactly `staleness.schedule`'s columns, plus the update times, the
-loss of every gradient (device scalars until the end of the run) and the
-controller calls of DSSP. `to_schedule` turns it into a `Schedule`, leaving
+detected), exactly `staleness.schedule`'s columns, plus the update times and
+the loss of every gradient as a Python float. Losses are never kept as device
+arrays: an array pulled from another process may fail to materialize long
+after the pull returned (its peer died mid-transfer), and the Result must not
+depend on a peer that may be gone. The transports hand the server a float
+(converted in the worker or receiving thread, off the server's hot path). `to_schedule` turns it into a `Schedule`, leaving
 out gradients that were pushed but not yet aggregated when the run ended, as
 the simulator does.
 """
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
 
 from staleness.schedule import NOT_APPLIED, Schedule
@@ -42,7 +44,7 @@ class Recorder:
     def __init__(self):
         self.cols: dict[str, list] = {c: [] for c in _COLS}
         self.update_time: list[float] = []
-        self.losses: list = []          # [G] loss of each row (a device scalar, a float, or NaN)
+        self.losses: list[float] = []   # [G] loss of each row (NaN: lost, or no loss)
 
     @property
     def num_updates(self) -> int:
@@ -53,8 +55,13 @@ class Recorder:
         return len(self.cols["worker"])
 
     def add(self, worker: int, f: InFlight, start: float, end: float, push_time: float,
-            dropped: bool, lost: bool, loss) -> int:
-        """Append one gradient's row; returns its index."""
+            dropped: bool, lost: bool, loss: float | None) -> int:
+        """Append one gradient's row; returns its index.
+
+        loss: the gradient's loss as a Python float (None: NaN). Anything else is
+        converted with `float()` here, which blocks on a device scalar: transports
+        convert it before the server sees it (see the module docstring).
+        """
         c = self.cols
         c["worker"].append(worker)
         c["iteration"].append(f.iteration)
@@ -67,7 +74,7 @@ class Recorder:
         c["wait"].append(f.wait)
         c["dropped"].append(dropped)
         c["lost"].append(lost)
-        self.losses.append(math.nan if loss is None else loss)
+        self.losses.append(math.nan if loss is None else (loss if type(loss) is float else float(loss)))
         return len(c["worker"]) - 1
 
     def applied(self, rows: list[int], now: float) -> None:
@@ -78,13 +85,7 @@ class Recorder:
         self.update_time.append(now)
 
     def fetch_losses(self, lo: int = 0) -> np.ndarray:
-        """Host copy of the losses of rows lo.. (device scalars are fetched and cached)."""
-        part = self.losses[lo:]
-        pending = [i for i, x in enumerate(part) if not isinstance(x, float)]
-        if pending:
-            values = jax.device_get([part[i] for i in pending])
-            for i, v in zip(pending, values):
-                self.losses[lo + i] = float(v)
+        """[G - lo] the losses of rows lo.. (floats already: nothing is fetched)."""
         return np.asarray(self.losses[lo:], np.float64)
 
     def update_losses(self) -> np.ndarray:
@@ -113,8 +114,7 @@ class Recorder:
 
     # -- checkpoints ----------------------------------------------------------------
     def state(self) -> dict:
-        """Plain-Python copy (losses fetched to floats) for a checkpoint."""
-        self.fetch_losses()
+        """Plain-Python copy for a checkpoint."""
         return {"cols": {k: list(v) for k, v in self.cols.items()},
                 "update_time": list(self.update_time), "losses": list(self.losses)}
 
@@ -123,5 +123,5 @@ class Recorder:
         r = cls()
         r.cols = {k: list(state["cols"][k]) for k in _COLS}
         r.update_time = list(state["update_time"])
-        r.losses = list(state["losses"])
+        r.losses = [float(x) for x in state["losses"]]
         return r

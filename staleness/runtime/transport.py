@@ -33,8 +33,10 @@ __all__ = ["Arrival", "ServerLink", "WorkerLink", "LocalTransport", "Event"]
 
 @dataclasses.dataclass(frozen=True)
 class Arrival:
-    """A gradient at the server: its `Push` message, loss (scalar) and gradient
-    pytree, both already on the server's device."""
+    """A gradient at the server: its `Push` message, its loss as a Python float
+    and its gradient pytree, materialized on the server's device (a transport
+    emits an Arrival only once both are there, so the server never waits on,
+    or depends on, the worker that sent them)."""
 
     push: Push
     loss: Any
@@ -121,8 +123,9 @@ class LocalTransport(ServerLink, WorkerLink):
         return jax.device_put(offer, self.worker_devices[worker])
 
     def push(self, msg: Push, loss, grad) -> None:
-        loss, grad = jax.device_put((loss, grad), self.server_device)
-        self._events.put(Arrival(msg, loss, grad))
+        # float(): the loss reaches the server as a host float, fetched here in the
+        # worker's thread (the server's loop must not block on it).
+        self._events.put(Arrival(msg, float(loss), jax.device_put(grad, self.server_device)))
 
     def fail(self, worker: int, message: str, exception: BaseException | None = None) -> None:
         self._events.put(WorkerFailed(worker, message, exception))
