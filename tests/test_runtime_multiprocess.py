@@ -40,21 +40,28 @@ class Procs:
     def __init__(self):
         self.procs = []
         self.out = []
+        self.readers = []
+        self.deadline = time.monotonic() + DEADLINE   # one budget for everything the test waits on
+
+    def left(self):
+        return max(0.1, self.deadline - time.monotonic())
 
     def spawn(self, argv):
         p = subprocess.Popen(argv, cwd=ROOT, env=_env(), start_new_session=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         lines = []
-        threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
+        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+        reader.start()
         self.procs.append(p)
         self.out.append(lines)
+        self.readers.append(reader)
         return p
 
     def text(self, i):
         return "".join(self.out[i])
 
-    def wait_for(self, i, predicate, timeout=DEADLINE):
-        deadline = time.monotonic() + timeout
+    def wait_for(self, i, predicate, timeout=None):
+        deadline = time.monotonic() + (self.left() if timeout is None else min(timeout, self.left()))
         while time.monotonic() < deadline:
             if any(predicate(line) for line in list(self.out[i])):
                 return
@@ -64,8 +71,8 @@ class Procs:
         self.kill()
         pytest.fail(f"process {i} never printed the expected line:\n{self.text(i)[-3000:]}")
 
-    def finish(self, timeout=DEADLINE):
-        deadline = time.monotonic() + timeout
+    def finish(self, timeout=None):
+        deadline = time.monotonic() + (self.left() if timeout is None else min(timeout, self.left()))
         try:
             for p in self.procs:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -73,7 +80,8 @@ class Procs:
             self.kill()
             pytest.fail("processes did not finish in time:\n" + "\n---\n".join(
                 self.text(i)[-2000:] for i in range(len(self.procs))))
-        time.sleep(0.1)  # let the reader threads drain the pipes
+        for r in self.readers:  # the pipes close when the processes exit: read them to the end
+            r.join(timeout=10)
         return [p.returncode for p in self.procs]
 
     def kill(self):
