@@ -1,15 +1,18 @@
-"""Gradients per second of the compiled replay vs plain SGD and a Python event loop.
+"""Gradients per second of the compiled replay vs the fastest plain training loop and a Python event loop.
 
 For ASP and SSP(3) with λ = 16 workers on a jittered 1 : 2.6 cluster, on
-`digits-mlp` (μ = 32) and a tiny MLP (digits, 16 hidden units, μ = 8):
+`digits-mlp` (μ = 32), a tiny MLP (digits, 16 hidden units, μ = 8) and the
+byte-level transformer `stdlib-lm` (if present):
   ours       `staleness.simulate` (schedule + compiled replay; compile excluded by a warm-up)
-  limit      plain SGD as one jitted `lax.scan` with the same number of gradient
-             evaluations and minibatch size (no staleness bookkeeping at all)
+  limit      the fastest plain training a user would write: one jitted `lax.scan` of
+             SGD over a precomputed table of minibatch indices (the gather of the
+             task's `gather_fn`, no sampling, no staleness bookkeeping at all)
   reference  what a researcher would write first: a Python loop over the
              schedule's events, one jitted gradient call per gradient and one
              jitted apply per update, keeping every pulled version in a dict.
 Prints ratios measured in this run; ends with one JSON line.
-Targets (issue #3): ours >= 0.9x limit on both tasks; >= 10x reference on the tiny MLP.
+Targets: ours >= 0.9x limit for ASP and SSP(3) on digits-mlp and the LM (issue #10);
+>= 10x reference on the tiny MLP (issue #3).
 
     python benchmarks/sim_speed.py [--quick]
 """
@@ -34,20 +37,28 @@ def tiny_task(num_workers):
 
 
 def limit_sgd(task, n, lr=0.05, seed=0):
+    """Plain SGD, one lax.scan over a precomputed [n, μ] index table (built on the host
+    before timing, as a user would precompute their batches)."""
     init_key, data_key = st.engine.keys(seed)
+    it = np.arange(n)
+    table = task.host_indices(data_key, it % 16, it)          # [n, μ]
 
     @jax.jit
-    def run(task, params):
-        def step(p, i):
-            g = jax.grad(task.loss)(p, task.minibatch(data_key, i % 16, i))
+    def run(task, params, table):
+        def step(p, x):
+            i, index = x
+            g = jax.grad(task.loss)(p, task.batch(index, data_key, i % 16, i))
             return jax.tree.map(lambda a, b: a - lr * b, p, g), None
-        return jax.lax.scan(step, params, jnp.arange(n))[0]
+        return jax.lax.scan(step, params, (jnp.arange(n), table))[0]
 
     params = task.init_params(init_key)
-    jax.block_until_ready(run(task, params))
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(task, params))
-    return n / (time.perf_counter() - t0)
+    jax.block_until_ready(run(task, params, table))
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(task, params, table))
+        best = min(best, time.perf_counter() - t0)
+    return n / best
 
 
 def reference_loop(task, sched, lr=0.05, seed=0, max_gradients=None):
@@ -76,11 +87,13 @@ def reference_loop(task, sched, lr=0.05, seed=0, max_gradients=None):
 
 
 def ours(task, policy, cluster, n, seed=0):
-    kw = dict(num_updates=n, seed=seed, lr=0.05, eval_every=n // 4)
+    kw = dict(num_updates=n, seed=seed, lr=0.05, eval_every=n // 4, optimizer="sgd")
     st.simulate(task, policy, cluster, **kw)  # compile
-    t0 = time.perf_counter()
-    r = st.simulate(task, policy, cluster, **kw)
-    dt = time.perf_counter() - t0
+    dt = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        r = st.simulate(task, policy, cluster, **kw)
+        dt = min(dt, time.perf_counter() - t0)
     sched_t0 = time.perf_counter()
     st.simulate_schedule(policy, cluster, num_updates=n, seed=seed)
     sched_dt = time.perf_counter() - sched_t0
@@ -93,10 +106,17 @@ def main():
     args = ap.parse_args()
     lam = 16
     cluster = st.cluster.heterogeneous([1.0] * 8 + [2.6] * 8).jitter(0.1)
-    n = {"digits-mlp": 2000 if args.quick else 8000, "tiny-mlp": 4000 if args.quick else 20000}
+    n = {"digits-mlp": 2000 if args.quick else 8000, "tiny-mlp": 4000 if args.quick else 20000,
+         "stdlib-lm": 100 if args.quick else 400}
+    names = ["digits-mlp", "tiny-mlp"] + (["stdlib-lm"] if "stdlib-lm" in st.tasks.names() else [])
     rows = []
-    for name in ("digits-mlp", "tiny-mlp"):
-        task = st.tasks.get(name, batch_size=32, num_workers=lam) if name == "digits-mlp" else tiny_task(lam)
+    for name in names:
+        if name == "tiny-mlp":
+            task = tiny_task(lam)
+        elif name == "digits-mlp":
+            task = st.tasks.get(name, batch_size=32, num_workers=lam)
+        else:
+            task = st.tasks.get(name, num_workers=lam)
         lim = limit_sgd(task, n[name])
         for pol in (st.policies.asp(), st.policies.ssp(3)):
             g_s, sched_share, res = ours(task, pol, cluster, n[name])
@@ -107,8 +127,9 @@ def main():
             rows.append(row)
             print(f"{name:>10} {pol.describe():>6}: ours {g_s:>9,.0f} grad/s | limit {lim:>9,.0f} "
                   f"({g_s / lim:.2f}x) | reference {ref:>8,.0f} ({g_s / ref:.1f}x) | schedule {sched_share:.0%} of ours")
-    met = all(r["vs_limit"] >= 0.9 for r in rows) and all(r["vs_reference"] >= 10 for r in rows if r["task"] == "tiny-mlp")
-    print(f"targets (>= 0.9x limit, >= 10x reference on tiny): {'met' if met else 'NOT met'}")
+    met = (all(r["vs_limit"] >= 0.9 for r in rows if r["task"] != "tiny-mlp")
+           and all(r["vs_reference"] >= 10 for r in rows if r["task"] == "tiny-mlp"))
+    print(f"targets (>= 0.9x limit on digits-mlp and the LM, >= 10x reference on tiny): {'met' if met else 'NOT met'}")
     print(json.dumps({"benchmark": "sim_speed", "workers": lam, "rows": rows, "targets_met": met}))
 
 

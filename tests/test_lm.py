@@ -222,3 +222,14 @@ def test_pipeline_split_computes_the_unsplit_loss():
     res = pp.simulate(ptask, "dsp:1,0", 6, optimizer="adamw", lr=3e-3, num_evals=1)
     assert res.status == "complete" and np.isfinite(res.train_loss).all()
     assert res.history["loss"].iloc[-1] < res.history["loss"].iloc[0]
+
+
+def test_a_result_rebuilds_a_non_default_task_from_its_config():
+    """The Result records the task's options, so replay_trace rebuilds the same
+    (non-default) model from the Result alone and the replay is bitwise."""
+    from staleness.runtime.replay import replay_trace
+
+    task = st.tasks.get("stdlib-lm", num_workers=2, num_layers=1, d_model=32, context=16, corpus_bytes=100_000)
+    res = st.runtime.run(task, "asp", "1,2", num_updates=8, time_scale=0.002)
+    assert res.config["task_options"]["d_model"] == 32
+    assert replay_trace(res)[1].bitwise

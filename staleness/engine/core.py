@@ -118,8 +118,7 @@ def _update_from(task, opt, rules: tuple, slot_mode: str, consts, params, opt_st
             grads = jax.tree.map(lambda *g: jnp.stack(g), *[o[1] for o in outs])
         else:
             losses, grads = jax.vmap(one)((stale, worker, iteration, index))
-    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"],
-                                              isolate=slot_mode == "map")
+    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"])
     return params, opt_state, jnp.where(mask, losses, jnp.nan)
 
 

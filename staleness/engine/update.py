@@ -64,23 +64,11 @@ def apply(tx, params, opt_state, grad, real=True):
     return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state)
 
 
-def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0, *,
-                  isolate: bool = False):
+def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0):
     """One server update from C gradient slots (see `aggregate`); an update with no
-    real slot (all of `mask` False) changes nothing. Returns (params, opt_state).
-
-    isolate: fence the update with `lax.optimization_barrier` on its inputs and
-    outputs, so that XLA compiles it the same way standalone (the runtime's
-    server) and inside a scan (a replay with slot_mode='map'): fusion decisions,
-    and with them the rounding of fused multiply-adds, cannot depend on the
-    surrounding program. This is what keeps a trace's replay bitwise.
-    """
-    if isolate:
-        params, opt_state, grads, staleness, mask = jax.lax.optimization_barrier(
-            (params, opt_state, grads, staleness, mask))
+    real slot (all of `mask` False) changes nothing. Returns (params, opt_state)."""
     grad = aggregate(grads, staleness, mask, rules, rule_index)
-    out = apply(tx, params, opt_state, grad, mask.any())
-    return jax.lax.optimization_barrier(out) if isolate else out
+    return apply(tx, params, opt_state, grad, mask.any())
 
 
 def scale_by_staleness(rule):

@@ -34,7 +34,7 @@ def _stack(*grads):
 
 
 def _server_update(params, opt_state, grads, staleness, mask, *, tx, rule):
-    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask, isolate=True)
+    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask)
 
 
 _gradient_jit = jax.jit(_gradient)

@@ -78,7 +78,8 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     if isinstance(task, str):
         task = st.tasks.get(task, batch_size=int(batch_size or cfg.get("batch_size") or 32),
                             num_workers=sched.num_workers, partition=cfg.get("partition", "iid"),
-                            seed=int(cfg.get("task_seed") or 0), data_dir=data_dir)
+                            seed=int(cfg.get("task_seed") or 0), data_dir=data_dir,
+                            **(cfg.get("task_options") or {}))
     if optimizer is None and cfg.get("optimizer") == "optax":
         raise ValueError("the recorded run used an optax optimizer object; replay it from Python with "
                          "optimizer=<the same optax transformation>")

@@ -84,6 +84,8 @@ class Task:
         sample otherwise (their `sample_fn` runs inside the replay).
       optimizer: the optimizer the task trains with when a run names none (an
         optimizer spec string or an optax transformation); None: 'sgd'.
+      options: ((key, value), ...) the task-specific options a built-in task was
+        built with (`tasks.get(name, **options)`), so a Result can rebuild it.
     """
 
     name: str
@@ -104,6 +106,7 @@ class Task:
     metrics: tuple = ()
     gather_fn: Callable[[PyTree, jax.Array, jax.Array, Any, Any], Batch] | None = None
     optimizer: Any = None
+    options: tuple = ()
 
     def __post_init__(self):
         # Directions of the metrics: declared (staleness.metrics.Metric values) or
@@ -129,7 +132,7 @@ class Task:
         """What a Result's config records of its task: name, minibatch size, the seed of
         its data and partition, the partition and how non-IID it is, the metrics."""
         return {"task": self.name, "batch_size": self.batch_size, "task_seed": self.seed,
-                **self.partition_info(), "metrics": self.metrics_config()}
+                "task_options": dict(self.options), **self.partition_info(), "metrics": self.metrics_config()}
 
     def metrics_config(self) -> dict:
         """{name: [goal, low, high]} of every metric (what a Result's config records)."""
@@ -254,7 +257,7 @@ jax.tree_util.register_dataclass(
     meta_fields=[
         "name", "batch_size", "num_workers", "partition", "metric_names",
         "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics", "gather_fn",
-        "optimizer",
+        "optimizer", "options",
     ],
 )
 

@@ -286,6 +286,8 @@ def get(name: str, batch_size: int = 32, partition: str = "iid", num_workers: in
             f"task {name!r} got unknown option(s) {unknown}; its options are "
             f"{sorted(valid) or 'none'}."
         )
+    recorded = tuple(sorted((k, v) for k, v in task_options.items() if isinstance(v, (bool, int, float, str))))
     if name in _NEEDS_DATA_DIR:
         task_options["data_dir"] = data_dir
-    return builder(batch_size, num_workers, partition, seed, **task_options)
+    task = builder(batch_size, num_workers, partition, seed, **task_options)
+    return dataclasses.replace(task, options=recorded) if recorded else task
