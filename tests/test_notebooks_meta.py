@@ -12,8 +12,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
-def _load_build():
-    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "_build.py")
+def _load_build(name="_build.py"):
+    spec = importlib.util.spec_from_file_location(f"notebooks_{name[:-3]}", NOTEBOOKS / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -39,11 +39,18 @@ def test_notebook_is_clean(path):
     assert "STALENESS_FULL" in sources, f"{path.name}: no STALENESS_FULL switch for the full size"
 
 
-def test_generated_notebooks_match_generator():
+@pytest.mark.parametrize("script", sorted(p.name for p in NOTEBOOKS.glob("_build*.py")))
+def test_generated_notebooks_match_generator(script):
     build = _load_build()
-    for name, cells in build.NOTEBOOKS.items():
+    notebooks = _load_build(script).NOTEBOOKS
+    for name, cells in notebooks.items():
         assert (NOTEBOOKS / name).read_text() == build.render(cells), (
-            f"{name} differs from notebooks/_build.py; run python notebooks/_build.py")
+            f"{name} differs from notebooks/{script}; run python notebooks/{script}")
+
+
+def test_every_notebook_has_a_generator():
+    generated = {n for s in NOTEBOOKS.glob("_build*.py") for n in _load_build(s.name).NOTEBOOKS}
+    assert generated == {p.name for p in PATHS}
 
 
 # Output captured by an ipywidgets Output widget makes nbclient (so nbmake) play the
