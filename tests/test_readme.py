@@ -1,0 +1,43 @@
+"""The README's code runs: its "Bring your own model" block, and the spec strings its
+command-line examples use parse."""
+
+import re
+import shlex
+from pathlib import Path
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def _block(after: str) -> str:
+    tail = README[README.index(after):]
+    return re.search(r"```python\n(.*?)```", tail, re.S).group(1)
+
+
+def test_bring_your_own_model_block_runs():
+    scope: dict = {}
+    exec(compile(_block("## Bring your own model"), "README.md", "exec"), scope)
+    result = scope["result"]
+    assert result.status == "complete" and result.schedule.num_updates == 500
+    assert result.history["mse"].iloc[-1] < result.history["mse"].iloc[0]
+
+
+def test_command_line_examples_parse(capsys):
+    from staleness.cli import build_parser
+
+    block = re.search(r"## Command line\n\n```bash\n(.*?)```", README, re.S).group(1)
+    parser = build_parser()
+    for line in block.splitlines():
+        argv = shlex.split(line.split("#", 1)[0])
+        assert argv and argv[0] == "staleness", line
+        if argv[1:] == ["--version"]:
+            continue
+        args = parser.parse_args(argv[1:])
+        from staleness import cluster, policies
+        pols = getattr(args, "policy", None) or []
+        for spec in [pols] if isinstance(pols, str) else pols:
+            policies.parse(spec)
+        if getattr(args, "cluster", None):
+            cluster.parse(args.cluster)
+        if getattr(args, "optimizer", None):
+            from staleness.engine import optim
+            optim.get(args.optimizer)
