@@ -20,194 +20,33 @@ construction, after checking one batch with `jax.eval_shape`: a model of the
 wrong kind, mutable model state (BatchNorm statistics), an unknown loss name,
 a loss that is not a scalar, labels of the wrong shape or dtype for the loss,
 data arrays of different lengths.
+
+The models' (init, apply) pairs live in `staleness.tasks.flax_models`; the named
+losses, held-out metrics and their checks in `staleness.tasks.losses`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from staleness.metrics import Metric
 from staleness.tasks import data as _data
 from staleness.tasks import partitions as _partitions
 from staleness.tasks.base import PyTree, Task, check_common
-from staleness.tasks.errors import DataError, LabelShapeError, LossError, ModelKindError, MutableStateError, TaskError
+from staleness.tasks.errors import DataError, LabelShapeError, LossError, TaskError
+from staleness.tasks.flax_models import first_line, linen_model, model_kind, nnx_model
+from staleness.tasks.losses import (DEFAULT_METRICS, LOSSES, callable_per_example, check_labels, check_per_example,
+                                    check_scalar_loss, metric_table, metrics_eval_fn, named_per_example)
 
 __all__ = ["LOSSES", "DEFAULT_METRICS", "from_flax", "from_functions", "model_kind"]
 
-LOSSES = ("cross_entropy", "mse", "next_token")
-"""Loss names `from_flax` knows (or pass a callable `loss(outputs, batch)`)."""
-
-DEFAULT_METRICS = {
-    "cross_entropy": ("loss", "accuracy"),
-    "mse": ("mse",),
-    "next_token": ("loss", "bits_per_byte"),
-    None: ("loss",),          # a callable loss
-}
-"""Held-out metrics of each loss when `metrics` is not given."""
-
-_BUILTIN_METRICS = {
-    "cross_entropy": ("loss", "accuracy", "error"),
-    "mse": ("loss", "mse", "mae"),
-    "next_token": ("loss", "accuracy", "bits_per_byte", "perplexity"),
-    None: ("loss",),
-}
-
 DEFAULT_TEST_FRACTION = 0.2
 _SPLIT_STREAM = 0x7465
-
-
-# ---------------------------------------------------------------------------
-# Models: linen and nnx behind (init, apply) on plain-dict params
-
-
-class _Model(NamedTuple):
-    kind: str                                   # "linen" or "nnx"
-    init: Callable[[jax.Array], PyTree]         # key -> params (plain nested dict)
-    apply: Callable[[PyTree, jax.Array], Any]   # (params, inputs) -> outputs
-    params_shape: Any                           # ShapeDtypeStructs of the params
-
-
-def model_kind(model: Any) -> str:
-    """'linen' for a flax.linen Module instance, 'nnx' for a flax.nnx Module instance;
-    ModelKindError for anything else (a class, a function, another library's model)."""
-    import flax.linen as nn
-    from flax import nnx
-
-    if isinstance(model, nnx.Module):
-        return "nnx"
-    if isinstance(model, nn.Module):
-        return "linen"
-    if isinstance(model, type) and issubclass(model, (nn.Module, nnx.Module)):
-        kind = "nnx" if issubclass(model, nnx.Module) else "linen"
-        example = "MyModel(rngs=nnx.Rngs(0))" if kind == "nnx" else "MyModel()"
-        raise ModelKindError(f"model = {model.__name__} is a flax {kind} Module class; pass an instance, "
-                             f"e.g. {example}.")
-    raise ModelKindError(f"model = {model!r} (type {type(model).__name__}) is not a flax Module instance; pass a "
-                         "flax.linen Module or a flax.nnx Module, or build the task with "
-                         "staleness.tasks.from_functions(init, loss, sample, evaluate, ...).")
-
-
-def _linen_model(model, example: jax.ShapeDtypeStruct, params, model_kwargs: dict) -> _Model:
-    if model.scope is not None:
-        raise ModelKindError(f"model = {type(model).__name__} is a bound linen module (from .bind or inside "
-                             "another module's apply); pass the unbound module and its params= instead.")
-    dummy = jnp.zeros((1, *example.shape[1:]), example.dtype)
-    try:
-        variables = jax.eval_shape(lambda k: model.init(k, dummy, **model_kwargs), jax.random.key(0))
-    except Exception as e:  # noqa: BLE001 - the user's model: say where it failed
-        raise TaskError(f"model {type(model).__name__}.init failed on inputs of shape {dummy.shape} "
-                        f"({example.dtype}): {type(e).__name__}: {_first_line(e)}") from e
-    extra = sorted(k for k in variables if k != "params")
-    if extra:
-        raise MutableStateError(
-            f"model {type(model).__name__} has mutable collections {extra} besides 'params' (e.g. BatchNorm's "
-            "'batch_stats'); a stale-synchronous task trains parameters only. Use a stateless normalisation "
-            "(nn.LayerNorm, nn.GroupNorm) or build the task with from_functions.")
-    if "params" not in variables or not jax.tree.leaves(variables["params"]):
-        raise TaskError(f"model {type(model).__name__} has no parameters (init returned {list(variables)}).")
-    shapes = variables["params"]
-    if params is not None:
-        given = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.asarray(a).dtype), params)
-        if jax.tree.structure(given) != jax.tree.structure(shapes) or any(
-                a.shape != b.shape for a, b in zip(jax.tree.leaves(given), jax.tree.leaves(shapes))):
-            raise TaskError(f"params= do not match model {type(model).__name__}'s parameters: expected "
-                            f"{_shapes(shapes)}, got {_shapes(given)}.")
-        fixed = _plain(params)
-        init = _fixed_init(fixed)
-    else:
-        init = jax.jit(lambda key: _plain(model.init(key, dummy, **model_kwargs)["params"]))
-
-    def apply(p, inputs):
-        return model.apply({"params": p}, inputs, **model_kwargs)
-
-    return _Model("linen", init, apply, jax.eval_shape(init, jax.random.key(0)))
-
-
-def _nnx_model(model, params, model_kwargs: dict) -> _Model:
-    from flax import nnx
-
-    if params is not None:
-        raise ModelKindError("params= is for linen models; an nnx module carries its own weights (set them on "
-                             "the module before building the task).")
-    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
-    stats, other = [], []
-    for path, var in nnx.to_flat_state(rest):
-        if isinstance(var, nnx.BatchStat):
-            stats.append("/".join(map(str, path)))
-        elif not isinstance(var, nnx.RngState):
-            other.append(f"{'/'.join(map(str, path))} ({type(var).__name__})")
-    if stats:
-        raise MutableStateError(
-            f"nnx model {type(model).__name__} has BatchStat variables {stats} (BatchNorm running statistics); "
-            "a stale-synchronous task trains parameters only. Use nnx.LayerNorm or nnx.GroupNorm instead.")
-    if other:
-        raise MutableStateError(f"nnx model {type(model).__name__} has mutable non-parameter variables {other}; "
-                                "only nnx.Param variables (and RNG streams) are supported.")
-    flat = list(nnx.to_flat_state(state))
-    if not flat:
-        raise TaskError(f"nnx model {type(model).__name__} has no nnx.Param variables.")
-    paths = [tuple(str(k) for k in path) for path, _ in flat]
-    if len(set(paths)) != len(paths):
-        raise TaskError(f"nnx model {type(model).__name__}: parameter paths collide when written as strings.")
-    fixed = _nest({p: jnp.asarray(var.get_value()) for p, (_, var) in zip(paths, flat)})
-
-    def to_state(p):
-        return nnx.from_flat_state([(path, var.replace(_get(p, sp))) for sp, (path, var) in zip(paths, flat)])
-
-    def apply(p, inputs):
-        return nnx.merge(graphdef, to_state(p), rest)(inputs, **model_kwargs)
-
-    init = _fixed_init(fixed)
-    return _Model("nnx", init, apply, jax.eval_shape(init, jax.random.key(0)))
-
-
-def _fixed_init(params):
-    """init(key) -> fresh copies of fixed params (the engine donates its carry)."""
-    def init(key):
-        del key
-        return jax.tree.map(jnp.array, params)
-
-    return init
-
-
-def _plain(tree):
-    """A plain nested dict (str keys) of arrays from a params mapping (FrozenDict, State)."""
-    if isinstance(tree, Mapping):
-        return {str(k): _plain(v) for k, v in tree.items()}
-    return tree
-
-
-def _nest(flat: dict[tuple[str, ...], Any]) -> dict:
-    root: dict = {}
-    for path, value in flat.items():
-        node = root
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = value
-    return root
-
-
-def _get(tree, path):
-    for k in path:
-        tree = tree[k]
-    return tree
-
-
-def _shapes(tree) -> str:
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return "{" + ", ".join(f"{jax.tree_util.keystr(p)}: {tuple(a.shape)}" for p, a in flat) + "}"
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
 
 
 # ---------------------------------------------------------------------------
@@ -264,155 +103,6 @@ def _split(arrays: dict[str, np.ndarray], fraction: Any, seed: int):
     perm = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(n)
     test_idx, train_idx = np.sort(perm[:m]), np.sort(perm[m:])
     return ({k: a[train_idx] for k, a in arrays.items()}, {k: a[test_idx] for k, a in arrays.items()})
-
-
-# ---------------------------------------------------------------------------
-# Losses and metrics (per example: [B] values)
-
-
-def _mean_rest(v: jax.Array) -> jax.Array:
-    """Mean over every axis but the first: [B, ...] -> [B]."""
-    return jnp.mean(v.reshape(v.shape[0], -1), axis=1)
-
-
-def _ce(logits, labels):
-    return _mean_rest(optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels))
-
-
-def _hits(logits, labels):
-    return _mean_rest((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32))
-
-
-def _targets(loss_name: str | None, batch) -> jax.Array | None:
-    if loss_name == "next_token":
-        return batch["x"][:, 1:]
-    return batch.get("y")
-
-
-def _named_per_example(loss_name: str):
-    """(outputs, batch) -> [B] loss values of a named loss."""
-    if loss_name == "mse":
-        return lambda out, b: _mean_rest(jnp.square(out - b["y"]))
-    return lambda out, b: _ce(out, _targets(loss_name, b))
-
-
-def _builtin_metric(name: str, loss_name: str | None, per_example_loss):
-    """(per-example fn, finalize) of built-in metric `name` for the loss."""
-    ln2 = math.log(2.0)
-    if name == "loss":
-        return per_example_loss, None
-    if name == "mse":
-        return (lambda out, b: _mean_rest(jnp.square(out - b["y"]))), None
-    if name == "mae":
-        return (lambda out, b: _mean_rest(jnp.abs(out - b["y"]))), None
-    if name == "accuracy":
-        return (lambda out, b: _hits(out, _targets(loss_name, b))), None
-    if name == "error":
-        return (lambda out, b: 1.0 - _hits(out, _targets(loss_name, b))), None
-    if name == "bits_per_byte":
-        return (lambda out, b: per_example_loss(out, b) / ln2), None
-    if name == "perplexity":   # exp of the mean token loss, not the mean of exps
-        return per_example_loss, jnp.exp
-    raise AssertionError(name)
-
-
-def _metric_table(metrics, loss_name: str | None, per_example_loss):
-    """[(Metric, per-example fn, finalize or None)] from `metrics` (see from_flax)."""
-    from staleness import metrics as _metrics
-
-    builtin = _BUILTIN_METRICS[loss_name]
-    if metrics is None:
-        metrics = DEFAULT_METRICS[loss_name]
-    items = list(metrics.items()) if isinstance(metrics, Mapping) else [(m, None) for m in metrics]
-    if not items:
-        raise TaskError("metrics is empty; give at least one held-out metric.")
-    out = []
-    for key, fn in items:
-        metric = key if isinstance(key, Metric) else None
-        name = metric.name if metric is not None else key
-        if not isinstance(name, str) or not name:
-            raise TaskError(f"metrics: {key!r} must be a metric name or a staleness.metrics.Metric.")
-        if metric is None:
-            metric = _metrics.get(name)   # ValueError: no known direction (declare a Metric)
-        metric.validate()
-        if fn is None:
-            if name not in builtin:
-                what = f"loss {loss_name!r}" if loss_name else "a callable loss"
-                raise TaskError(f"metric {name!r} has no built-in definition for {what} (built in: "
-                                f"{', '.join(builtin)}); give its function: metrics={{{name!r}: fn}} with "
-                                "fn(outputs, batch) -> [B] per-example values.")
-            fn, finalize = _builtin_metric(name, loss_name, per_example_loss)
-        elif callable(fn):
-            finalize = None
-        else:
-            raise TaskError(f"metrics[{name!r}] = {fn!r} must be a function (outputs, batch) -> [B] values or None.")
-        out.append((metric, fn, finalize))
-    names = [m.name for m, _, _ in out]
-    if len(set(names)) != len(names):
-        raise TaskError(f"metrics {names} name one metric twice.")
-    return out
-
-
-def _check_labels(loss_name: str, outputs: jax.ShapeDtypeStruct, train: dict, test: dict, input_key: str) -> None:
-    """Labels (targets) that fit the loss and the model's outputs, with values in range."""
-    b = outputs.shape[0]
-    if loss_name == "next_token":
-        x = train[input_key]
-        if len(outputs.shape) != 3:
-            raise LabelShapeError(f"loss 'next_token' needs sequence logits [B, T, vocab] from the model; got "
-                                  f"outputs of shape {outputs.shape}.")
-        labels = [train[input_key][:, 1:], test[input_key][:, 1:]]
-        want = (b, x.shape[1] - 1)
-        if outputs.shape[:2] != want:
-            raise LabelShapeError(f"loss 'next_token' predicts x[:, 1:] from x[:, :-1]: logits must be "
-                                  f"[B, T, vocab] = [{b}, {x.shape[1] - 1}, vocab]; got {outputs.shape}.")
-    else:
-        if "y" not in train:
-            raise LabelShapeError(f"loss {loss_name!r} needs targets: give data as (x, y) or a dict with 'y'; "
-                                  f"got fields {sorted(train)}.")
-        y = train["y"]
-        labels = [train["y"], test["y"]]
-        if loss_name == "mse":
-            if (b, *y.shape[1:]) != tuple(outputs.shape):
-                hint = (" (reshape y to [N, 1], e.g. y[:, None])" if tuple(outputs.shape) == (b, 1) and y.ndim == 1
-                        else "")
-                raise LabelShapeError(f"loss 'mse' needs targets y of the outputs' shape: outputs are "
-                                      f"{tuple(outputs.shape)}, y per batch is {(b, *y.shape[1:])}{hint}.")
-            if not np.issubdtype(y.dtype, np.number):
-                raise LabelShapeError(f"loss 'mse' needs numeric targets; got y of dtype {y.dtype}.")
-            return
-        if len(outputs.shape) < 2 or (b, *y.shape[1:]) != tuple(outputs.shape[:-1]):
-            raise LabelShapeError(
-                f"loss 'cross_entropy' needs integer labels of the logits' shape without the class axis: logits "
-                f"{tuple(outputs.shape)} need labels {(b, *outputs.shape[1:-1])} per batch; got y of shape "
-                f"{(b, *y.shape[1:])}" + (" (one-hot labels? pass y.argmax(-1))" if y.shape[1:] == outputs.shape[1:]
-                                          else "") + ".")
-    for arr in labels:
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise LabelShapeError(f"loss {loss_name!r} needs integer class ids (token ids); got dtype {arr.dtype}.")
-        vocab = outputs.shape[-1]
-        if arr.size and (arr.min() < 0 or arr.max() >= vocab):
-            raise LabelShapeError(f"loss {loss_name!r}: labels must lie in [0, {vocab}) for {vocab} logits; got "
-                                  f"values in [{arr.min()}, {arr.max()}].")
-
-
-def _check_scalar_loss(loss_fn, params_shape, batch, what: str) -> None:
-    try:
-        value = jax.eval_shape(loss_fn, params_shape, batch)
-    except TaskError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's loss: name it
-        raise LossError(f"{what} failed on a batch of {_shape_text(batch)}: {type(e).__name__}: "
-                        f"{_first_line(e)}") from e
-    if not isinstance(value, jax.ShapeDtypeStruct) or value.shape != () or not jnp.issubdtype(value.dtype,
-                                                                                              jnp.floating):
-        got = (f"shape {value.shape} and dtype {value.dtype}" if isinstance(value, jax.ShapeDtypeStruct)
-               else f"{type(value).__name__}")
-        raise LossError(f"{what} must return a scalar float (the mean loss of the batch); got {got}.")
-
-
-def _shape_text(batch) -> str:
-    return "{" + ", ".join(f"{k!r}: {tuple(v.shape)} {v.dtype}" for k, v in batch.items()) + "}"
 
 
 # ---------------------------------------------------------------------------
@@ -544,8 +234,8 @@ def from_flax(
         example = jax.ShapeDtypeStruct((batch_size, x.shape[1] - 1), x.dtype)
     else:
         example = jax.ShapeDtypeStruct((batch_size, *x.shape[1:]), x.dtype)
-    m = _linen_model(model, example, params, model_kwargs) if kind == "linen" else _nnx_model(model, params,
-                                                                                             model_kwargs)
+    m = linen_model(model, example, params, model_kwargs) if kind == "linen" else nnx_model(model, params,
+                                                                                            model_kwargs)
     apply = m.apply
 
     def inputs_of(batch):
@@ -557,15 +247,15 @@ def from_flax(
         outputs = jax.eval_shape(apply, m.params_shape, example)
     except Exception as e:  # noqa: BLE001 - the user's model: say on what it failed
         raise TaskError(f"model {type(model).__name__} failed on inputs of shape {example.shape} "
-                        f"({example.dtype}): {type(e).__name__}: {_first_line(e)}") from e
+                        f"({example.dtype}): {type(e).__name__}: {first_line(e)}") from e
     if loss_name is not None:
         if not isinstance(outputs, jax.ShapeDtypeStruct):
             raise LabelShapeError(f"loss {loss_name!r} needs one output array from the model; got "
                                   f"{jax.tree.structure(outputs)}.")
-        _check_labels(loss_name, outputs, train, test_arrays, input_key)
-        per_example = _named_per_example(loss_name)
+        check_labels(loss_name, outputs, train, test_arrays, input_key)
+        per_example = named_per_example(loss_name)
     else:
-        per_example = _callable_per_example(loss, outputs, batch_spec)
+        per_example = callable_per_example(loss, outputs, batch_spec)
 
     def loss_fn(p: PyTree, batch: dict) -> jax.Array:
         out = apply(p, inputs_of(batch))
@@ -574,14 +264,14 @@ def from_flax(
             return jnp.mean(value)
         return jnp.mean(per_example(out, batch))
 
-    _check_scalar_loss(loss_fn, m.params_shape, {**batch_spec, "index": jax.ShapeDtypeStruct((batch_size,),
-                                                                                             jnp.int32)},
-                       f"the loss of task {name or type(model).__name__!r}")
-    table = _metric_table(metrics, loss_name, per_example)
+    check_scalar_loss(loss_fn, m.params_shape, {**batch_spec, "index": jax.ShapeDtypeStruct((batch_size,),
+                                                                                            jnp.int32)},
+                      f"the loss of task {name or type(model).__name__!r}")
+    table = metric_table(metrics, loss_name, per_example)
     test_spec = {k: jax.ShapeDtypeStruct((min(eval_chunk, test_size), *a.shape[1:]), a.dtype)
                  for k, a in test_arrays.items()}
     for metric, fn, _ in table:
-        _check_per_example(metric.name, fn, apply, inputs_of, m.params_shape, test_spec)
+        check_per_example(metric.name, fn, apply, inputs_of, m.params_shape, test_spec)
 
     chunks, mask = _data.chunked(test_arrays, eval_chunk)
     task_data = {
@@ -607,68 +297,11 @@ def from_flax(
         loss_fn=loss_fn,
         sample_fn=_data.make_sample_fn(batch_size, partition, train_size, source=_data.EXAMPLES),
         gather_fn=_data.make_gather_fn(source=_data.EXAMPLES),
-        eval_fn=_eval_fn(apply, inputs_of, tuple(table), test_size),
+        eval_fn=metrics_eval_fn(apply, inputs_of, tuple(table), test_size),
         data=jax.tree.map(jnp.asarray, task_data),
         metrics=tuple(mt for mt, _, _ in table),
         optimizer=optimizer,
     )
-
-
-def _callable_per_example(loss, outputs, batch_spec):
-    """Per-example values of a callable loss: its own [B] values, or (scalar losses)
-    the loss of each example alone (vmapped), so held-out means ignore padding."""
-    b = next(iter(batch_spec.values())).shape[0]
-    try:
-        value = jax.eval_shape(loss, outputs, batch_spec)
-    except Exception as e:  # noqa: BLE001 - the user's loss
-        raise LossError(f"loss {getattr(loss, '__name__', loss)!r} failed on the model's outputs "
-                        f"({jax.tree.map(lambda s: tuple(s.shape), outputs)}) and a batch of "
-                        f"{_shape_text(batch_spec)}: {type(e).__name__}: {_first_line(e)}") from e
-    shape = getattr(value, "shape", None)
-    if shape == (b,):
-        return loss
-    if shape == ():
-        def one_by_one(out, batch):
-            return jax.vmap(lambda o, bt: loss(jax.tree.map(lambda a: a[None], o),
-                                               jax.tree.map(lambda a: a[None], bt)))(out, batch)
-
-        return one_by_one
-    raise LossError(f"loss {getattr(loss, '__name__', loss)!r} must return a scalar (the batch mean) or "
-                    f"per-example values [B] = [{b}]; got {value}.")
-
-
-def _check_per_example(name, fn, apply, inputs_of, params_shape, test_spec) -> None:
-    b = next(iter(test_spec.values())).shape[0]
-
-    def run(p, batch):
-        return fn(apply(p, inputs_of(batch)), batch)
-
-    try:
-        value = jax.eval_shape(run, params_shape, test_spec)
-    except Exception as e:  # noqa: BLE001 - the user's metric
-        raise TaskError(f"metric {name!r} failed on a test chunk of {_shape_text(test_spec)}: "
-                        f"{type(e).__name__}: {_first_line(e)}") from e
-    if getattr(value, "shape", None) != (b,):
-        raise TaskError(f"metric {name!r} must return per-example values [B] = [{b}]; got {value}.")
-
-
-def _eval_fn(apply, inputs_of, table, test_size: int):
-    """Jitted eval_fn(params, data): each metric's mean over the test set, chunk by chunk."""
-
-    def eval_fn(params: PyTree, data: PyTree) -> dict[str, jax.Array]:
-        def chunk_sums(args):
-            batch, mask = args
-            out = apply(params, inputs_of(batch))
-            return [jnp.sum(jnp.where(mask, fn(out, batch).astype(jnp.float32), 0.0)) for _, fn, _ in table]
-
-        sums = jax.lax.map(chunk_sums, (data["test_examples"], data["mask_test"]))
-        result = {}
-        for (metric, _, finalize), s in zip(table, sums):
-            mean = jnp.sum(s) / test_size
-            result[metric.name] = finalize(mean) if finalize is not None else mean
-        return result
-
-    return jax.jit(eval_fn)
 
 
 # ---------------------------------------------------------------------------
@@ -754,7 +387,7 @@ def from_functions(
     key = jax.random.key(0)
     params_shape = _eval_shape_named("init", init, key)
     batch = _eval_shape_named("sample", sample_fn, task_data, key, jnp.int32(0), jnp.int32(0))
-    _check_scalar_loss(loss, params_shape, batch, f"loss of task {name!r}")
+    check_scalar_loss(loss, params_shape, batch, f"loss of task {name!r}")
     values = _eval_shape_named("evaluate", eval_fn, params_shape, task_data)
     if not isinstance(values, Mapping) or set(values) != set(names):
         raise TaskError(f"evaluate must return a dict with exactly the metrics {list(names)}; got "
@@ -775,4 +408,4 @@ def _eval_shape_named(what: str, fn, *args):
         return jax.eval_shape(fn, *args)
     except Exception as e:  # noqa: BLE001 - the user's function: name it
         raise TaskError(f"{what} failed when called on example arguments: {type(e).__name__}: "
-                        f"{_first_line(e)}") from e
+                        f"{first_line(e)}") from e
