@@ -1,14 +1,29 @@
 """Synchronization policies: when a worker may start, when the server updates.
 
-A policy is a small immutable value (a frozen dataclass) holding its
-hyper-parameters. Its methods act on a `SyncState`, the control-plane state
-of one run: the clock table, the live set, the server version, how many
-gradients are buffered for the next update, the blocked workers, and, for
-DSSP, the grants and recent push timestamps. Time is always passed in (the
-simulator passes simulated seconds, the runtime passes `time.monotonic()`);
-nothing here reads a clock, draws a random number or touches parameters.
+A policy is a small immutable value composed of two parts, each with its own
+small state (in the spirit of optax's transformations):
 
-The driver protocol, identical for the simulator and the real runtime::
+- a **gate** decides when a worker may start its next iteration:
+  `Free` (never blocks: ASP, softsync), `ClockBound(s)` (no worker more than s
+  clocks ahead of the slowest live one: SSP, and BSP's barrier at s = 0),
+  `DynamicBound(s_low, r_max, cap)` (DSSP: `ClockBound(s_low)` plus the
+  synchronization controller, whose grants and push timestamps are its state),
+  `RoundBound()` (backup workers: a worker that pushed on time waits for its
+  round's update);
+- an **aggregation** decides which gradients the server keeps and when it
+  applies an update: `EachGradient` (ASP, SSP, DSSP), `AllLive` (BSP: every
+  live worker's gradient of the round), `Count(n)` (Rudra n-softsync: floor(λ/n)
+  gradients from any workers), `FirstOfRound(b)` (backup workers: the first
+  λ − b gradients of a round; late ones are dropped).
+
+    ssp(3)          == Policy(ClockBound(3), EachGradient(), ...)
+    bsp()           == Policy(ClockBound(0), AllLive(), ...)
+    dssp(3, 12)     == Policy(DynamicBound(3, 12), EachGradient(), ...)
+    softsync(4)     == Policy(Free(), Count(4), ...)
+    backup_workers(1) == Policy(RoundBound(), FirstOfRound(1), ...)
+
+The driver protocol, identical for the simulator and the real runtime (both
+call it through `staleness.driver`)::
 
     state = policy.init(num_workers, now)          # every worker may start iteration 0
     out = policy.push(state, worker, pull_version, now)
@@ -20,10 +35,16 @@ The driver protocol, identical for the simulator and the real runtime::
     out = policy.fail(state, worker, now)          # a worker died; its in-flight gradient is lost
     out = policy.join(state, worker, now)          # a worker (re)joins and pulls the newest version
 
+Time is always passed in (simulated seconds, or the runtime's
+`time.monotonic()`); nothing here reads a clock, draws a random number or
+touches parameters.
+
 Deliberate deviation from "state is returned, never mutated": `SyncState` is
 updated in place by these methods. A persistent (copy-on-write) clock table
 costs O(λ) per event, and the simulator must stay O(log λ) per event for
-λ = 1024 workers. Only the policy methods mutate it; drivers read it.
+λ = 1024 workers. The mutation lives behind one small type, `ClockTable`
+(clocks, live set, blocked workers, slowest/fastest clock in O(1) amortized);
+the round counters and each gate's own state sit beside it.
 
 Clock of a worker = number of gradients it has pushed, except that a worker
 rejoining after a failure is fast-forwarded to the slowest live clock (it
@@ -36,26 +57,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from typing import ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
-    "Policy",
-    "PushOutcome",
-    "SyncState",
-    "BSP",
-    "ASP",
-    "SSP",
-    "DSSP",
-    "SoftSync",
-    "BackupWorkers",
-    "bsp",
-    "asp",
-    "ssp",
-    "dssp",
-    "softsync",
-    "backup_workers",
-    "dssp_controller",
-    "parse",
+    "Policy", "PushOutcome", "SyncState", "ClockTable",
+    "Free", "ClockBound", "DynamicBound", "RoundBound",
+    "EachGradient", "AllLive", "Count", "FirstOfRound",
+    "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "dssp_controller", "parse",
 ]
 
 
@@ -73,53 +81,44 @@ class PushOutcome(NamedTuple):
     released: tuple[int, ...]
 
 
-class SyncState:
-    """Control-plane state of one run (see the module docstring).
+class ClockTable:
+    """The workers' clocks, the live set and the blocked workers (mutable, O(log λ) per event).
 
-    Public read-only attributes for drivers: `clocks`, `live`, `version`,
-    `buffered`, `dropped`, `rstar` (DSSP: list of (time, worker, r*)).
+    `clocks[w]`, `live[w]`, `num_live`, `blocked[w]`, `min_clock` / `max_clock`
+    (over live workers) are read by drivers and policies; only `Policy` methods
+    change them. Blocked workers wait in a heap keyed by the gate level at which
+    they may go on; live workers sit in insertion-ordered buckets per clock value,
+    which give the slowest and fastest clocks in O(1) amortized.
     """
 
-    __slots__ = (
-        "num_workers", "clocks", "live", "num_live", "version", "buffered",
-        "dropped", "blocked", "_heap", "_buckets", "min_clock", "max_clock",
-        "grants", "last_push", "prev_push", "rstar", "max_gap", "contributors", "live_contributors",
-    )
+    __slots__ = ("num_workers", "clocks", "live", "num_live", "blocked", "_heap", "_buckets",
+                 "min_clock", "max_clock", "max_gap")
 
-    def __init__(self, num_workers: int, now: float):
+    def __init__(self, num_workers: int):
         self.num_workers = num_workers
         self.clocks = [0] * num_workers          # [λ] pushes (fast-forwarded on rejoin)
         self.live = [True] * num_workers         # [λ]
         self.num_live = num_workers
-        self.version = 0                         # updates applied
-        self.buffered = 0                        # accepted gradients waiting for the next update
-        self.dropped = 0                         # gradients rejected by the policy
         self.blocked = [False] * num_workers     # [λ] waiting at the gate
         self._heap: list[tuple[int, int]] = []   # (release level, worker); lazily pruned
-        # clock value -> insertion-ordered live workers at that clock; gives the
-        # slowest/fastest clock in O(1) amortized, never O(λ) per event.
         self._buckets: dict[int, dict[int, None]] = {0: dict.fromkeys(range(num_workers))}
         self.min_clock = 0
         self.max_clock = 0
-        self.grants = [0] * num_workers          # DSSP r[i]: extra iterations granted
-        self.last_push = [now] * num_workers     # DSSP A[i][-1]; the start time counts as a push
-        self.prev_push = [math.nan] * num_workers  # DSSP A[i][-2]
-        self.rstar: list[tuple[float, int, int]] = []
         self.max_gap = 0                         # largest clock gap at any release
-        self.contributors: dict[int, None] = {}  # workers with a gradient in the buffer
-        self.live_contributors = 0               # how many of them are live
 
-    # -- clock table -------------------------------------------------------
-    def _move(self, worker: int, old: int, new: int) -> None:
+    def advance(self, worker: int) -> None:
+        """`worker` pushed: its clock rises by one."""
+        old = self.clocks[worker]
+        self.clocks[worker] = old + 1
         bucket = self._buckets[old]
         del bucket[worker]
-        self._buckets.setdefault(new, {})[worker] = None
+        self._buckets.setdefault(old + 1, {})[worker] = None
         if not bucket:
             del self._buckets[old]
             if old == self.min_clock:
                 self._advance_min()
-        if new > self.max_clock:
-            self.max_clock = new
+        if old + 1 > self.max_clock:
+            self.max_clock = old + 1
 
     def _advance_min(self) -> None:
         if not self._buckets:
@@ -129,7 +128,11 @@ class SyncState:
             m += 1
         self.min_clock = m
 
-    def _remove(self, worker: int) -> None:
+    def remove(self, worker: int) -> None:
+        """`worker` left the live set."""
+        self.live[worker] = False
+        self.num_live -= 1
+        self.blocked[worker] = False
         clock = self.clocks[worker]
         bucket = self._buckets[clock]
         del bucket[worker]
@@ -145,7 +148,12 @@ class SyncState:
                     m -= 1
                 self.max_clock = m
 
-    def _insert(self, worker: int) -> None:
+    def insert(self, worker: int) -> None:
+        """`worker` (re)joins the live set, fast-forwarded to the slowest live clock."""
+        if self.num_live:
+            self.clocks[worker] = max(self.clocks[worker], self.min_clock)
+        self.live[worker] = True
+        self.num_live += 1
         clock = self.clocks[worker]
         if not self._buckets:
             self.min_clock = self.max_clock = clock
@@ -158,167 +166,64 @@ class SyncState:
         """A live worker with the smallest clock (the longest-waiting one at it)."""
         return next(iter(self._buckets[self.min_clock]))
 
+    def hold(self, worker: int, key: int) -> None:
+        """Block `worker` until the gate's level reaches `key`."""
+        self.blocked[worker] = True
+        heapq.heappush(self._heap, (key, worker))
 
-class Policy:
-    """Abstract base of the synchronization policies; concrete ones are final.
-
-    Subclasses set the aggregation (`gradients_per_update`, `_accepts`) and the
-    gate (`_level`, `_gate`). The gate releases a blocked worker when the
-    policy's level (the slowest live clock, or the server version) reaches the
-    key it was blocked with; blocked workers sit in a heap keyed by that key.
-    """
-
-    name: ClassVar[str] = "policy"
-
-    # -- policy-specific hooks ---------------------------------------------
-    def gradients_per_update(self, num_live: int, num_workers: int) -> int:
-        """Number of accepted gradients that trigger an update."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """Short spec string, parseable by `parse`."""
-        raise NotImplementedError
-
-    def staleness_bound(self) -> int | None:
-        """Largest allowed clock gap at the start of an iteration (None: unbounded)."""
-        return None
-
-    def _accepts(self, state: SyncState, worker: int, pull_version: int) -> bool:
-        return True
-
-    def _update_due(self, state: SyncState) -> bool:
-        return state.buffered >= self.gradients_per_update(state.num_live, state.num_workers)
-
-    def _level(self, state: SyncState) -> int:
-        return state.min_clock
-
-    def _gate(self, state: SyncState, worker: int, pull_version: int, now: float) -> int | None:
-        """After a push: None to release the worker now, else the level key to block on."""
-        return None
-
-    def _validate(self, num_workers: int) -> None:
-        pass
-
-    def _join_gate(self, state: SyncState, worker: int) -> int | None:
-        """On a (re)join: None to start at once, else the level key to block on.
-        Clock-gated policies apply their threshold: a worker that pushed into a
-        round before it died waits for that round like everyone else."""
-        bound = self._gate_threshold()
-        if bound is None:
-            return None
-        key = state.clocks[worker] - bound
-        return None if key <= state.min_clock else key
-
-    def _gate_threshold(self) -> int | None:
-        """Clock threshold of the gate (None: not clock-gated)."""
-        return None
-
-    # -- driver protocol ---------------------------------------------------
-    def init(self, num_workers: int, now: float = 0.0) -> SyncState:
-        """Fresh state for `num_workers` workers at time `now` (seconds); all may start."""
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-            raise ValueError(f"num_workers = {num_workers!r} must be an integer >= 1")
-        self._validate(num_workers)
-        return SyncState(num_workers, float(now))
-
-    def push(self, state: SyncState, worker: int, pull_version: int, now: float) -> PushOutcome:
-        """The server receives `worker`'s gradient computed on `pull_version` at time `now`."""
-        if not state.live[worker]:
-            raise ValueError(f"push: worker {worker} is not live")
-        accepted = self._accepts(state, worker, pull_version)
-        old = state.clocks[worker]
-        state.clocks[worker] = old + 1
-        state._move(worker, old, old + 1)
-        state.prev_push[worker] = state.last_push[worker]
-        state.last_push[worker] = now
-        update = False
-        if accepted:
-            state.buffered += 1
-            if worker not in state.contributors:
-                state.contributors[worker] = None
-                state.live_contributors += 1
-            update = self._update_due(state)
-            if update:
-                self._close_round(state)
-        else:
-            state.dropped += 1
-        released: list[int] = []
-        self._hold_or_release(state, worker, self._gate(state, worker, pull_version, now), released)
-        self._drain(state, released)
-        self._note_gaps(state, released)
-        return PushOutcome(accepted, update, tuple(released))
-
-    def fail(self, state: SyncState, worker: int, now: float) -> PushOutcome:
-        """`worker` died at `now`: it leaves the gates; a synchronous update may now be due."""
-        if not state.live[worker]:
-            raise ValueError(f"fail: worker {worker} is not live")
-        state.live[worker] = False
-        state.num_live -= 1
-        state.blocked[worker] = False
-        state.grants[worker] = 0
-        state._remove(worker)
-        if worker in state.contributors:  # its pushed gradient stays in the buffer
-            state.live_contributors -= 1
-        update = bool(state.num_live and state.buffered and self._update_due(state))
-        if update:
-            self._close_round(state)
-        released: list[int] = []
-        self._drain(state, released)
-        self._note_gaps(state, released)
-        return PushOutcome(False, update, tuple(released))
-
-    def join(self, state: SyncState, worker: int, now: float) -> PushOutcome:
-        """`worker` (re)joins at `now`, fast-forwarded to the slowest live clock."""
-        if state.live[worker]:
-            raise ValueError(f"join: worker {worker} is already live")
-        if state.num_live:
-            state.clocks[worker] = max(state.clocks[worker], state.min_clock)
-        state.live[worker] = True
-        state.num_live += 1
-        state.last_push[worker] = now
-        state.prev_push[worker] = math.nan
-        state._insert(worker)
-        if worker in state.contributors:  # it pushed into the open round before it died
-            state.live_contributors += 1
-        released: list[int] = []
-        self._hold_or_release(state, worker, self._join_gate(state, worker), released)
-        self._drain(state, released)
-        return PushOutcome(False, False, tuple(released))
-
-    @staticmethod
-    def _close_round(state: SyncState) -> None:
-        """The buffered gradients become one update: the version rises by one."""
-        state.buffered = 0
-        state.version += 1
-        state.contributors.clear()
-        state.live_contributors = 0
-
-    @staticmethod
-    def _hold_or_release(state: SyncState, worker: int, key: int | None, released: list[int]) -> None:
-        """Release `worker` now (key None) or block it until the level reaches `key`."""
-        if key is None:
-            released.append(worker)
-        else:
-            state.blocked[worker] = True
-            heapq.heappush(state._heap, (key, worker))
-
-    def _drain(self, state: SyncState, released: list[int]) -> None:
-        heap = state._heap
-        if not heap:
-            return
-        level = self._level(state)
+    def drain(self, level: int, released: list[int]) -> None:
+        """Release every blocked live worker whose key is <= `level` (into `released`)."""
+        heap = self._heap
         while heap and heap[0][0] <= level:
             _, w = heapq.heappop(heap)
-            if state.blocked[w] and state.live[w]:
-                state.blocked[w] = False
+            if self.blocked[w] and self.live[w]:
+                self.blocked[w] = False
                 released.append(w)
 
-    @staticmethod
-    def _note_gaps(state: SyncState, released: list[int]) -> None:
+    def note_gaps(self, released: list[int]) -> None:
         for w in released:
-            gap = state.clocks[w] - state.min_clock
-            if gap > state.max_gap:
-                state.max_gap = gap
+            gap = self.clocks[w] - self.min_clock
+            if gap > self.max_gap:
+                self.max_gap = gap
+
+
+class SyncState:
+    """Control-plane state of one run: the clock table, the round counters and
+    the gate's own state (DSSP's grants and push timestamps; None for the others).
+
+    Public read-only attributes for drivers: `clocks`, `live`, `num_live`,
+    `blocked`, `min_clock`, `max_clock`, `version` (updates applied),
+    `buffered` (accepted gradients waiting for the next update), `dropped`,
+    `rstar` (DSSP: list of (time, worker, r*)), `max_gap`.
+    """
+
+    __slots__ = ("table", "version", "buffered", "dropped", "contributors", "live_contributors", "gate")
+
+    def __init__(self, num_workers: int, gate_state: Any = None):
+        self.table = ClockTable(num_workers)
+        self.version = 0
+        self.buffered = 0
+        self.dropped = 0
+        self.contributors: dict[int, None] = {}  # workers with a gradient in the buffer
+        self.live_contributors = 0               # how many of them are live
+        self.gate = gate_state
+
+    # the clock table's fields, read by drivers
+    num_workers = property(lambda self: self.table.num_workers)
+    clocks = property(lambda self: self.table.clocks)
+    live = property(lambda self: self.table.live)
+    num_live = property(lambda self: self.table.num_live)
+    blocked = property(lambda self: self.table.blocked)
+    min_clock = property(lambda self: self.table.min_clock)
+    max_clock = property(lambda self: self.table.max_clock)
+    max_gap = property(lambda self: self.table.max_gap)
+
+    @property
+    def rstar(self) -> list:
+        return self.gate.rstar if isinstance(self.gate, _DynamicState) else []
+
+    def slowest(self) -> int:
+        return self.table.slowest()
 
 
 def _check_int(owner: str, arg: str, value, low: int) -> None:
@@ -326,149 +231,73 @@ def _check_int(owner: str, arg: str, value, low: int) -> None:
         raise ValueError(f"{owner}: {arg} = {value!r} must be an integer >= {low}")
 
 
+# -- gates ---------------------------------------------------------------------------------------
+# A gate: `init(num_workers, now)` -> its own state (or None); `level(state)` the
+# value blocked keys are compared with; `after_push(state, w, pull_version, now)`
+# None to release w now, else the level key to block it on; `on_join(state, w)`
+# the same for a (re)joining worker; `pushed/failed/joined` keep its own state;
+# `bound()` the largest clock gap at the start of an iteration (None: unbounded).
 @dataclasses.dataclass(frozen=True)
-class SSP(Policy):
-    """Stale synchronous parallel: apply on arrival; a worker more than
-    `staleness` clocks ahead of the slowest live worker blocks."""
+class Free:
+    """Never blocks (ASP, softsync)."""
 
-    staleness: int = 3
-    name: ClassVar[str] = "ssp"
-
-    def __post_init__(self):
-        _check_int("ssp", "staleness", self.staleness, 0)
-
-    def gradients_per_update(self, num_live, num_workers):
-        return 1
-
-    def staleness_bound(self):
-        return self.staleness
-
-    def _gate_threshold(self):
-        return self.staleness
-
-    def _gate(self, state, worker, pull_version, now):
-        key = state.clocks[worker] - self.staleness
-        return None if key <= state.min_clock else key
-
-    def describe(self):
-        return f"ssp:{self.staleness}"
-
-
-@dataclasses.dataclass(frozen=True)
-class BSP(Policy):
-    """Bulk synchronous parallel: average all live workers' gradients, barrier.
-
-    The gate is SSP(0)'s; the update fires when every live worker has pushed
-    its gradient of the round (a worker that dies after pushing still counts
-    its gradient; one that dies before pushing is no longer waited for)."""
-
-    name: ClassVar[str] = "bsp"
-
-    def gradients_per_update(self, num_live, num_workers):
-        return num_live
-
-    def _update_due(self, state):
-        return state.live_contributors >= state.num_live
-
-    def _gate_threshold(self):
-        return 0
-
-    def staleness_bound(self):
-        return 0
-
-    def _gate(self, state, worker, pull_version, now):
-        key = state.clocks[worker]
-        return None if key <= state.min_clock else key
-
-    def describe(self):
-        return "bsp"
-
-
-@dataclasses.dataclass(frozen=True)
-class ASP(Policy):
-    """Asynchronous parallel: apply each gradient on arrival, never block."""
-
-    name: ClassVar[str] = "asp"
-
-    def gradients_per_update(self, num_live, num_workers):
-        return 1
-
-    def describe(self):
-        return "asp"
-
-
-@dataclasses.dataclass(frozen=True)
-class SoftSync(Policy):
-    """Rudra n-softsync: update after c = floor(λ/n) gradients from any workers.
-
-    No barrier; the same worker may contribute several gradients to one
-    update. n = λ is plain async; n = 1 is not hardsync (no barrier)."""
-
-    n: int = 1
-    name: ClassVar[str] = "softsync"
-
-    def __post_init__(self):
-        _check_int("softsync", "n", self.n, 1)
-
-    def _validate(self, num_workers):
-        if self.n > num_workers:
-            raise ValueError(
-                f"softsync: n = {self.n} must be <= the number of workers ({num_workers}); "
-                "c = floor(workers / n) gradients per update must be >= 1"
-            )
-
-    def gradients_per_update(self, num_live, num_workers):
-        return num_workers // self.n
-
-    def describe(self):
-        return f"softsync:{self.n}"
-
-
-@dataclasses.dataclass(frozen=True)
-class BackupWorkers(Policy):
-    """Synchronous SGD with `b` backup workers (Chen et al. 2016).
-
-    Round k collects gradients computed on version k; the update fires after
-    the first (live − b) of them; gradients computed on an older version
-    arrive late and are dropped (counted in `SyncState.dropped`). A worker
-    that pushed on time waits for its round's update; a late one restarts at
-    once on the newest version."""
-
-    b: int = 1
-    name: ClassVar[str] = "backup"
-
-    def __post_init__(self):
-        _check_int("backup_workers", "b", self.b, 0)
-
-    def _validate(self, num_workers):
-        if self.b >= num_workers:
-            raise ValueError(
-                f"backup_workers: b = {self.b} must be < the number of workers ({num_workers})"
-            )
-
-    def gradients_per_update(self, num_live, num_workers):
-        return max(1, num_live - self.b)
-
-    def staleness_bound(self):
+    def init(self, num_workers, now):
         return None
 
-    def _accepts(self, state, worker, pull_version):
-        return pull_version == state.version
+    def level(self, state):
+        return state.table.min_clock
 
-    def _level(self, state):
-        return state.version
+    def after_push(self, state, worker, pull_version, now):
+        return None
 
-    def _gate(self, state, worker, pull_version, now):
-        key = pull_version + 1
-        return None if key <= state.version else key
+    def on_join(self, state, worker):
+        return None
 
-    def describe(self):
-        return f"backup:{self.b}"
+    def pushed(self, state, worker, now):
+        pass
+
+    def failed(self, state, worker):
+        pass
+
+    def joined(self, state, worker, now):
+        pass
+
+    def bound(self):
+        return None
 
 
-def dssp_controller(
-    fast_last: float, fast_prev: float, slow_last: float, slow_prev: float, r_max: int
-) -> int:
+@dataclasses.dataclass(frozen=True)
+class ClockBound(Free):
+    """A worker more than `s` clocks ahead of the slowest live worker waits (SSP;
+    s = 0 is BSP's barrier). A (re)joining worker passes the same gate: one that
+    pushed into a round before it died waits for that round like everyone else."""
+
+    s: int = 3
+
+    def after_push(self, state, worker, pull_version, now):
+        return self.on_join(state, worker)
+
+    def on_join(self, state, worker):
+        key = state.table.clocks[worker] - self.s
+        return None if key <= state.table.min_clock else key
+
+    def bound(self):
+        return self.s
+
+
+class _DynamicState:
+    """DSSP's own state: grants r[i], the last two push times A[i][-1], A[i][-2], r* calls."""
+
+    __slots__ = ("grants", "last_push", "prev_push", "rstar")
+
+    def __init__(self, num_workers: int, now: float):
+        self.grants = [0] * num_workers
+        self.last_push = [now] * num_workers     # the start time counts as a push
+        self.prev_push = [math.nan] * num_workers
+        self.rstar: list[tuple[float, int, int]] = []
+
+
+def dssp_controller(fast_last: float, fast_prev: float, slow_last: float, slow_prev: float, r_max: int) -> int:
     """DSSP synchronization controller (our reading of the paper, PAPERS.md).
 
     From the last two push timestamps (seconds) of the fastest worker
@@ -496,16 +325,15 @@ def dssp_controller(
 
 
 @dataclasses.dataclass(frozen=True)
-class DSSP(Policy):
-    """Dynamic SSP (Zhao et al., ICDCS 2019): SSP whose threshold moves in
-    [s_low, s_low + r_max] per iteration, chosen by `dssp_controller`.
+class DynamicBound(Free):
+    """DSSP (Zhao et al., ICDCS 2019): `ClockBound(s_low)` plus the controller.
 
     On a push from p: if p holds granted iterations it uses one and goes on;
     else if it is within s_low of the slowest it goes on; else if it is the
     fastest the controller grants r* extra iterations (recorded in
     `SyncState.rstar`); else it blocks until within s_low.
 
-    cap=True (default): r* is clipped so that no iteration starts more than
+    cap=True: r* is clipped so that no iteration starts more than
     s_U = s_low + r_max clocks ahead of the slowest (the paper's "threshold in
     (s_L, s_U)"). cap=False: the literal server loop, which asks the
     controller again each time a grant is used up, so repeated grants can let
@@ -516,78 +344,284 @@ class DSSP(Policy):
     s_low: int = 3
     r_max: int = 12
     cap: bool = True
-    name: ClassVar[str] = "dssp"
 
-    def __post_init__(self):
-        _check_int("dssp", "s_low", self.s_low, 0)
-        _check_int("dssp", "r_max", self.r_max, 0)
-        if not isinstance(self.cap, bool):
-            raise ValueError(f"dssp: cap = {self.cap!r} must be True or False")
+    def init(self, num_workers, now):
+        return _DynamicState(num_workers, now)
 
-    def gradients_per_update(self, num_live, num_workers):
-        return 1
+    def pushed(self, state, worker, now):
+        g = state.gate
+        g.prev_push[worker] = g.last_push[worker]
+        g.last_push[worker] = now
 
-    def staleness_bound(self):
-        return self.s_low + self.r_max if self.cap else None
+    def failed(self, state, worker):
+        state.gate.grants[worker] = 0
 
-    def _gate_threshold(self):
-        return self.s_low
+    def joined(self, state, worker, now):
+        state.gate.last_push[worker] = now
+        state.gate.prev_push[worker] = math.nan
 
-    def _gate(self, state, worker, pull_version, now):
-        gap = state.clocks[worker] - state.min_clock
-        if state.grants[worker] > 0:
+    def after_push(self, state, worker, pull_version, now):
+        t, g = state.table, state.gate
+        gap = t.clocks[worker] - t.min_clock
+        if g.grants[worker] > 0:
             if not self.cap or gap <= self.s_low + self.r_max:
-                state.grants[worker] -= 1
+                g.grants[worker] -= 1
                 return None
-            state.grants[worker] = 0
+            g.grants[worker] = 0
         if gap <= self.s_low:
             return None
-        if state.clocks[worker] == state.max_clock:
-            slow = state.slowest()
-            r = dssp_controller(
-                state.last_push[worker], state.prev_push[worker],
-                state.last_push[slow], state.prev_push[slow], self.r_max,
-            )
+        if t.clocks[worker] == t.max_clock:
+            slow = t.slowest()
+            r = dssp_controller(g.last_push[worker], g.prev_push[worker], g.last_push[slow], g.prev_push[slow],
+                                self.r_max)
             if self.cap:
                 r = max(0, min(r, self.s_low + self.r_max - gap + 1))
-            state.rstar.append((now, worker, r))
+            g.rstar.append((now, worker, r))
             if r > 0:
-                state.grants[worker] = r - 1
+                g.grants[worker] = r - 1
                 return None
-        return state.clocks[worker] - self.s_low
+        return t.clocks[worker] - self.s_low
 
-    def describe(self):
-        return f"dssp:{self.s_low}:{self.r_max}" + ("" if self.cap else ":nocap")
+    def on_join(self, state, worker):
+        key = state.table.clocks[worker] - self.s_low
+        return None if key <= state.table.min_clock else key
+
+    def bound(self):
+        return self.s_low + self.r_max if self.cap else None
 
 
-def bsp() -> BSP:
-    """Bulk synchronous parallel (hardsync): staleness 0, λ gradients per update."""
-    return BSP()
+@dataclasses.dataclass(frozen=True)
+class RoundBound(Free):
+    """A worker whose gradient was on time for its round waits for the round's
+    update; a late one starts again at once on the newest version (backup workers).
+    Its level is the server version, not a clock."""
+
+    def level(self, state):
+        return state.version
+
+    def after_push(self, state, worker, pull_version, now):
+        key = pull_version + 1
+        return None if key <= state.version else key
 
 
-def asp() -> ASP:
+# -- aggregations ----------------------------------------------------------------------------------
+# An aggregation: `accepts(state, w, pull_version)` keep the gradient or drop it;
+# `due(state)` whether the buffered gradients make an update now; `size(num_live,
+# num_workers)` gradients per update; `validate(num_workers)` policy-specific checks.
+@dataclasses.dataclass(frozen=True)
+class EachGradient:
+    """Every gradient is one update, applied on arrival (ASP, SSP, DSSP)."""
+
+    def accepts(self, state, worker, pull_version):
+        return True
+
+    def due(self, state):
+        return state.buffered >= 1
+
+    def size(self, num_live, num_workers):
+        return 1
+
+    def validate(self, num_workers):
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class AllLive(EachGradient):
+    """One update per round from every live worker's gradient (BSP). A worker that
+    dies after pushing still counts its gradient; one that dies before pushing is
+    no longer waited for."""
+
+    def due(self, state):
+        return state.live_contributors >= state.table.num_live
+
+    def size(self, num_live, num_workers):
+        return num_live
+
+
+@dataclasses.dataclass(frozen=True)
+class Count(EachGradient):
+    """Rudra n-softsync: an update after c = floor(λ/n) gradients from any workers
+    (the same worker may contribute several). n = λ is plain async; n = 1 is not
+    hardsync (no barrier)."""
+
+    n: int = 1
+
+    def due(self, state):
+        return state.buffered >= state.table.num_workers // self.n
+
+    def size(self, num_live, num_workers):
+        return num_workers // self.n
+
+    def validate(self, num_workers):
+        if self.n > num_workers:
+            raise ValueError(
+                f"softsync: n = {self.n} must be <= the number of workers ({num_workers}); "
+                "c = floor(workers / n) gradients per update must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstOfRound(EachGradient):
+    """Synchronous SGD with b backup workers (Chen et al. 2016): round k collects
+    gradients computed on version k; the update fires after the first (live − b);
+    gradients computed on an older version arrive late and are dropped (counted in
+    `SyncState.dropped`)."""
+
+    b: int = 1
+
+    def accepts(self, state, worker, pull_version):
+        return pull_version == state.version
+
+    def due(self, state):
+        return state.buffered >= max(1, state.table.num_live - self.b)
+
+    def size(self, num_live, num_workers):
+        return max(1, num_live - self.b)
+
+    def validate(self, num_workers):
+        if self.b >= num_workers:
+            raise ValueError(f"backup_workers: b = {self.b} must be < the number of workers ({num_workers})")
+
+
+# -- the policy ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A gate and an aggregation, and the driver protocol over them (see the module docstring).
+
+    spec: the policy's spec string (`describe()`; parseable by `parse`).
+    """
+
+    gate: Any
+    aggregation: Any
+    spec: str
+
+    def describe(self) -> str:
+        """Short spec string, parseable by `parse`."""
+        return self.spec
+
+    def staleness_bound(self) -> int | None:
+        """Largest allowed clock gap at the start of an iteration (None: unbounded)."""
+        return self.gate.bound()
+
+    def gradients_per_update(self, num_live: int, num_workers: int) -> int:
+        """Number of accepted gradients that make an update."""
+        return self.aggregation.size(num_live, num_workers)
+
+    def init(self, num_workers: int, now: float = 0.0) -> SyncState:
+        """Fresh state for `num_workers` workers at time `now` (seconds); all may start."""
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+            raise ValueError(f"num_workers = {num_workers!r} must be an integer >= 1")
+        self.aggregation.validate(num_workers)
+        return SyncState(num_workers, self.gate.init(num_workers, float(now)))
+
+    def push(self, state: SyncState, worker: int, pull_version: int, now: float) -> PushOutcome:
+        """The server receives `worker`'s gradient computed on `pull_version` at time `now`."""
+        table = state.table
+        if not table.live[worker]:
+            raise ValueError(f"push: worker {worker} is not live")
+        accepted = self.aggregation.accepts(state, worker, pull_version)
+        table.advance(worker)
+        self.gate.pushed(state, worker, now)
+        update = False
+        if accepted:
+            state.buffered += 1
+            if worker not in state.contributors:
+                state.contributors[worker] = None
+                state.live_contributors += 1
+            update = self.aggregation.due(state)
+            if update:
+                _close_round(state)
+        else:
+            state.dropped += 1
+        released: list[int] = []
+        key = self.gate.after_push(state, worker, pull_version, now)
+        if key is None:
+            released.append(worker)
+        else:
+            table.hold(worker, key)
+        table.drain(self.gate.level(state), released)
+        table.note_gaps(released)
+        return PushOutcome(accepted, update, tuple(released))
+
+    def fail(self, state: SyncState, worker: int, now: float) -> PushOutcome:
+        """`worker` died at `now`: it leaves the gates; a synchronous update may now be due."""
+        table = state.table
+        if not table.live[worker]:
+            raise ValueError(f"fail: worker {worker} is not live")
+        table.remove(worker)
+        self.gate.failed(state, worker)
+        if worker in state.contributors:  # its pushed gradient stays in the buffer
+            state.live_contributors -= 1
+        update = bool(table.num_live and state.buffered and self.aggregation.due(state))
+        if update:
+            _close_round(state)
+        released: list[int] = []
+        table.drain(self.gate.level(state), released)
+        table.note_gaps(released)
+        return PushOutcome(False, update, tuple(released))
+
+    def join(self, state: SyncState, worker: int, now: float) -> PushOutcome:
+        """`worker` (re)joins at `now`, fast-forwarded to the slowest live clock."""
+        table = state.table
+        if table.live[worker]:
+            raise ValueError(f"join: worker {worker} is already live")
+        table.insert(worker)
+        self.gate.joined(state, worker, now)
+        if worker in state.contributors:  # it pushed into the open round before it died
+            state.live_contributors += 1
+        released: list[int] = []
+        key = self.gate.on_join(state, worker)
+        if key is None:
+            released.append(worker)
+        else:
+            table.hold(worker, key)
+        table.drain(self.gate.level(state), released)
+        return PushOutcome(False, False, tuple(released))
+
+
+def _close_round(state: SyncState) -> None:
+    """The buffered gradients become one update: the version rises by one."""
+    state.buffered = 0
+    state.version += 1
+    state.contributors.clear()
+    state.live_contributors = 0
+
+
+# -- factories -------------------------------------------------------------------------------------
+def bsp() -> Policy:
+    """Bulk synchronous parallel (hardsync): staleness 0, every live worker's gradient per update."""
+    return Policy(ClockBound(0), AllLive(), "bsp")
+
+
+def asp() -> Policy:
     """Asynchronous parallel: apply on arrival, never block."""
-    return ASP()
+    return Policy(Free(), EachGradient(), "asp")
 
 
-def ssp(staleness: int = 3) -> SSP:
+def ssp(staleness: int = 3) -> Policy:
     """Stale synchronous parallel with a fixed threshold `staleness` (clocks)."""
-    return SSP(staleness)
+    _check_int("ssp", "staleness", staleness, 0)
+    return Policy(ClockBound(staleness), EachGradient(), f"ssp:{staleness}")
 
 
-def dssp(s_low: int = 3, r_max: int = 12, cap: bool = True) -> DSSP:
-    """Dynamic SSP with threshold in [s_low, s_low + r_max] (see `DSSP`)."""
-    return DSSP(s_low, r_max, cap)
+def dssp(s_low: int = 3, r_max: int = 12, cap: bool = True) -> Policy:
+    """Dynamic SSP with threshold in [s_low, s_low + r_max] (see `DynamicBound`)."""
+    _check_int("dssp", "s_low", s_low, 0)
+    _check_int("dssp", "r_max", r_max, 0)
+    if not isinstance(cap, bool):
+        raise ValueError(f"dssp: cap = {cap!r} must be True or False")
+    return Policy(DynamicBound(s_low, r_max, cap), EachGradient(), f"dssp:{s_low}:{r_max}" + ("" if cap else ":nocap"))
 
 
-def softsync(n: int = 1) -> SoftSync:
+def softsync(n: int = 1) -> Policy:
     """Rudra n-softsync: one update per floor(λ/n) gradients."""
-    return SoftSync(n)
+    _check_int("softsync", "n", n, 1)
+    return Policy(Free(), Count(n), f"softsync:{n}")
 
 
-def backup_workers(b: int = 1) -> BackupWorkers:
+def backup_workers(b: int = 1) -> Policy:
     """Synchronous SGD that drops the last `b` gradients of each round."""
-    return BackupWorkers(b)
+    _check_int("backup_workers", "b", b, 0)
+    return Policy(RoundBound(), FirstOfRound(b), f"backup:{b}")
 
 
 _SPEC_HELP = "bsp, asp, ssp[:S], dssp[:S_LOW[:R_MAX]][:nocap], softsync[:N], backup[:B]"

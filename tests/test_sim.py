@@ -49,12 +49,13 @@ def policies(draw, num_workers):
 
 
 def expected_update_size(policy, lam):
-    if isinstance(policy, P.BSP):
+    agg = policy.aggregation
+    if isinstance(agg, P.AllLive):
         return lam
-    if isinstance(policy, P.SoftSync):
-        return lam // policy.n
-    if isinstance(policy, P.BackupWorkers):
-        return max(1, lam - policy.b)
+    if isinstance(agg, P.Count):
+        return lam // agg.n
+    if isinstance(agg, P.FirstOfRound):
+        return max(1, lam - agg.b)
     return 1
 
 
@@ -90,9 +91,9 @@ def check_invariants(sched: Schedule, policy, lam: int, failures=False):
         for q in range(lam):
             its = f["iteration"][f["worker"] == q]
             assert np.array_equal(its, np.arange(len(its)))
-    if isinstance(policy, P.BSP):
+    if policy == P.bsp():
         assert np.all(sched.staleness[applied] == 0)
-    if isinstance(policy, P.SSP) and policy.staleness == 0 and not failures:
+    if policy == P.ssp(0) and not failures:
         # SSP(0)'s gate is BSP's barrier: every round computes on one version
         for i in np.unique(f["iteration"]):
             assert len(np.unique(f["pull_version"][f["iteration"] == i])) == 1
