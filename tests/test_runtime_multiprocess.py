@@ -450,7 +450,7 @@ def test_a_pull_that_fails_after_returning_loses_the_process_and_never_reaches_t
 def test_the_recorder_holds_floats_only():
     import jax.numpy as jnp
 
-    from staleness.runtime.recorder import InFlight, Recorder
+    from staleness.driver import InFlight, Recorder
 
     rec = Recorder()
     f = InFlight(0, 0, 0.0, 0.0, 0)

@@ -9,8 +9,8 @@ One process: `run` (a thread per worker, one device each). Several processes
 or hosts: `run_process` in each process of a `jax.distributed` job (the CLI's
 `staleness run --coordinator ...`), or `launch_local` for N processes on this
 machine. Modules: `spec` (arguments), `numerics` (the jitted functions),
-`worker` (worker loop, injected delays), `server` (policy gate, updates,
-faults), `recorder` (the trace), `transport` (the Transport interface and the
+`worker` (worker loop, injected delays), `server` (the driver step of
+`staleness.driver` with real updates and faults), `transport` (the Transport interface and the
 in-process transport), `coordination` (the multi-process transport: the
 coordination service and `jax.experimental.transfer`), `checkpoint`,
 `progress`, `multiprocess`.

@@ -31,7 +31,7 @@ def save(path, server, config: dict, evaluate) -> None:
     """Checkpoint `server` (a `runtime.server.Server`) into directory `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    if server.buffer:  # cannot happen right after an update; guard the invariant anyway
+    if server.pending_rows():  # cannot happen right after an update; guard the invariant anyway
         raise RuntimeError("checkpoint: gradients are buffered; checkpoints are taken right after an update")
     server.evaluate_snapshots(evaluate, server.rec.update_losses())
     leaves = jax.device_get(jax.tree.leaves((server.params, server.opt_state)))
@@ -78,7 +78,7 @@ def load(path, config: dict) -> dict:
 
 def restore(server, meta: dict, device) -> object:
     """Put a loaded checkpoint into `server`; returns the SyncState to `start` from."""
-    from staleness.runtime.recorder import Recorder
+    from staleness.driver import Recorder
 
     treedef = jax.tree.structure((server.params, server.opt_state))
     params, opt_state = jax.tree.unflatten(treedef, [jax.device_put(x, device) for x in meta["leaves"]])

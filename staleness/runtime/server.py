@@ -28,9 +28,9 @@ from typing import Callable
 
 import numpy as np
 
+from staleness.driver import Driver, Recorder
 from staleness.runtime.errors import WorkerError, WorkerLostError
 from staleness.runtime.messages import Release, WorkerFailed, WorkerJoined, WorkerLost
-from staleness.runtime.recorder import InFlight, Recorder
 from staleness.runtime.transport import Arrival, ServerLink
 
 __all__ = ["Server", "Diverged", "TICK_SECONDS"]
@@ -90,13 +90,11 @@ class Server:
         self.stop_event = stop_event or threading.Event()
         self.clock = clock
 
-        self.state = None                       # SyncState (policy.init or a checkpoint's)
-        self.rec = Recorder()
-        self.inflight: list[InFlight | None] = [None] * num_workers
-        self.ready = [0.0] * num_workers        # time each worker became ready for its next iteration
-        self.epoch = [0] * num_workers
+        self.driver: Driver | None = None       # the control plane (made at `start`)
+        self.rec = Recorder()                   # the trace (a checkpoint's on resume); the driver's
+        self.epoch = [0] * num_workers          # membership epochs (a checkpoint's on resume); the driver's
         self.lost_for_real: set[int] = set()    # lost by a fault (not by the failure model)
-        self.buffer: list[tuple[int, object, int]] = []   # (row, grad, pull_version) awaiting an update
+        self.grads: dict[int, tuple[object, int]] = {}   # row -> (gradient, pull version) awaiting an update
         self.snapshots: list[tuple[int, object]] = [(0, params)]   # (update, params) to evaluate
         self.rows: list[dict] = []              # evaluated history rows
         self.t_offset = 0.0                     # seconds recorded before a resume
@@ -113,100 +111,93 @@ class Server:
         """Seconds since the run's start (continuing across a resume)."""
         return self.clock() - self.t0 + self.t_offset
 
-    # -- driver protocol ------------------------------------------------------------
-    def _release(self, w: int, now: float) -> None:
-        it = self.state.clocks[w]
-        v = self.rec.num_updates
-        self.inflight[w] = InFlight(it, v, now, max(0.0, now - self.ready[w]), self.epoch[w])
-        self.link.release(Release(w, it, v, self.epoch[w]), self.params)
+    @property
+    def state(self):
+        """The policy's SyncState (None before `start`)."""
+        return self.driver.state if self.driver is not None else None
+
+    # -- the driver step, and what the server does with it ---------------------------------
+    def _send(self, released) -> None:
+        """Offer the current parameters to each released (worker, iteration, version, epoch)."""
+        for w, it, v, ep in released:
+            self.link.release(Release(w, it, v, ep), self.params)
+
+    def _do(self, step, now: float) -> None:
+        if step.applied is not None:
+            self._apply(step.applied, now)
+        self._send(step.released)   # after the update: released workers pull the new version
 
     def _on_arrival(self, a: Arrival) -> None:
         m = a.push
         w = m.worker
-        f = self.inflight[w] if 0 <= w < self.num_workers else None
-        if f is None or m.epoch != f.epoch or not self.state.live[w]:
+        d = self.driver
+        f = d.inflight[w] if 0 <= w < self.num_workers else None
+        if f is None or m.epoch != f[4] or not d.state.live[w]:
             return  # the gradient of a worker declared lost after its release: ignored
-        if m.iteration != f.iteration or m.version != f.pull_version:
+        iteration, pull_version, pull_time = f[0], f[1], f[2]
+        if m.iteration != iteration or m.version != pull_version:
             raise RuntimeError(f"worker {w} pushed iteration {m.iteration} on version {m.version}, "
-                               f"but was released for iteration {f.iteration} on version {f.pull_version}")
+                               f"but was released for iteration {iteration} on version {pull_version}")
         now = self.now()
-        self.inflight[w] = None
-        out = self.policy.push(self.state, w, f.pull_version, now)
         # Place the worker's interval on the server's clock: the time both messages
         # spent in transit is split evenly between the release and the push.
-        half = max(0.0, now - f.pull_time - m.since_recv) / 2
-        start = f.pull_time + half + (m.since_recv - m.since_start)
+        half = max(0.0, now - pull_time - m.since_recv) / 2
+        start = pull_time + half + (m.since_recv - m.since_start)
         end = max(now - half - m.since_end, start)
-        row = self.rec.add(w, f, start, end, now, not out.accepted, False, a.loss)
-        self.ready[w] = now
-        if out.accepted:
-            self.buffer.append((row, a.grad, f.pull_version))
-        if out.update:
-            self._apply(now)
-        for r in out.released:
-            self._release(r, now)
+        step = d.push(w, now, start, end, a.loss)
+        if step.accepted:
+            self.grads[step.row] = (a.grad, pull_version)
+        self._do(step, now)
 
-    def _apply(self, now: float) -> None:
-        rows = [b[0] for b in self.buffer]
-        grads = [b[1] for b in self.buffer]
-        v = self.rec.num_updates
-        staleness = [v - b[2] for b in self.buffer]
-        self.buffer = []
+    def _apply(self, rows, now: float) -> None:
+        """Apply the update the driver just recorded (version v -> v + 1) from `rows`' gradients."""
+        v = self.rec.num_updates - 1
+        held = [self.grads.pop(r) for r in rows]
+        grads = [g for g, _ in held]
+        staleness = [v - pv for _, pv in held]
         self.params, self.opt_state = self.numerics.update(self.params, self.opt_state, grads, staleness,
                                                            v, self.zeros)
-        self.rec.applied(rows, now)
         u = v + 1
         if u % self.eval_every == 0 or u == self.num_updates:
             self.snapshots.append((u, self.params))
             self._check_divergence()
 
     def _lose(self, w: int, now: float, reason: str, real: bool) -> None:
-        if not self.state.live[w]:
+        d = self.driver
+        if not d.state.live[w]:
             return
         if real and self.on_worker_failure == "stop":
             raise WorkerLostError(w, reason)
-        f = self.inflight[w]
-        if f is not None:
-            self.rec.add(w, f, f.pull_time, max(now, f.pull_time), math.nan, False, True, None)
-            self.inflight[w] = None
-        self.epoch[w] += 1
+        step = d.fail(w, now)   # its in-flight gradient: a lost row, from its release to now
         if real:
             self.lost_for_real.add(w)
-        out = self.policy.fail(self.state, w, now)
-        if self.state.num_live == 0:
+        if d.state.num_live == 0:
             raise WorkerLostError(w, f"{reason}; no live worker is left")
-        if out.update:
-            self._apply(now)
-        for r in out.released:
-            self._release(r, now)
+        self._do(step, now)
 
     def _join(self, w: int, now: float) -> None:
-        if self.state.live[w]:
+        if self.driver.state.live[w]:
             return
         self.lost_for_real.discard(w)
-        self.epoch[w] += 1
-        self.ready[w] = now
-        out = self.policy.join(self.state, w, now)
-        for r in out.released:
-            self._release(r, now)
+        self._do(self.driver.join(w, now), now)
 
     # -- housekeeping -------------------------------------------------------------
     def _check_deadlines(self, now: float) -> None:
-        for w, f in enumerate(self.inflight):
-            if f is not None and now - f.pull_time > self.worker_timeout:
-                self._lose(w, now, f"no gradient {now - f.pull_time:.1f} s after its release "
+        for w, f in enumerate(self.driver.inflight):
+            if f is not None and now - f[2] > self.worker_timeout:
+                self._lose(w, now, f"no gradient {now - f[2]:.1f} s after its release "
                            f"(worker_timeout = {self.worker_timeout:g} s)", real=True)
 
     def _check_divergence(self) -> None:
         losses = self.rec.fetch_losses(self._checked)
-        av = np.asarray(self.rec.cols["apply_version"][self._checked:])
+        av = np.asarray(self.rec.apply_version[self._checked:])
         bad = np.flatnonzero((av >= 0) & ~np.isfinite(losses))
         if len(bad):
             r = self._checked + int(bad[0])
-            c = self.rec.cols
-            raise Diverged(f"non-finite loss at update {c['apply_version'][r]} (gradient of worker "
-                           f"{c['worker'][r]}, iteration {c['iteration'][r]}, staleness "
-                           f"{c['apply_version'][r] - c['pull_version'][r]})")
+            worker, iteration, pull_version = self.rec.rows[r][:3]
+            applied = self.rec.apply_version[r]
+            raise Diverged(f"non-finite loss at update {applied} (gradient of worker {worker}, iteration "
+                           f"{iteration}, staleness {applied - pull_version})")
         self._checked = self.rec.num_rows
 
     def _report(self, now: float) -> None:
@@ -214,8 +205,9 @@ class Server:
         u = self.rec.num_updates
         rate = (u - u_prev) / (now - t_prev) if now > t_prev else 0.0
         self._progress_mark = (now, u)
-        av = self.rec.cols["apply_version"][-256:]
-        pv = self.rec.cols["pull_version"][-256:]
+        lo = max(0, self.rec.num_rows - 256)
+        av = self.rec.apply_version[lo:]
+        pv = self.rec.column("pull_version", lo)
         stal = [a - p for a, p in zip(av, pv) if a >= 0]
         self.progress({
             "updates": u, "num_updates": self.num_updates, "time": now, "updates_per_s": rate,
@@ -248,21 +240,13 @@ class Server:
         """Start the clock; release every worker (fresh run) or resume from `state`."""
         self.t0 = self.clock()
         now = self.now()
-        if state is None:
-            self.state = self.policy.init(self.num_workers, now)
-            for w in range(self.num_workers):
-                self.ready[w] = now
-                self._release(w, now)
-            return
+        d = self.driver = Driver(self.policy, self.num_workers, now, state=state)
+        d.rec, d.epoch = self.rec, self.epoch   # a resumed run's trace and epochs continue
         # Resume: gradients in flight at the checkpoint are gone; those workers
         # start their iteration again on the checkpoint's version. Blocked ones
         # stay blocked; workers lost to a fault rejoin (this is a fresh start).
-        self.state = state
-        self.ready = [now] * self.num_workers
         lost, self.lost_for_real = sorted(self.lost_for_real), set()
-        for w in range(self.num_workers):
-            if state.live[w] and not state.blocked[w]:
-                self._release(w, now)
+        self._send(d.start(now))
         for w in lost:
             self._join(w, now)
 
@@ -304,7 +288,7 @@ class Server:
     # -- results ----------------------------------------------------------------------
     def pending_rows(self) -> list[int]:
         """Rows pushed and accepted but not applied (left out of the trace)."""
-        return [b[0] for b in self.buffer]
+        return list(self.driver.buffer) if self.driver is not None else []
 
     def evaluate_snapshots(self, evaluate: Callable, train_loss: np.ndarray, final: bool = False) -> list[dict]:
         """Evaluate the kept snapshots into history rows (update, time, train_loss,

@@ -1,0 +1,272 @@
+"""One step of the control plane, shared by the simulator and the real server.
+
+A `Driver` owns what both the discrete-event simulator (`staleness.sim`) and
+the runtime's server (`staleness.runtime.server`) keep about a run: the
+policy's `SyncState`, each released worker's in-flight iteration, the rows of
+the trace (`Recorder`: the `Schedule` columns, filled as events happen) and
+the rows buffered for the next update. Each event is one call that returns
+what to do next:
+
+    driver = Driver(policy, num_workers, now)
+    released = driver.start(now)                    # every worker may start iteration 0
+    step = driver.push(worker, now, start, end)     # its gradient arrived
+    step = driver.fail(worker, now)                 # it died (its in-flight gradient is lost)
+    step = driver.join(worker, now)                 # it (re)joins
+    #   step.row:      the trace row the event recorded (None: none)
+    #   step.accepted: the gradient is kept for an update (False: dropped)
+    #   step.applied:  rows of the update applied now, in push order (None: no update)
+    #   step.released: Released(worker, iteration, version, epoch) of every worker that
+    #                  may start its next iteration now, on the current version
+
+The two drivers differ only in where events come from (a heap of simulated
+times; the transport) and what they do with a step: the simulator draws the
+released workers' compute times and schedules their pushes; the server sends
+them the parameters and applies the update's gradients with its jitted
+numerics. Time is passed in (simulated seconds, or seconds since the run's
+start from `time.monotonic()`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from staleness.schedule import NOT_APPLIED, Schedule
+
+__all__ = ["Driver", "Step", "Released", "Recorder", "InFlight"]
+
+_COLS = ("worker", "iteration", "pull_version", "apply_version", "pull_time", "start", "end",
+         "push_time", "wait", "dropped", "lost")
+
+
+class Released(NamedTuple):
+    """A worker released by the gate: it starts `iteration` on `version`; `epoch`
+    changes whenever the worker fails or rejoins (a push of an older epoch is stale)."""
+
+    worker: int
+    iteration: int
+    version: int
+    epoch: int
+
+
+class Step(NamedTuple):
+    """What one event did (see the module docstring)."""
+
+    row: int | None
+    accepted: bool
+    applied: tuple[int, ...] | None
+    released: tuple[Released, ...]
+
+
+class InFlight(NamedTuple):
+    """What the driver knows of a released worker's current iteration."""
+
+    iteration: int
+    pull_version: int
+    pull_time: float
+    wait: float
+    epoch: int
+
+
+# the columns of a row tuple, in order (apply_version is kept apart: it is set later)
+_ROW = ("worker", "iteration", "pull_version", "pull_time", "start", "end", "push_time", "wait", "dropped", "lost")
+
+
+class Recorder:
+    """The trace of a run, filled as events happen (times in seconds since the start).
+
+    One row per gradient in push order (a lost gradient at the time its loss was
+    detected) with `staleness.schedule`'s columns, plus the update times and the
+    loss of every gradient as a Python float (NaN where there is none: lost, or a
+    simulated schedule). Losses are never kept as device arrays: an array pulled
+    from another process may fail to materialize long after the pull returned
+    (its peer died mid-transfer), and a Result must not depend on a peer that may
+    be gone; the transports hand the server a float.
+    """
+
+    def __init__(self):
+        self.rows: list[tuple] = []             # [G] tuples in _ROW order
+        self.apply_version: list[int] = []      # [G] NOT_APPLIED until applied
+        self.update_time: list[float] = []      # [U]
+        self.losses: list[float] = []           # [G]
+
+    @property
+    def num_updates(self) -> int:
+        return len(self.update_time)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def column(self, name: str, lo: int = 0) -> list:
+        """Column `name` of rows lo.. as a list."""
+        if name == "apply_version":
+            return self.apply_version[lo:]
+        i = _ROW.index(name)
+        return [r[i] for r in self.rows[lo:]]
+
+    @property
+    def cols(self) -> dict[str, list]:
+        """Every column as a list (a copy)."""
+        out = {name: list(col) for name, col in zip(_ROW, zip(*self.rows))} if self.rows else \
+            {name: [] for name in _ROW}
+        out["apply_version"] = list(self.apply_version)
+        return {c: out[c] for c in _COLS}
+
+    def add(self, worker: int, f: InFlight, start: float, end: float, push_time: float,
+            dropped: bool, lost: bool, loss: float | None) -> int:
+        """Append one gradient's row; returns its index.
+
+        loss: the gradient's loss as a Python float (None: NaN). Anything else is
+        converted with `float()` here, which blocks on a device scalar: transports
+        convert it before the server sees it.
+        """
+        self.rows.append((worker, f[0], f[1], f[2], start, end, push_time, f[3], dropped, lost))
+        self.apply_version.append(NOT_APPLIED)
+        self.losses.append(math.nan if loss is None else (loss if type(loss) is float else float(loss)))
+        return len(self.rows) - 1
+
+    def applied(self, rows, now: float) -> None:
+        """Rows `rows` were applied by the next update, at time `now`."""
+        v = len(self.update_time)
+        av = self.apply_version
+        for r in rows:
+            av[r] = v
+        self.update_time.append(now)
+
+    def fetch_losses(self, lo: int = 0) -> np.ndarray:
+        """[G - lo] the losses of rows lo.. (floats already: nothing is fetched)."""
+        return np.asarray(self.losses[lo:], np.float64)
+
+    def update_losses(self) -> np.ndarray:
+        """[U] mean loss of each update's gradients."""
+        losses = self.fetch_losses()
+        av = np.asarray(self.apply_version, np.int64)
+        ok = av != NOT_APPLIED
+        u = self.num_updates
+        total = np.bincount(av[ok], weights=losses[ok], minlength=u)[:u]
+        count = np.bincount(av[ok], minlength=u)[:u]
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+    def to_schedule(self, *, num_workers: int, policy: str, cluster: str, seed: int, rstar,
+                    end_time: float, pending, meta: dict) -> Schedule:
+        """The trace as a Schedule, without the `pending` (pushed, not applied) rows."""
+        keep = np.ones(self.num_rows, bool)
+        if len(pending):
+            keep[list(pending)] = False
+        dtypes = {"worker": np.int32, "iteration": np.int64, "pull_version": np.int64,
+                  "apply_version": np.int64, "dropped": np.bool_, "lost": np.bool_}
+        columns = {k: np.asarray(v, dtypes.get(k, np.float64))[keep] for k, v in self.cols.items()}
+        return Schedule(columns=columns, update_time=np.asarray(self.update_time, np.float64),
+                        num_workers=num_workers, policy=policy, cluster=cluster, seed=seed,
+                        rstar=tuple(rstar), end_time=float(end_time),
+                        meta=dict(meta, pending_unapplied=len(pending)))
+
+    # -- checkpoints ----------------------------------------------------------------
+    def state(self) -> dict:
+        """Plain-Python copy for a checkpoint."""
+        return {"cols": self.cols, "update_time": list(self.update_time), "losses": list(self.losses)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Recorder":
+        r = cls()
+        cols = state["cols"]
+        r.rows = list(zip(*(cols[k] for k in _ROW)))
+        r.apply_version = list(cols["apply_version"])
+        r.update_time = list(state["update_time"])
+        r.losses = [float(x) for x in state["losses"]]
+        return r
+
+
+class Driver:
+    """The control plane of one run (see the module docstring).
+
+    Args:
+      policy: a `staleness.policies` policy.
+      num_workers: λ.
+      now: the start time (seconds).
+      state: a `SyncState` to continue from (a resumed run); default `policy.init`.
+
+    Public attributes: `policy`, `state`, `rec` (the `Recorder`), `inflight` [λ]
+    (`InFlight` or None), `epoch` [λ], `buffer` (rows accepted for the next update).
+    """
+
+    def __init__(self, policy, num_workers: int, now: float = 0.0, state=None):
+        self.policy = policy
+        self.num_workers = num_workers
+        self.state = state if state is not None else policy.init(num_workers, now)
+        self.rec = Recorder()
+        self.inflight: list[InFlight | None] = [None] * num_workers
+        self.ready = [now] * num_workers       # when each worker became ready for its next iteration
+        self.epoch = [0] * num_workers
+        self.buffer: list[int] = []
+
+    @property
+    def num_updates(self) -> int:
+        return self.rec.num_updates
+
+    def release(self, worker: int, now: float) -> Released:
+        """Let `worker` start its next iteration on the current version (the gate opened).
+        (Plain tuples in the `InFlight` and `Released` layouts: this runs once per event.)"""
+        it = self.state.table.clocks[worker]
+        v = len(self.rec.update_time)
+        ep = self.epoch[worker]
+        wait = now - self.ready[worker]
+        self.inflight[worker] = (it, v, now, wait if wait > 0.0 else 0.0, ep)
+        return (worker, it, v, ep)
+
+    def start(self, now: float) -> tuple[Released, ...]:
+        """Release every live worker that is not blocked (a fresh run: all of them)."""
+        state = self.state
+        return tuple(self.release(w, now) for w in range(self.num_workers)
+                     if state.live[w] and not state.blocked[w])
+
+    def _after(self, out, now: float, row, accepted: bool) -> Step:
+        applied = None
+        if out.update:
+            applied = tuple(self.buffer)
+            self.buffer = []
+            self.rec.applied(applied, now)
+        release = self.release
+        return Step(row, accepted, applied, tuple([release(r, now) for r in out.released]))
+
+    def push(self, worker: int, now: float, start: float, end: float, loss=None) -> Step:
+        """`worker`'s gradient of its in-flight iteration arrived at `now`; it computed
+        from `start` to `end` (seconds). Records its row, then the policy decides."""
+        f = self.inflight[worker]
+        self.inflight[worker] = None
+        out = self.policy.push(self.state, worker, f[1], now)
+        row = self.rec.add(worker, f, start, end, now, not out.accepted, False, loss)
+        self.ready[worker] = now
+        if out.accepted:
+            self.buffer.append(row)
+        return self._after(out, now, row, out.accepted)
+
+    def fail(self, worker: int, now: float, start: float | None = None, end: float | None = None) -> Step:
+        """`worker` died at `now`: its in-flight gradient (if any) is recorded as lost
+        (computing from `start` to `end`; default: from its release to `now`)."""
+        f = self.inflight[worker]
+        row = None
+        if f is not None:
+            pull_time = f[2]
+            row = self.rec.add(worker, f, pull_time if start is None else start,
+                               max(now, pull_time) if end is None else end, math.nan, False, True, None)
+            self.inflight[worker] = None
+        self.epoch[worker] += 1
+        out = self.policy.fail(self.state, worker, now)
+        return self._after(out, now, row, False)
+
+    def join(self, worker: int, now: float) -> Step:
+        """`worker` (re)joins at `now` and pulls the newest version when its gate opens."""
+        self.epoch[worker] += 1
+        self.ready[worker] = now
+        out = self.policy.join(self.state, worker, now)
+        return self._after(out, now, None, False)
+
+    def to_schedule(self, *, policy: str, cluster: str, seed, end_time: float, meta: dict) -> Schedule:
+        """The run so far as a Schedule (rows still buffered for an update are left out)."""
+        return self.rec.to_schedule(num_workers=self.num_workers, policy=policy, cluster=cluster, seed=seed,
+                                    rstar=self.state.rstar, end_time=end_time, pending=self.buffer,
+                                    meta={"max_gap": self.state.max_gap, **meta})
