@@ -312,8 +312,8 @@ def cifar10_dir(tmp_path):
 
 def test_cifar10_loads_and_resnet20_trains(cifar10_dir):
     root, images, labels = cifar10_dir
-    # conv_impl="lax" compiles in half the time of the CPU default ("patches"), which
-    # test_conv_patches_equals_lax_conv checks against it; the data path is the same.
+    # conv_impl="lax" (native convolutions; test_conv_patches_equals_lax_conv checks the
+    # CPU default "patches" against it); the data path is the same.
     task = tasks.get("cifar10-resnet20", batch_size=2, num_workers=2, data_dir=root, eval_chunk=4, conv_impl="lax")
     assert (task.train_size, task.test_size) == (100, 10)
     assert np.array_equal(np.asarray(task.data["x_train"]), images[:100])  # HWC uint8, same order
@@ -322,8 +322,8 @@ def test_cifar10_loads_and_resnet20_trains(cifar10_dir):
     batch = task.minibatch(jax.random.key(0), 1, 0)
     assert batch["x"].shape == (2, 32, 32, 3) and batch["x"].dtype == jnp.float32
     assert np.array_equal(batch["y"], labels[np.asarray(batch["index"])])
-    # Shapes from the real init (traced, not compiled: compiling ResNet-20's 21 random
-    # initialisers costs ~7 s on CPU); values from NumPy, to exercise forward and grad.
+    # Shapes from the real init (traced, not compiled: the init costs ~2 s of CPU to
+    # compile); values from NumPy, to exercise forward and grad.
     shapes = jax.eval_shape(task.init_params, jax.random.key(0))
     assert 260_000 < task.param_count < 280_000  # ResNet-20: about 0.27M
     rng = np.random.default_rng(0)
