@@ -62,8 +62,9 @@ from typing import Any, NamedTuple
 __all__ = [
     "Policy", "PushOutcome", "SyncState", "ClockTable",
     "Free", "ClockBound", "DynamicBound", "RoundBound",
-    "EachGradient", "AllLive", "Count", "FirstOfRound",
-    "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "dssp_controller", "parse",
+    "EachGradient", "AllLive", "Count", "FirstOfRound", "Gradient", "LocalSteps",
+    "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
+    "dssp_controller", "parse",
 ]
 
 
@@ -482,17 +483,68 @@ class FirstOfRound(EachGradient):
             raise ValueError(f"backup_workers: b = {self.b} must be < the number of workers ({num_workers})")
 
 
+# -- work: what a worker computes per iteration ------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Gradient:
+    """One minibatch gradient per iteration (the papers' parameter-server family)."""
+
+    def steps_per_worker(self, mean_seconds) -> tuple[int, ...] | None:
+        return None
+
+    def describe(self) -> str:
+        return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSteps:
+    """`steps` inner optimizer steps per iteration on the worker's own copy of the
+    parameters (started from the version it pulled), then a push of the delta
+    Δ = θ_pulled − θ_after, which the server treats as a gradient (an outer step).
+    The worker's inner-optimizer state is kept across its iterations.
+
+    dynamic: Dynamic Local Updates (Liu et al. 2024): a worker slower than the
+    fastest takes proportionally fewer steps, round(steps · t_fastest / t_worker)
+    (at least 1), so that all workers finish a round in about the same time.
+    """
+
+    steps: int = 1
+    dynamic: bool = False
+
+    def __post_init__(self):
+        _check_int("local steps", "steps", self.steps, 1)
+        if not isinstance(self.dynamic, bool):
+            raise ValueError(f"local steps: dynamic = {self.dynamic!r} must be True or False")
+
+    def steps_per_worker(self, mean_seconds) -> tuple[int, ...]:
+        """[λ] inner steps per iteration of each worker, from its mean seconds per step."""
+        if not self.dynamic:
+            return tuple(self.steps for _ in mean_seconds)
+        fastest = min(mean_seconds)
+        return tuple(max(1, round(self.steps * fastest / t)) for t in mean_seconds)
+
+
 # -- the policy ------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """A gate and an aggregation, and the driver protocol over them (see the module docstring).
 
     spec: the policy's spec string (`describe()`; parseable by `parse`).
+    work: what a worker computes per iteration: `Gradient()` or `LocalSteps(H)` (the
+      local-update methods: Local SGD, DiLoCo and their asynchronous variants).
+    optimizer: the server's (outer) optimizer the method is defined with, used when a
+      run names none (e.g. DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9); None: the task's.
     """
 
     gate: Any
     aggregation: Any
     spec: str
+    work: Any = Gradient()
+    optimizer: Any = None
+
+    @property
+    def local(self) -> bool:
+        """Whether workers take local steps and push deltas (a local-update method)."""
+        return isinstance(self.work, LocalSteps)
 
     def describe(self) -> str:
         """Short spec string, parseable by `parse`."""
@@ -624,7 +676,36 @@ def backup_workers(b: int = 1) -> Policy:
     return Policy(RoundBound(), FirstOfRound(b), f"backup:{b}")
 
 
-_SPEC_HELP = "bsp, asp, ssp[:S], dssp[:S_LOW[:R_MAX]][:nocap], softsync[:N], backup[:B]"
+def local_sgd(steps: int = 10) -> Policy:
+    """Local SGD: every worker takes `steps` inner steps from the last global
+    parameters, then the server averages the workers' parameters (synchronous: the
+    outer step is plain SGD with learning rate 1 on the mean delta)."""
+    return Policy(ClockBound(0), AllLive(), f"local_sgd:{steps}", LocalSteps(steps), "sgd:lr=1")
+
+
+def diloco(steps: int = 50) -> Policy:
+    """DiLoCo (Douillard et al. 2023): Local SGD with an inner optimizer per worker
+    (state kept across rounds) and an outer optimizer on the mean delta, by default
+    Nesterov SGD with learning rate 0.7 and momentum 0.9."""
+    return Policy(ClockBound(0), AllLive(), f"diloco:{steps}", LocalSteps(steps), "nesterov:0.9,lr=0.7")
+
+
+def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = False) -> Policy:
+    """Asynchronous Local-SGD / DiLoCo (Liu et al. 2024): the server applies each
+    worker's delta on arrival; `bound` (clocks) blocks a worker that runs too far
+    ahead, as SSP does (None: never); `dynamic`: Dynamic Local Updates (fewer steps
+    for slower workers). The outer optimizer defaults to DiLoCo's; the paper's
+    Delayed Nesterov is `staleness.engine.optim.delayed_nesterov` (spec
+    `delayed_nesterov:N`)."""
+    if bound is not None:
+        _check_int("async_diloco", "bound", bound, 0)
+    spec = f"async_diloco:{steps}" + ("" if bound is None else f":bound={bound}") + (":dynamic" if dynamic else "")
+    gate = Free() if bound is None else ClockBound(bound)
+    return Policy(gate, EachGradient(), spec, LocalSteps(steps, dynamic), "nesterov:0.9,lr=0.7")
+
+
+_SPEC_HELP = ("bsp, asp, ssp[:S], dssp[:S_LOW[:R_MAX]][:nocap], softsync[:N], backup[:B], local_sgd[:H], "
+              "diloco[:H], async_diloco[:H][:bound=S][:dynamic]")
 
 # spec name -> (factory, the parameters positional values bind to). Omitted
 # numbers take the factory's defaults (`ssp` = ssp:3, `dssp` = dssp:3:12,
@@ -638,6 +719,9 @@ _FACTORIES = {
     "softsync": (softsync, ("n",)),
     "backup": (backup_workers, ("b",)),
     "backup_workers": (backup_workers, ("b",)),
+    "local_sgd": (local_sgd, ("steps",)),
+    "diloco": (diloco, ("steps",)),
+    "async_diloco": (async_diloco, ("steps",)),
 }
 
 

@@ -84,7 +84,13 @@ def simulate_schedule(
     lam = cluster.num_workers
     sampler = cluster.sampler(int(seed))
     driver = Driver(policy, lam, 0.0)
-    compute_time, push_delay, pull_delay = sampler.compute_time, sampler.push_delay, sampler.pull_delay
+    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
+    steps = policy.work.steps_per_worker(cluster.mean_seconds)
+    if steps is None:
+        compute_time = sampler.compute_time
+    else:  # a local-update method: an iteration is steps[w] inner steps, each the cluster's step time
+        def compute_time(w, it, start, _one=sampler.compute_time, _steps=steps):
+            return _steps[w] * _one(w, it, start)
     span = [(0.0, 0.0)] * lam   # (start, end) of each worker's in-flight computation
     epoch = driver.epoch
 
@@ -137,5 +143,6 @@ def simulate_schedule(
             break
 
     # Gradients pushed but not aggregated when the budget ran out are not part of the run.
+    meta = {} if steps is None else {"local_steps": list(steps)}
     return driver.to_schedule(policy=policy.describe(), cluster=cluster.describe(), seed=int(seed),
-                              end_time=float(now), meta={})
+                              end_time=float(now), meta=meta)

@@ -5,8 +5,8 @@
 An ARG is a value (positional, in the factory's parameter order) or
 KEY=VALUE; ',' separates arguments as well as ':' (`dssp:3:12`,
 `dssp:3,12` and `dssp:s_low=3,r_max=12` are the same policy). A boolean
-parameter is also set by a bare token: `nocap` sets cap=False, `cap` sets
-cap=True. A MODIFIER has the same form (`adam:lr=1e-3+cosine`).
+parameter is also set by a bare word anywhere in the list: `nocap` sets
+cap=False, `dynamic` sets dynamic=True. A MODIFIER has the same form (`adam:lr=1e-3+cosine`).
 
 Omitted arguments take the defaults of the Python factory the spec names
 (`ssp` is `ssp(staleness=3)`, exactly as `st.policies.ssp()`); a factory
@@ -60,10 +60,10 @@ def _part(text: str, what: str, whole: str) -> Spec:
                 if key in dict(kwargs):
                     raise SpecError(f"{what} = {whole!r}: {key!r} is given twice")
                 kwargs.append((key, value.strip()))
-            elif kwargs:
+            elif kwargs and not t.replace("_", "").isalpha():
                 raise SpecError(f"{what} = {whole!r}: positional {t!r} after KEY=VALUE arguments")
             else:
-                args.append(t)
+                args.append(t)   # a value, or a flag (a bare word: allowed anywhere)
     return Spec(name, tuple(args), tuple(kwargs))
 
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from staleness.engine import local as _local
 from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer, set_lr
 
@@ -31,8 +32,9 @@ __all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run
 
 class Carry(NamedTuple):
     params: Any      # pytree: the current version
-    opt_state: Any   # optax state of the direction transform
+    opt_state: Any   # optax state of the server's (outer) optimizer
     ring: Any        # params pytree with a leading [R] axis: version v in slot v % R (written at step v)
+    local: Any = ()  # local-update methods: the workers' inner-optimizer states, leaves [λ, ...]
 
 
 # Columns of the packed per-update input (one int32 array [K, 5, C] per chunk, so
@@ -47,32 +49,38 @@ def keys(seed):
     return init_key, data_key
 
 
-def init_carry(task, seed, opt: Optimizer, ring: int) -> Carry:
+def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = None,
+               num_workers: int = 0) -> Carry:
     """Initial parameters (from the run's init key), optimizer state (with the
-    optimizer's learning rate) and an empty ring of `ring` versions. Eager: the
-    task's own jitted init does the work, so nothing large is compiled here."""
+    optimizer's learning rate) and an empty ring of `ring` versions; with an
+    `inner` optimizer (a local-update method) also `num_workers` fresh inner
+    states. Eager: the task's own jitted init does the work, so nothing large is
+    compiled here."""
     init_key, _ = keys(seed)
     params = task.init_params(init_key)
     opt_state = opt.init(params)
     ring_tree = jax.tree.map(lambda p: jnp.zeros((ring,) + p.shape, p.dtype), params)
-    return Carry(params, opt_state, ring_tree)
+    local = () if inner is None else _local.init_states(inner, params, num_workers)
+    return Carry(params, opt_state, ring_tree, local)
 
 
-def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None) -> Carry:
+def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None, inner: Optimizer | None = None,
+                       num_workers: int = 0) -> Carry:
     """`init_carry` for several seeds, stacked on a leading configuration axis
     (the ring on its second axis: [R, B, ...], see `_step_batched`); `lrs` [B]:
     each configuration's learning rate, written into its optimizer state."""
     cache = {}
     for s in seeds:
         if s not in cache:
-            cache[s] = init_carry(task, s, opt, ring)
+            cache[s] = init_carry(task, s, opt, ring, inner, num_workers)
     carries = [cache[s] for s in seeds]
     if lrs is not None:
         carries = [c._replace(opt_state=set_lr(c.opt_state, lr)) if lr is not None else c
                    for c, lr in zip(carries, lrs)]
-    params, opt_state = jax.tree.map(lambda *xs: jnp.stack(xs), *[(c.params, c.opt_state) for c in carries])
+    params, opt_state, local = jax.tree.map(lambda *xs: jnp.stack(xs),
+                                            *[(c.params, c.opt_state, c.local) for c in carries])
     ring_tree = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[c.ring for c in carries])
-    return Carry(params, opt_state, ring_tree)
+    return Carry(params, opt_state, ring_tree, local)
 
 
 def gradient(task, params, data_key, worker, iteration, index=None):
@@ -90,40 +98,65 @@ def gradient(task, params, data_key, worker, iteration, index=None):
     return jax.value_and_grad(task.loss)(params, batch)
 
 
-def _update_from(task, opt, rules: tuple, slot_mode: str, consts, params, opt_state, stale, x, index):
-    """Gradients of one update's C slots on their `stale` params ([C, ...]
-    leaves) and minibatch indices ([C, μ], or None), then one server update
-    (`engine.update.server_update`). Returns (params, opt_state, losses [C])."""
-    worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
-    mask = x[MASK] > 0
+def _slots(task, local, slot_mode: str, consts, stale, worker, iteration, index, inner):
+    """(losses [C], grads) of one update's C slots: minibatch gradients, or for a
+    local-update method the deltas of each slot's inner steps (and the new inner
+    states [C, ...] in `inner`'s place)."""
     data_key = consts["data_key"]
-    if mask.shape[0] == 1:
+    c = worker.shape[0]
+    if local is not None:
+        steps = consts["steps"][worker]
+
+        def one(args):
+            p, w, i, s, h = args
+            return _local.local_delta(task, local, p, s, data_key, w, i, h)
+
+        mine = jax.tree.map(lambda a: a[worker], inner)                  # [C, ...] each slot's worker's state
+        if c == 1:
+            loss, delta, new = one(jax.tree.map(lambda a: a[0], (stale, worker, iteration, mine, steps)))
+            return loss[None], delta, jax.tree.map(lambda a: a[None], new)
+        if slot_mode == "map":
+            outs = [one(jax.tree.map(lambda a, k=k: a[k], (stale, worker, iteration, mine, steps))) for k in range(c)]
+            return tuple(jax.tree.map(lambda *xs: jnp.stack(xs), *parts) for parts in zip(*outs))
+        return jax.vmap(one)((stale, worker, iteration, mine, steps))
+    if c == 1:
         # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
         # replay runs exactly the ops of plain training.
         loss, grads = gradient(task, jax.tree.map(lambda a: a[0], stale), data_key, worker[0], iteration[0],
                                None if index is None else index[0])
-        losses = loss[None]
-    else:
-        def one(args):
-            p, w, i, ix = args
-            return gradient(task, p, data_key, w, i, ix)
+        return loss[None], grads, None
 
-        if slot_mode == "map":
-            # each slot exactly as one standalone gradient call: unrolled, not a
-            # lax.map (XLA compiles some ops, e.g. a custom_jvp's matvec, with other
-            # rounding inside a loop body than in a standalone call)
-            outs = [one(jax.tree.map(lambda a, c=c: a[c], (stale, worker, iteration, index)))
-                    for c in range(mask.shape[0])]
-            losses = jnp.stack([o[0] for o in outs])
-            grads = jax.tree.map(lambda *g: jnp.stack(g), *[o[1] for o in outs])
-        else:
-            losses, grads = jax.vmap(one)((stale, worker, iteration, index))
+    def one(args):
+        p, w, i, ix = args
+        return gradient(task, p, data_key, w, i, ix)
+
+    if slot_mode == "map":
+        # each slot exactly as one standalone gradient call: unrolled, not a
+        # lax.map (XLA compiles some ops, e.g. a custom_jvp's matvec, with other
+        # rounding inside a loop body than in a standalone call)
+        outs = [one(jax.tree.map(lambda a, k=k: a[k], (stale, worker, iteration, index))) for k in range(c)]
+        return jnp.stack([o[0] for o in outs]), jax.tree.map(lambda *g: jnp.stack(g), *[o[1] for o in outs]), None
+    losses, grads = jax.vmap(one)((stale, worker, iteration, index))
+    return losses, grads, None
+
+
+def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params, opt_state, inner, stale, x, index):
+    """Gradients (or local-update deltas) of one update's C slots on their `stale`
+    params ([C, ...] leaves) and minibatch indices ([C, μ], or None), then one server
+    update (`engine.update.server_update`). Returns (params, opt_state, inner, losses [C])."""
+    worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
+    mask = x[MASK] > 0
+    losses, grads, new_inner = _slots(task, local, slot_mode, consts, stale, worker, iteration, index, inner)
     params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"])
-    return params, opt_state, jnp.where(mask, losses, jnp.nan)
+    if new_inner is not None:   # write back the inner states of the real slots
+        keep = jax.tree.map(lambda new, old: jnp.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+                            new_inner, jax.tree.map(lambda a: a[worker], inner))
+        inner = jax.tree.map(lambda a, v: a.at[worker].set(v), inner, keep)
+    return params, opt_state, inner, jnp.where(mask, losses, jnp.nan)
 
 
-def _step(task, opt, rules: tuple, slot_mode: str, consts, carry: Carry, x):
-    params, opt_state, ring = carry
+def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, x):
+    params, opt_state, ring, inner = carry
     r = jax.tree.leaves(ring)[0].shape[0]
     update, x, index = x
     # Store the current version first and read stale versions from the result:
@@ -136,17 +169,17 @@ def _step(task, opt, rules: tuple, slot_mode: str, consts, carry: Carry, x):
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
-    params, opt_state, losses = _update_from(task, opt, rules, slot_mode, consts, params, opt_state, stale, x,
-                                             index)
-    return Carry(params, opt_state, ring), losses
+    params, opt_state, inner, losses = _update_from(task, opt, rules, slot_mode, local, consts, params, opt_state,
+                                                    inner, stale, x, index)
+    return Carry(params, opt_state, ring, inner), losses
 
 
-def _step_batched(task, opt, rules: tuple, consts, carry: Carry, x):
+def _step_batched(task, opt, rules: tuple, local, consts, carry: Carry, x):
     """`_step` for B configurations at once. The ring is laid out [R, B, ...]:
     the write of version u is one contiguous block, and the reads are one flat
     `take` (a vmapped per-configuration dynamic index became a gather about
     twice as slow on CPU)."""
-    params, opt_state, ring = carry
+    params, opt_state, ring, inner = carry
     r, b = jax.tree.leaves(ring)[0].shape[:2]
     update, x, index = x                             # x: [B, 5, C]; index: [B, C, μ] or None
     ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
@@ -154,32 +187,33 @@ def _step_batched(task, opt, rules: tuple, consts, carry: Carry, x):
     flat = ((x[:, PULL, :] % r) * b + jnp.arange(b)[:, None]).reshape(-1)   # [B*C]
     stale = jax.tree.map(
         lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape((b, c) + a.shape[2:]), ring)
-    update_one = functools.partial(_update_from, task, opt, rules, "vmap")
-    params, opt_state, losses = jax.vmap(update_one)(consts, params, opt_state, stale, x, index)
-    return Carry(params, opt_state, ring), losses
+    update_one = functools.partial(_update_from, task, opt, rules, "vmap", local)
+    params, opt_state, inner, losses = jax.vmap(update_one)(consts, params, opt_state, inner, stale, x, index)
+    return Carry(params, opt_state, ring, inner), losses
 
 
-def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap"):
+def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None):
     """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32,
     index [K, C, μ] int32 or None: the minibatch indices of every slot).
-    opt: the optimizer's optax transformation (static).
+    opt: the optimizer's optax transformation (static). local: an `engine.local.Local`
+    (static) for a local-update method, else None; its inner states are `carry.local`.
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).
     Returns (carry, losses [K, C]); losses are NaN on padded slots."""
-    return lax.scan(functools.partial(_step, task, opt, rules, slot_mode, consts), carry, xs)
+    return lax.scan(functools.partial(_step, task, opt, rules, slot_mode, local, consts), carry, xs)
 
 
-run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode"), donate_argnums=(1,))
+run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local"), donate_argnums=(1,))
 
 
-def _chunk_batched(task, carry, xs, consts, *, opt, rules):
+def _chunk_batched(task, carry, xs, consts, *, opt, rules, local=None):
     """`_chunk` for B configurations: carry leaves [B, ...] (ring [R, B, ...]),
     xs = (update [K], packed [K, B, 5, C], index [K, B, C, μ] or None) — the update
     index is shared."""
-    return lax.scan(functools.partial(_step_batched, task, opt, rules, consts), carry, xs)
+    return lax.scan(functools.partial(_step_batched, task, opt, rules, local, consts), carry, xs)
 
 
-run_chunk_batched = jax.jit(_chunk_batched, static_argnames=("opt", "rules"), donate_argnums=(1,))
+run_chunk_batched = jax.jit(_chunk_batched, static_argnames=("opt", "rules", "local"), donate_argnums=(1,))
 evaluate = jax.jit(lambda task, params: task.evaluate(params))
 evaluate_batched = jax.jit(jax.vmap(lambda task, params: task.evaluate(params), in_axes=(None, 0)))

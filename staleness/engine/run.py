@@ -20,6 +20,7 @@ import numpy as np
 from staleness import lr as _lr
 from staleness import policies as _policies
 from staleness.engine import core
+from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
 from staleness.engine.plan import Plan, fingerprint, make_plan
 from staleness.results import DivergenceError, Result
@@ -55,6 +56,35 @@ def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
         optimizer = task.optimizer if task.optimizer is not None else "sgd"
     shapes = jax.eval_shape(task.init_fn, jax.random.key(0)) if lr is not None else None
     return _optim.resolve(optimizer, lr, horizon, shapes)
+
+
+def policy_optimizer(policy_spec: str):
+    """The outer optimizer a schedule's policy is defined with (DiLoCo's Nesterov SGD, Local
+    SGD's averaging), or None."""
+    try:
+        return _policies.parse(policy_spec).optimizer
+    except ValueError:   # a policy this build does not know (a trace from elsewhere)
+        return None
+
+
+def local_setup(schedules, task, inner_optimizer, lr_for_inner=None):
+    """(Local config or None, inner Optimizer or None, steps [B, λ] int32 or None) of
+    schedules that all are (or all are not) of a local-update method."""
+    steps = [s.meta.get("local_steps") for s in schedules]
+    if all(x is None for x in steps):
+        if inner_optimizer is not None:
+            raise ValueError("inner_optimizer is for local-update methods (local_sgd, diloco, async_diloco); "
+                             f"the policy {schedules[0].policy!r} computes gradients")
+        return None, None, None
+    if any(x is None for x in steps):
+        raise ValueError("sweep: local-update methods and gradient policies need separate sweeps")
+    arr = np.asarray(steps, np.int32)
+    rounds = max(int(s.columns["iteration"].max()) + 1 if s.num_gradients else 1 for s in schedules)
+    h_max = int(arr.max())
+    inner = inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd")
+    inner_opt = resolve_optimizer(inner, lr_for_inner, rounds * h_max, task)
+    local = _local_mod.Local(inner_opt.tx, h_max, bool((arr != h_max).any()))
+    return local, inner_opt, arr
 
 
 def learning_rate(opt: _optim.Optimizer, opt_state) -> float | None:
@@ -124,6 +154,7 @@ def replay(
     lr: float | None = None,
     lr_rule="constant",
     optimizer=None,
+    inner_optimizer=None,
     seed: int | None = None,
     eval_every: int | None = None,
     num_evals: int = 20,
@@ -148,7 +179,11 @@ def replay(
       optimizer: the server optimizer: any optax transformation (e.g.
         `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`) or a
         spec string ('sgd', 'momentum:0.9', 'adamw:lr=1e-3,wd=0.1,clip=1+cosine');
-        see `staleness.engine.optim`. None: the task's own optimizer, else 'sgd'.
+        see `staleness.engine.optim`. None: the policy's (a local-update method's
+        outer optimizer), else the task's own, else 'sgd'.
+      inner_optimizer: local-update methods: the workers' inner optimizer (an optax
+        transformation or spec; default the task's, else 'sgd'); each worker keeps its
+        state across rounds.
       seed: seeds the initial parameters and every minibatch (default: the schedule's seed).
       eval_every: updates between evaluations (= updates per compiled call);
         default ceil(updates / num_evals).
@@ -172,17 +207,23 @@ def replay(
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
     task = resolve_task(task, schedule.num_workers, batch_size)
-    opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
+    opt = resolve_optimizer(optimizer if optimizer is not None else policy_optimizer(schedule.policy), lr,
+                            schedule.num_updates, task)
+    local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
     chunk = _chunk_length(schedule.num_updates, eval_every, num_evals)
     plan = make_plan(schedule, chunk)
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
+    if local is not None:
+        consts["steps"] = jnp.asarray(steps[0])
     rules = (rule,)
 
-    carry = core.init_carry(task, seed, opt, plan.ring)
+    carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers)
     config = dict(config or {})
     config.update(**task.config(), lr=learning_rate(opt, carry.opt_state),
                   lr_rule=rule.describe(), optimizer=opt.describe(), seed=seed, policy=schedule.policy,
                   cluster=schedule.cluster, workers=schedule.num_workers, eval_every=chunk)
+    if local is not None:
+        config.update(inner_optimizer=inner_opt.describe(), local_steps=[int(h) for h in steps[0]])
     rows = [_history_row(0, plan, math.nan, jax.device_get(core.evaluate(task, carry.params)))]
     train_loss = np.full(plan.num_updates, np.nan)
     start = 0
@@ -197,7 +238,8 @@ def replay(
     nxt = chunk_inputs(task, plan, start, consts["data_key"]) if start < plan.num_chunks else None
     try:
         for k in range(start, plan.num_chunks):
-            carry, losses = core.run_chunk(task, carry, nxt, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode)
+            carry, losses = core.run_chunk(task, carry, nxt, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode,
+                                           local=local)
             if k + 1 < plan.num_chunks:  # host work for the next chunk while this one runs
                 nxt = chunk_inputs(task, plan, k + 1, consts["data_key"])
             xs = plan.chunk_view(k)
@@ -250,8 +292,8 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
 
 def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
           num_updates: int | None = None, max_time: float | None = None, optimizer=None,
-          eval_every: int | None = None, num_evals: int = 20, batch_size: int | None = None,
-          progress: bool = False) -> list[Result]:
+          inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
+          batch_size: int | None = None, progress: bool = False) -> list[Result]:
     """Replay many configurations in one compiled, vmapped call per chunk.
 
     Configurations are the product policies × seeds × lr_rules × lrs (in that
@@ -281,15 +323,25 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
              for p, s, _, _ in configs]
     distinct_rules = tuple(dict.fromkeys(rules_in))
     set_lrs = [v for v in lrs if v is not None]
+    if optimizer is None:   # the policies' own (outer) optimizer, if they agree on one
+        own = {p.optimizer for p in pols}
+        if len(own) > 1:
+            raise ValueError(f"sweep: the policies are defined with different optimizers {sorted(map(str, own))}; "
+                             "pass optimizer= to compare them with one")
+        optimizer = own.pop()
     opt = resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, u_max, task)
+    local, inner_opt, steps = local_setup([schedules[(p, s)] for p, s, _, _ in configs], task, inner_optimizer)
     n = len(configs)
     seed_arr = jnp.asarray([s for _, s, _, _ in configs], jnp.int32)
     consts = {
         "data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
         "rule": jnp.asarray([distinct_rules.index(r) for _, _, r, _ in configs], jnp.int32),
     }
+    if local is not None:
+        consts["steps"] = jnp.asarray(steps)        # [B, λ]
     carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], opt, ring,
-                                    lrs=[v for *_, v in configs])
+                                    lrs=[v for *_, v in configs], inner=inner_opt,
+                                    num_workers=next(iter(schedules.values())).num_workers)
     rates = [v if v is not None else learning_rate(opt, jax.tree.map(lambda a, i=i: a[i], carry.opt_state))
              for i, (*_, v) in enumerate(configs)]
     metrics0 = jax.device_get(core.evaluate_batched(task, carry.params))
@@ -309,7 +361,8 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     nxt = inputs(0)
     try:
         for k in range(num_chunks):
-            carry, losses = core.run_chunk_batched(task, carry, nxt, consts, opt=opt.tx, rules=distinct_rules)
+            carry, losses = core.run_chunk_batched(task, carry, nxt, consts, opt=opt.tx, rules=distinct_rules,
+                                                   local=local)
             if k + 1 < num_chunks:
                 nxt = inputs(k + 1)
             xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
@@ -345,6 +398,8 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
         cfg = dict(task_config, lr=rates[i], lr_rule=rule.describe(),
                    optimizer=opt.describe(), seed=s, policy=sched.policy, cluster=sched.cluster,
                    workers=sched.num_workers, eval_every=chunk, sweep=True)
+        if local is not None:
+            cfg.update(inner_optimizer=inner_opt.describe(), local_steps=[int(h) for h in steps[i]])
         results.append(Result(_frame(rows[i]), sched, final_params[i], cfg, train_loss[i], status[i]))
     return results
 

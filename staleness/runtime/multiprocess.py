@@ -130,7 +130,8 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     server_device = local[0]
     init_key, data_key = core.keys(spec.seed)
     params_shape = jax.eval_shape(spec.task.init_params, init_key)
-    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key, spec.local, spec.inner,
+                        spec.local_steps)
     config = spec.config(devices=sorted({f"p{worker_process[w]}" for w in range(spec.num_workers)}),
                          server_device=f"p0:{server_device}", processes=n,
                          transport="coordination-service+jax.experimental.transfer")

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from staleness.engine import core
+from staleness.engine import local as _local
 from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer
 
@@ -37,7 +38,12 @@ def _server_update(params, opt_state, grads, staleness, mask, *, tx, rule):
     return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask)
 
 
+def _local_delta(task, params, inner_state, data_key, worker, round_, steps, *, local):
+    return _local.local_delta(task, local, params, inner_state, data_key, worker, round_, steps)
+
+
 _gradient_jit = jax.jit(_gradient)
+_local_delta_jit = jax.jit(_local_delta, static_argnames=("local",))
 _stack_jit = jax.jit(_stack)
 _server_update_jit = jax.jit(_server_update, static_argnames=("tx", "rule"))
 
@@ -55,12 +61,15 @@ class Numerics:
       data_key: the run's minibatch key (`engine.core.keys(seed)[1]`).
     """
 
-    def __init__(self, task, opt: Optimizer, rule, slots: int, data_key):
+    def __init__(self, task, opt: Optimizer, rule, slots: int, data_key, local=None, inner=None,
+                 local_steps=None):
         self.task = task
         self.opt = opt
         self.rule = rule
         self.slots = int(slots)
         self.data_key = data_key
+        self.local, self.inner, self.local_steps = local, inner, local_steps
+        self._inner_states: dict[int, object] = {}   # worker -> its inner-optimizer state (its thread's)
         self._placed: dict = {}   # device -> (task, data_key) committed to it
         self._lock = threading.Lock()
 
@@ -76,8 +85,18 @@ class Numerics:
         return placed
 
     def gradient(self, params, worker: int, iteration: int, device):
-        """(loss, grad) of `worker`'s minibatch for `iteration`; params are on `device`."""
+        """(loss, grad) of `worker`'s minibatch for `iteration`; params are on `device`.
+        For a local-update method: (mean inner loss, delta) of the worker's inner steps,
+        its inner-optimizer state kept here between its iterations."""
         task, key = self.on(device)
+        if self.local is not None:
+            state = self._inner_states.get(worker)
+            if state is None:
+                state = jax.device_put(self.inner.init(params), device)
+            loss, delta, state = _local_delta_jit(task, params, state, key, np.int32(worker), np.int32(iteration),
+                                                  np.int32(self.local_steps[worker]), local=self.local)
+            self._inner_states[worker] = state
+            return loss, delta
         # the minibatch indices on the host, as the engine's replay computes them
         index = self.task.host_indices(self.data_key, worker, iteration) if self.task.indexed else None
         return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration), index)
@@ -110,7 +129,10 @@ class Numerics:
         """Compile the gradient on every device in `devices` and, given a
         `server_device`, the update there, before the run's clock starts (the
         results are discarded)."""
-        outs = [self.gradient(jax.device_put(params, d), 0, 0, d) for d in dict.fromkeys(devices)]
+        outs = []
+        for d in dict.fromkeys(devices):
+            outs.append(self.gradient(jax.device_put(params, d), 0, 0, d))
+            self._inner_states.clear()   # a warm-up's inner steps are not the run's
         if server_device is not None:
             server_params = jax.device_put(params, server_device)
             grad = jax.tree.map(jnp.zeros_like, server_params)

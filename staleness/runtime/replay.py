@@ -83,6 +83,8 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     if optimizer is None and cfg.get("optimizer") == "optax":
         raise ValueError("the recorded run used an optax optimizer object; replay it from Python with "
                          "optimizer=<the same optax transformation>")
+    if cfg.get("inner_optimizer") and "inner_optimizer" not in replay_kwargs:
+        replay_kwargs["inner_optimizer"] = cfg["inner_optimizer"]
     kw = dict(lr=lr if lr is not None else cfg.get("lr"),
               lr_rule=lr_rule or cfg.get("lr_rule", "constant"),
               optimizer=optimizer if optimizer is not None else cfg.get("optimizer", "sgd"),

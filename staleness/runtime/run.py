@@ -96,7 +96,8 @@ def build_result(server: Server, spec: RunSpec, config: dict, status: str) -> Re
         cluster=spec.cluster.describe() if spec.cluster else "", seed=spec.seed,
         rstar=state.rstar if state is not None else (), end_time=end_time, pending=server.pending_rows(),
         meta={"max_gap": state.max_gap if state is not None else 0, "recorded": "runtime",
-              "time_scale": spec.time_scale if spec.cluster else None})
+              "time_scale": spec.time_scale if spec.cluster else None,
+              **({"local_steps": list(spec.local_steps)} if spec.local is not None else {})})
     return Result(pd.DataFrame(rows), sched, jax.device_get(server.params), config, train_loss, status)
 
 
@@ -117,7 +118,7 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
         devices=None, server_device=None, time_scale: float = 0.01, eval_every: int | None = None,
         num_evals: int = 20, max_time: float | None = None, checkpoint=None, checkpoint_every: int | None = None,
         resume: bool = False, worker_timeout: float = 30.0, on_worker_failure: str = "continue",
-        progress=False, stop_event: threading.Event | None = None) -> Result:
+        progress=False, stop_event: threading.Event | None = None, inner_optimizer=None) -> Result:
     """Train `task` with `policy` on real devices of this process; record the trace.
 
     Args:
@@ -158,7 +159,7 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
                      lr_rule=lr_rule, optimizer=optimizer, batch_size=batch_size, data_dir=data_dir,
                      max_time=max_time, eval_every=eval_every, num_evals=num_evals, time_scale=time_scale,
                      worker_timeout=worker_timeout, on_worker_failure=on_worker_failure, checkpoint=checkpoint,
-                     checkpoint_every=checkpoint_every, resume=resume)
+                     checkpoint_every=checkpoint_every, resume=resume, inner_optimizer=inner_optimizer)
     if server_device is None:
         server_device = devs[0]
     elif not isinstance(server_device, jax.Device):
@@ -171,7 +172,8 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
 
     init_key, data_key = core.keys(spec.seed)
     params = jax.device_put(spec.task.init_params(init_key), server_device)
-    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key, spec.local, spec.inner,
+                        spec.local_steps)
     opt_state = numerics.init_state(params)
     numerics.warm_up(params, worker_devices, server_device)
     link = LocalTransport(server_device, worker_devices)

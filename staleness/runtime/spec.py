@@ -43,6 +43,9 @@ class RunSpec:
     checkpoint: Any
     checkpoint_every: int | None
     resume: bool
+    local: Any = None          # engine.local.Local of a local-update method, else None
+    inner: Any = None          # its inner Optimizer
+    local_steps: tuple | None = None   # [λ] inner steps per iteration of each worker
 
     @property
     def slots(self) -> int:
@@ -56,6 +59,8 @@ class RunSpec:
                    policy=self.policy.describe(), cluster=self.cluster.describe() if self.cluster else "",
                    workers=self.num_workers, eval_every=self.eval_every, runtime="real",
                    time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates)
+        if self.local is not None:
+            out.update(inner_optimizer=self.inner.describe(), local_steps=list(self.local_steps))
         out.update(extra)
         return out
 
@@ -65,7 +70,7 @@ class RunSpec:
             return None
         from staleness.runtime.worker import Delays
 
-        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0)
+        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps)
 
     def membership(self, after: float = 0.0) -> list[tuple[float, str, int]]:
         """Failure-model events (real seconds since the start) later than `after`."""
@@ -96,7 +101,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
               lr_rule="constant", optimizer=None, batch_size=None, data_dir=None, max_time=None,
               eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
               on_worker_failure="continue", checkpoint=None, checkpoint_every=None,
-              resume=False) -> RunSpec:
+              resume=False, inner_optimizer=None) -> RunSpec:
     """Validate a real run's arguments; see `runtime.run`."""
     from staleness import cluster as _cluster
     from staleness.engine.run import _check_lr, resolve_optimizer, resolve_task
@@ -138,11 +143,23 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     eval_every = _int("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
     task = resolve_task(task, num_workers, batch_size, data_dir)
-    opt = resolve_optimizer(optimizer, lr, num_updates, task)
+    opt = resolve_optimizer(optimizer if optimizer is not None else policy.optimizer, lr, num_updates, task)
+    local = inner = steps = None
+    if policy.local:
+        from staleness.engine.local import Local
+
+        steps = policy.work.steps_per_worker(cluster.mean_seconds if cluster is not None else [1.0] * num_workers)
+        inner = resolve_optimizer(inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd"),
+                                  None, num_updates * max(steps), task)
+        local = Local(inner.tx, max(steps), len(set(steps)) > 1)
+    elif inner_optimizer is not None:
+        raise ValueError(f"inner_optimizer is for local-update methods; the policy {policy.describe()!r} "
+                         "computes gradients")
     if task.num_workers < num_workers:
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
                          f"run's {num_workers} workers; build it with tasks.get(..., num_workers={num_workers})")
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
                    lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
                    time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure,
-                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume))
+                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume),
+                   local=local, inner=inner, local_steps=steps)

@@ -45,13 +45,16 @@ class Delays:
     sampler: object
     time_scale: float
     t0: float = 0.0
+    steps: tuple | None = None   # local-update methods: inner steps per iteration of each worker
+
 
     def pull(self, worker: int, iteration: int) -> float:
         return self.sampler.pull_delay(worker, iteration) * self.time_scale
 
     def compute(self, worker: int, iteration: int, now: float) -> float:
         sim_start = (now - self.t0) / self.time_scale
-        return self.sampler.compute_time(worker, iteration, sim_start) * self.time_scale
+        steps = 1 if self.steps is None else self.steps[worker]
+        return steps * self.sampler.compute_time(worker, iteration, sim_start) * self.time_scale
 
     def push(self, worker: int, iteration: int) -> float:
         return self.sampler.push_delay(worker, iteration) * self.time_scale

@@ -1,0 +1,118 @@
+"""Local-update methods (Local SGD, DiLoCo, async DiLoCo): differential tests against
+the methods they reduce to, the real runtime's traces, and sweeps over H."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import staleness as st
+from staleness.engine import local as L
+
+CLUSTER = st.cluster.heterogeneous([1.0, 1.0, 2.0, 2.0])
+
+
+@pytest.fixture(scope="module")
+def digits4():
+    return st.tasks.get("digits-mlp", batch_size=8, num_workers=4)
+
+
+def _leaves(t):
+    return [np.asarray(x) for x in jax.tree.leaves(t)]
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+
+
+def test_local_sgd_with_one_step_is_bsp(digits4):
+    """One inner SGD step then parameter averaging = one large-batch SGD step. The
+    delta's subtraction and the mean of parameters round differently from the mean of
+    gradients: stated tolerance 1e-6 after 20 updates (weights of order 0.1)."""
+    a = st.simulate(digits4, "local_sgd:1", CLUSTER, num_updates=20, seed=0, inner_optimizer="sgd:lr=0.1")
+    b = st.simulate(digits4, "bsp", CLUSTER, num_updates=20, seed=0, lr=0.1)
+    assert _max_diff(a.params, b.params) < 1e-6
+    assert a.config["optimizer"] == "sgd:lr=1" and a.config["inner_optimizer"] == "sgd:lr=0.1"
+
+
+def test_diloco_with_one_worker_and_outer_sgd_1_is_h_inner_steps():
+    """θ − 1·(θ − θ_H) = θ_H up to one rounding per update: H AdamW steps, by hand."""
+    task = st.tasks.get("digits-mlp", batch_size=8, num_workers=1)
+    h, rounds = 5, 4
+    res = st.simulate(task, f"diloco:{h}", st.cluster.constant(1), num_updates=rounds, seed=0,
+                      optimizer="sgd:lr=1", inner_optimizer=optax.adamw(1e-3))
+    init_key, data_key = st.engine.keys(0)
+    params = task.init_params(init_key)
+    tx = optax.adamw(1e-3)
+    state = tx.init(params)
+    step = jax.jit(lambda p, s, i: (lambda g: (lambda u, s: (optax.apply_updates(p, u), s))(*tx.update(g, s, p)))(
+        jax.grad(task.loss)(p, task.minibatch(data_key, 0, i))))
+    for i in range(rounds * h):       # round r, inner step k uses the minibatch of iteration r·H + k
+        params, state = step(params, state, jnp.int32(i))
+    assert _max_diff(res.params, params) < 2e-6
+
+
+def test_diloco_with_outer_sgd_1_is_local_sgd(digits4):
+    a = st.simulate(digits4, "diloco:3", CLUSTER, num_updates=8, seed=1, optimizer="sgd:lr=1",
+                    inner_optimizer="adamw:lr=1e-3")
+    b = st.simulate(digits4, "local_sgd:3", CLUSTER, num_updates=8, seed=1, inner_optimizer="adamw:lr=1e-3")
+    assert all(np.array_equal(x, y) for x, y in zip(_leaves(a.params), _leaves(b.params)))
+
+
+def test_inner_states_persist_per_worker_across_rounds():
+    """With momentum as inner optimizer, a worker's second round continues its trace:
+    running the rounds with a fresh state each time gives other parameters."""
+    task = st.tasks.get("digits-mlp", batch_size=8, num_workers=1)
+    res = st.simulate(task, "diloco:3", st.cluster.constant(1), num_updates=2, seed=0, optimizer="sgd:lr=1",
+                      inner_optimizer="momentum:0.9,lr=0.1")
+    inner = st.engine.optimizer("momentum:0.9,lr=0.1")
+    loc = L.Local(inner.tx, 3, False)
+    init_key, key = st.engine.keys(0)
+    p = task.init_params(init_key)
+    fresh = p
+    for r in range(2):
+        _, d, _ = L.local_delta(task, loc, fresh, inner.init(fresh), key, 0, r, 3)
+        fresh = jax.tree.map(lambda a, b: a - b, fresh, d)
+    assert _max_diff(res.params, fresh) > 1e-4
+
+
+def test_dynamic_local_updates_give_slow_workers_fewer_steps():
+    cl = st.cluster.heterogeneous([0.58, 0.75, 1.51, 3.33])   # the asynchronous Local-SGD toy setting
+    s = st.simulate_schedule(st.policies.async_diloco(20, dynamic=True), cl, num_updates=40, seed=0)
+    assert s.meta["local_steps"] == [20, 15, 8, 3]
+    ends = [s.columns["end"][s.columns["worker"] == w][0] - s.columns["start"][s.columns["worker"] == w][0]
+            for w in range(4)]
+    # every worker's round takes about as long (steps are rounded: 3 steps of 3.33 s vs 8 of 1.51 s)
+    assert max(ends) / min(ends) < 1.3
+
+
+def test_sweep_over_h_in_one_compiled_call(digits4):
+    from staleness.engine import core
+
+    before = core.run_chunk_batched._cache_size()
+    out = st.sweep(digits4, ["diloco:2", "diloco:5"], CLUSTER, seeds=[0, 1], num_updates=6, num_evals=1,
+                   inner_optimizer="adamw:lr=1e-3")
+    assert core.run_chunk_batched._cache_size() == before + 1
+    assert [r.config["local_steps"] for r in out] == [[2] * 4, [2] * 4, [5] * 4, [5] * 4]
+    one = st.simulate(digits4, "diloco:5", CLUSTER, num_updates=6, seed=1, num_evals=1,
+                      inner_optimizer="adamw:lr=1e-3")
+    assert _max_diff(out[3].params, one.params) < 1e-5   # vmap over configurations: last-bit rounding
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("policy, inner", [("local_sgd:3", "sgd:lr=0.1"), ("diloco:3", "adamw:lr=1e-3"),
+                                           ("async_diloco:3:dynamic", "momentum:0.9,lr=0.1"),
+                                           ("async_diloco:2:bound=1", "adamw:lr=1e-3")])
+def test_real_runs_of_local_methods_replay_bitwise(digits4, policy, inner):
+    from staleness.runtime.replay import replay_trace
+
+    res = st.runtime.run(digits4, policy, "0.5,0.75,1.5,3.3", num_updates=10, time_scale=0.002,
+                         inner_optimizer=inner)
+    assert res.status == "complete" and res.config["inner_optimizer"] == st.engine.optim.get(inner).describe()
+    assert replay_trace(res)[1].bitwise
+
+
+def test_inner_optimizer_is_refused_for_gradient_policies(digits4):
+    with pytest.raises(ValueError, match="inner_optimizer is for local-update methods"):
+        st.simulate(digits4, "asp", CLUSTER, num_updates=2, inner_optimizer="sgd")
