@@ -199,6 +199,7 @@ def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
 
 def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_time: float | None = None,
             num_updates: int | None = None, lr: float | None = None, lr_rule="constant", optimizer=None,
+            inner_optimizer=None,
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
             num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
             out=None, resume: bool = False, overwrite: bool = False) -> Comparison:
@@ -242,6 +243,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                    "cluster": cluster.describe(), "max_time": max_time, "num_updates": num_updates, "lr": lr,
                    "lr_rule": str(getattr(lr_rule, "describe", lambda: lr_rule)()),
                    "optimizer": str(getattr(optimizer, "describe", lambda: optimizer)()),
+                   "inner_optimizer": str(getattr(inner_optimizer, "describe", lambda: inner_optimizer)()),
                    "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals}
     done: dict[tuple[str, int], Result] = {}
     if out is not None:
@@ -266,8 +268,10 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                 continue
             bar.set_postfix_str(f"{pol.describe()} seed {seed}")
             try:
-                r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed, lr=lr,
-                             lr_rule=lr_rule, optimizer=optimizer, num_evals=num_evals)
+                r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
+                             lr=None if pol.local and optimizer is None else lr, lr_rule=lr_rule,
+                             optimizer=optimizer, inner_optimizer=inner_optimizer if pol.local else None,
+                             num_evals=num_evals)
             except DivergenceError as e:
                 r = e.result
             results.append(r)

@@ -116,3 +116,27 @@ def test_real_runs_of_local_methods_replay_bitwise(digits4, policy, inner):
 def test_inner_optimizer_is_refused_for_gradient_policies(digits4):
     with pytest.raises(ValueError, match="inner_optimizer is for local-update methods"):
         st.simulate(digits4, "asp", CLUSTER, num_updates=2, inner_optimizer="sgd")
+
+
+def test_delayed_nesterov_with_n_synchronous_arrivals_is_one_nesterov_step():
+    """Liu et al.'s Delayed Nesterov (c = 0): N arrivals of the same outer gradient g add
+    up to one Nesterov SGD step on g (DiLoCo's synchronous outer step), round after round."""
+    dn = st.engine.optimizer("delayed_nesterov:4,lr=0.7")
+    nest = optax.sgd(0.7, momentum=0.9, nesterov=True)
+    p = q = {"w": jnp.linspace(-1.0, 1.0, 5)}
+    s_dn, s_n = dn.init(p), nest.init(p)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        g = {"w": jnp.asarray(rng.normal(size=5), jnp.float32)}
+        for _ in range(4):
+            u, s_dn = dn.tx.update(g, s_dn, p)
+            p = optax.apply_updates(p, u)
+        u, s_n = nest.update(g, s_n, q)
+        q = optax.apply_updates(q, u)
+    np.testing.assert_allclose(np.asarray(p["w"]), np.asarray(q["w"]), rtol=1e-5, atol=1e-6)
+
+
+def test_async_diloco_with_delayed_nesterov_trains(digits4):
+    res = st.simulate(digits4, "async_diloco:3:dynamic", st.cluster.heterogeneous([0.58, 0.75, 1.51, 3.33]),
+                      num_updates=40, seed=0, optimizer="delayed_nesterov:4,lr=0.7", inner_optimizer="adamw:lr=1e-3")
+    assert res.status == "complete" and res.final["accuracy"] > res.history["accuracy"].iloc[0]

@@ -34,9 +34,17 @@ def clusters(draw, max_workers=10):
 
 @hst.composite
 def policies(draw, num_workers):
-    kind = draw(hst.sampled_from(["bsp", "asp", "ssp", "dssp", "softsync", "backup"]))
+    kind = draw(hst.sampled_from(["bsp", "asp", "ssp", "dssp", "softsync", "backup", "local_sgd", "diloco",
+                                  "async_diloco"]))
     if kind == "bsp":
         return P.bsp()
+    if kind == "local_sgd":
+        return P.local_sgd(draw(hst.integers(1, 5)))
+    if kind == "diloco":
+        return P.diloco(draw(hst.integers(1, 5)))
+    if kind == "async_diloco":
+        bound = draw(hst.one_of(hst.none(), hst.integers(0, 4)))
+        return P.async_diloco(draw(hst.integers(1, 5)), bound=bound, dynamic=draw(hst.booleans()))
     if kind == "asp":
         return P.asp()
     if kind == "ssp":
@@ -91,7 +99,7 @@ def check_invariants(sched: Schedule, policy, lam: int, failures=False):
         for q in range(lam):
             its = f["iteration"][f["worker"] == q]
             assert np.array_equal(its, np.arange(len(its)))
-    if policy == P.bsp():
+    if policy == P.bsp() or isinstance(policy.aggregation, P.AllLive):   # BSP, local_sgd, diloco: rounds
         assert np.all(sched.staleness[applied] == 0)
     if policy == P.ssp(0) and not failures:
         # SSP(0)'s gate is BSP's barrier: every round computes on one version

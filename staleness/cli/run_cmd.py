@@ -30,6 +30,8 @@ _RUN_OPTIONS = [
     ("--lr-rule", "lr_rule", str, "constant", "constant, per_gradient, per_update, delay_adaptive:N"),
     ("--optimizer", "optimizer", str, None, "server optimizer spec, e.g. sgd, momentum:0.9, "
      "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see staleness simulate --help)"),
+    ("--inner-optimizer", "inner_optimizer", str, None, "local-update methods: the workers' inner optimizer "
+     "spec (default: the task's, else sgd); --optimizer is then the outer one"),
     ("--batch-size", "batch_size", count, 32, "per-worker minibatch μ (default 32)"),
     ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
     ("--seed", "seed", natural, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),
@@ -134,11 +136,15 @@ def _settle_lr(args) -> None:
     """As `simulate`'s: --lr, else the optimizer's own, else the CLI's default for a
     built-in task trained with plain sgd (the task itself is built later, in the
     runtime, after jax.distributed starts)."""
+    from staleness import policies
     from staleness.cli.simulate_cmd import DEFAULT_LR
     from staleness.tasks import registry
 
-    if (args.lr is None and args.optimizer is None and args.task in registry.names()
-            and registry.declared_optimizer(args.task) is None):
+    plain = args.task in registry.names() and registry.declared_optimizer(args.task) is None
+    if policies.parse(args.policy).local:   # the outer optimizer is the method's; the workers' sgd gets the default
+        if args.inner_optimizer is None and plain:
+            args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
+    elif args.lr is None and args.optimizer is None and plain:
         args.lr = DEFAULT_LR
 
 
@@ -165,7 +171,8 @@ def _cmd_run(args) -> int:
                   data_dir=args.data_dir, time_scale=args.time_scale, eval_every=args.eval_every,
                   max_time=args.max_time, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                   resume=args.resume, worker_timeout=args.worker_timeout,
-                  on_worker_failure=args.on_worker_failure, progress=not args.no_progress)
+                  on_worker_failure=args.on_worker_failure, progress=not args.no_progress,
+                  inner_optimizer=args.inner_optimizer)
     t0 = time.perf_counter()
     code = 0
     try:

@@ -32,6 +32,9 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
                    help="server optimizer spec: sgd, momentum[:0.9], nesterov[:0.9], adam, adamw, with KEY=VALUE "
                    "options lr, wd, clip, warmup (b1, b2, eps for adam/adamw) and +cosine or +linear, e.g. "
                    "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default: the task's, else sgd)")
+    p.add_argument("--inner-optimizer", default=None,
+                   help="local-update methods (local_sgd, diloco, async_diloco): the workers' inner optimizer spec "
+                   "(default: the task's, else sgd); --optimizer is then the outer one")
     p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch μ (default 32)")
     p.add_argument("--partition", default="iid", help="iid (every worker samples all data), shard (disjoint "
                    "label-skewed shards), dirichlet:ALPHA (Dirichlet label proportions per worker, e.g. "
@@ -71,6 +74,8 @@ def check_specs(args) -> None:
     from staleness.engine import optim
 
     _lr.get(args.lr_rule)
+    if getattr(args, "inner_optimizer", None) is not None:
+        optim.get(args.inner_optimizer, "--inner-optimizer")
     if args.optimizer is not None:
         spec = optim.get(args.optimizer)
         if args.lr is not None and spec.lr is not None and args.lr != spec.lr:
@@ -123,12 +128,16 @@ def _cmd_simulate(args) -> int:
         raise UsageError("--resume needs --checkpoint DIR")
     out = check_out(args)
     task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
-    settle_lr(args, task)
+    if not policy.local:
+        settle_lr(args, task)
+    elif args.inner_optimizer is None and task.optimizer is None:
+        args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"   # the CLI's sgd default, for the workers' steps
     metric, target = _metric_target(args, task)
     t0 = time.perf_counter()
     try:
         result = st.simulate(task, policy, cluster, num_updates=updates, max_time=max_time, seed=args.seed,
                              lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
+                             inner_optimizer=args.inner_optimizer,
                              progress=not args.no_progress, checkpoint=args.checkpoint, resume=args.resume)
     except DivergenceError as e:
         result = e.result
@@ -194,8 +203,11 @@ def _cmd_compare(args) -> int:
     settle_lr(args, task)
     metric, target = _metric_target(args, task)
     t0 = time.perf_counter()
+    if args.inner_optimizer is None and task.optimizer is None:
+        args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
     cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,
-                  lr_rule=args.lr_rule, optimizer=args.optimizer, metric=metric, target=target,
+                  lr_rule=args.lr_rule, optimizer=args.optimizer, inner_optimizer=args.inner_optimizer,
+                  metric=metric, target=target,
                   progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite)
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
     print(f"{task.name} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "

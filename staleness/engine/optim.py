@@ -16,9 +16,10 @@ put into its state):
 - a spec string (the CLI's), grammar `staleness.specs`:
 
       NAME[:ARGS][+SCHEDULE]
-      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw
+      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw | delayed_nesterov[:N]
       ARGS as KEY=VALUE: lr, wd (weight decay), clip (global norm), warmup (updates),
-      b1, b2, eps (adam, adamw), momentum (momentum, nesterov)
+      b1, b2, eps (adam, adamw), momentum (momentum, nesterov, delayed_nesterov),
+      c (delayed_nesterov: the momentum activation, default 0)
       SCHEDULE: constant (default) | cosine | linear  (decay to 0 over the run)
 
   e.g. `adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine`. A spec builds
@@ -37,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,7 @@ import optax
 
 __all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "get", "resolve", "has_lr"]
 
-NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw")
+NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw", "delayed_nesterov")
 SCHEDULES = ("constant", "cosine", "linear")
 DEFAULT_LR = 0.05   # the learning rate of a spec that names none, when lr= is not given either
 
@@ -65,6 +66,8 @@ class OptimizerSpec:
     clip: float | None = None    # clip_by_global_norm
     warmup: int = 0              # linear warmup from 0, in updates
     schedule: str = "constant"
+    period: int = 4              # delayed_nesterov: N, arrivals per momentum step
+    c: float = 0.0               # delayed_nesterov: momentum activation in [0, 1/N]
 
     def __post_init__(self):
         if self.name not in NAMES:
@@ -86,6 +89,10 @@ class OptimizerSpec:
             raise ValueError(f"clip = {self.clip!r} must be a finite number > 0 (a global norm)")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup = {self.warmup!r} must be an integer >= 0 (updates)")
+        if isinstance(self.period, bool) or not isinstance(self.period, int) or self.period < 1:
+            raise ValueError(f"period = {self.period!r} must be an integer >= 1 (arrivals per momentum step)")
+        if not 0.0 <= self.c <= 1.0 / self.period:
+            raise ValueError(f"c = {self.c!r} must be in [0, 1/N] = [0, {1.0 / self.period:g}]")
 
     def shape(self, horizon: int | None):
         """The learning-rate multiplier as an optax schedule of the update count, or None (constant)."""
@@ -115,6 +122,12 @@ class OptimizerSpec:
         parts = []
         if self.name in ("momentum", "nesterov"):
             parts.append(f"{self.momentum:g}")
+        if self.name == "delayed_nesterov":
+            parts.append(str(self.period))
+            if self.momentum != 0.9:
+                parts.append(f"momentum={self.momentum:g}")
+            if self.c:
+                parts.append(f"c={self.c:g}")
         for key in ("lr", "b1", "b2", "eps", "wd", "clip", "warmup"):
             value = getattr(self, key)
             if value != getattr(defaults, key) and not (key in ("b1", "b2", "eps") and self.name not in
@@ -131,6 +144,8 @@ def _build(spec: OptimizerSpec, horizon: int | None) -> optax.GradientTransforma
         parts.append(optax.clip_by_global_norm(spec.clip))
     if spec.name in ("momentum", "nesterov"):
         parts.append(optax.trace(decay=spec.momentum, nesterov=spec.name == "nesterov"))
+    elif spec.name == "delayed_nesterov":
+        parts.append(delayed_nesterov(spec.momentum, spec.period, spec.c))
     elif spec.name in ("adam", "adamw"):
         parts.append(optax.scale_by_adam(b1=spec.b1, b2=spec.b2, eps=spec.eps))
     wd = spec.wd if spec.wd is not None else (1e-4 if spec.name == "adamw" else 0.0)
@@ -141,6 +156,40 @@ def _build(spec: OptimizerSpec, horizon: int | None) -> optax.GradientTransforma
         parts.append(optax.scale_by_schedule(shape))
     parts.append(optax.inject_hyperparams(optax.scale_by_learning_rate)(learning_rate=1.0))
     return optax.chain(*parts)
+
+
+class DelayedNesterovState(NamedTuple):
+    count: jax.Array     # arrivals so far
+    momentum: Any        # m
+    buffer: Any          # Δ: the sum of the arrivals since the last momentum step
+
+
+def delayed_nesterov(momentum: float = 0.9, period: int = 4, c: float = 0.0) -> optax.GradientTransformation:
+    """Delayed Nesterov (Liu et al. 2024, Algorithm 3), the direction before the learning rate.
+
+    For asynchronous outer steps: every arrival g is applied at once as g/N (plus
+    c·β·m); every N-th arrival also folds the mean of the buffered arrivals into the
+    momentum m ← β·m + Δ/N and applies (1 − cN + c)·β·m + g/N. With N = the number
+    of workers and synchronous arrivals, N arrivals add up to one Nesterov step on
+    their mean (what DiLoCo does synchronously). Chain it with a learning rate
+    (`delayed_nesterov:N,lr=0.7` as a spec).
+    """
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return DelayedNesterovState(jnp.zeros((), jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
+
+    def update(updates, state, params=None):
+        del params
+        buffer = jax.tree.map(jnp.add, state.buffer, updates)
+        fire = (state.count + 1) % period == 0
+        m_new = jax.tree.map(lambda m, b: jnp.where(fire, momentum * m + b / period, m), state.momentum, buffer)
+        out = jax.tree.map(
+            lambda m, g: jnp.where(fire, (1.0 - c * period + c) * momentum * m, c * momentum * m) + g / period,
+            m_new, updates)
+        buffer = jax.tree.map(lambda b: jnp.where(fire, jnp.zeros_like(b), b), buffer)
+        return out, DelayedNesterovState(state.count + 1, m_new, buffer)
+
+    return optax.GradientTransformation(init, update)
 
 
 def has_lr(tx: optax.GradientTransformation, params) -> bool:
@@ -178,39 +227,43 @@ def set_lr(state, lr):
     return optax.tree_utils.tree_set(state, learning_rate=jnp.asarray(lr, jnp.asarray(old).dtype))
 
 
-def get(spec) -> OptimizerSpec:
-    """Parse an optimizer spec string (see the module docstring) into an OptimizerSpec."""
+def get(spec, what: str = "optimizer") -> OptimizerSpec:
+    """Parse an optimizer spec string (see the module docstring) into an OptimizerSpec;
+    `what` names the argument in errors."""
     from staleness import specs
 
     if isinstance(spec, OptimizerSpec):
         return spec
-    main, mods = specs.split(spec, "optimizer")
+    main, mods = specs.split(spec, what)
     if main.name not in NAMES:
-        raise specs.SpecError(f"optimizer = {spec!r}: unknown optimizer {main.name!r}; valid: {', '.join(NAMES)} "
+        raise specs.SpecError(f"{what} = {spec!r}: unknown optimizer {main.name!r}; valid: {', '.join(NAMES)} "
                               "(or pass any optax transformation from Python)")
     if len(mods) > 1 or any(m.name not in SCHEDULES or m.args or m.kwargs for m in mods):
-        raise specs.SpecError(f"optimizer = {spec!r}: the schedule must be one of "
+        raise specs.SpecError(f"{what} = {spec!r}: the schedule must be one of "
                               f"{', '.join('+' + s for s in SCHEDULES)}")
     schedule = mods[0].name if mods else "constant"
     name = main.name
 
     def make(momentum: float = 0.9, lr: float | None = None, b1: float = 0.9, b2: float = 0.999,
-             eps: float = 1e-8, wd: float | None = None, clip: float | None = None, warmup: int = 0):
+             eps: float = 1e-8, wd: float | None = None, clip: float | None = None, warmup: int = 0,
+             period: int = 4, c: float = 0.0):
         return OptimizerSpec(name=name, lr=lr, momentum=momentum, b1=b1, b2=b2, eps=eps, wd=wd, clip=clip,
-                             warmup=warmup, schedule=schedule)
+                             warmup=warmup, schedule=schedule, period=period, c=c)
 
     keys = {k for k, _ in main.kwargs}
     allowed = {"lr", "learning_rate", "wd", "weight_decay", "clip", "warmup"}
-    allowed |= {"momentum"} if name in ("momentum", "nesterov") else set()
+    allowed |= {"momentum"} if name in ("momentum", "nesterov", "delayed_nesterov") else set()
+    allowed |= {"period", "c"} if name == "delayed_nesterov" else set()
     allowed |= {"b1", "b2", "eps"} if name in ("adam", "adamw") else set()
     if keys - allowed:
-        raise specs.SpecError(f"optimizer = {spec!r}: {name!r} takes no {sorted(keys - allowed)[0]!r}; its "
+        raise specs.SpecError(f"{what} = {spec!r}: {name!r} takes no {sorted(keys - allowed)[0]!r}; its "
                               f"arguments are {', '.join(sorted(allowed - {'learning_rate', 'weight_decay'}))}")
-    positional = ("momentum",) if name in ("momentum", "nesterov") else ()
+    positional = ("momentum",) if name in ("momentum", "nesterov") else ("period",) if name == "delayed_nesterov" \
+        else ()
     if main.args and not positional:
-        raise specs.SpecError(f"optimizer = {spec!r}: {name!r} takes only KEY=VALUE arguments "
+        raise specs.SpecError(f"{what} = {spec!r}: {name!r} takes only KEY=VALUE arguments "
                               f"({', '.join(sorted(allowed - {'learning_rate', 'weight_decay'}))})")
-    return specs.call(main, make, "optimizer", spec, positional=positional,
+    return specs.call(main, make, what, spec, positional=positional,
                       renames={"weight_decay": "wd", "learning_rate": "lr"})
 
 
