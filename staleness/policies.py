@@ -62,8 +62,9 @@ from typing import Any, NamedTuple
 __all__ = [
     "Policy", "PushOutcome", "SyncState", "ClockTable",
     "Free", "ClockBound", "DynamicBound", "RoundBound",
-    "EachGradient", "AllLive", "Count", "FirstOfRound", "Gradient", "LocalSteps",
+    "EachGradient", "AllLive", "Count", "FirstOfRound", "Gradient", "LocalSteps", "Streaming",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
+    "streaming_diloco",
     "dssp_controller", "parse",
 ]
 
@@ -523,6 +524,38 @@ class LocalSteps:
         return tuple(max(1, round(self.steps * fastest / t)) for t in mean_seconds)
 
 
+@dataclasses.dataclass(frozen=True)
+class Streaming(LocalSteps):
+    """Streaming DiLoCo (Douillard et al. 2025): the parameters are split into
+    `fragments` P groups of modules (strided: top-level module j is in fragment
+    j mod P), and one fragment is synchronized every H/P inner steps, round robin,
+    so each is synchronized every H steps. An iteration is these H/P steps
+    (`steps` per iteration = H/P). The workers keep their own parameters across
+    iterations; the outer update of fragment p is merged into a worker's copy
+    `overlap` (τ) inner steps later, θ_p ← α·θ_p(local) + (1−α)·θ_p(global); the
+    outer gradients are sent quantized to `bits` bits (32: not quantized; fewer:
+    a sign and a (bits−1)-bit exponent per value, an E(bits−1)M0 float, scaled by
+    the tensor's largest magnitude) and averaged in float32.
+    """
+
+    fragments: int = 1
+    overlap: int = 0
+    alpha: float = 0.0
+    bits: int = 32
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_int("streaming_diloco", "fragments", self.fragments, 1)
+        _check_int("streaming_diloco", "overlap", self.overlap, 0)
+        if self.overlap >= max(1, self.steps):
+            raise ValueError(f"streaming_diloco: overlap = {self.overlap} must be < the {self.steps} inner steps "
+                             "between two synchronizations (H / fragments)")
+        if not (isinstance(self.alpha, (int, float)) and 0.0 <= self.alpha <= 1.0):
+            raise ValueError(f"streaming_diloco: alpha = {self.alpha!r} must be in [0, 1] (the local weight)")
+        if self.bits not in (2, 3, 4, 8, 32):
+            raise ValueError(f"streaming_diloco: bits = {self.bits!r} must be one of 2, 3, 4, 8 or 32")
+
+
 # -- the policy ------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Policy:
@@ -704,8 +737,28 @@ def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = Fals
     return Policy(gate, EachGradient(), spec, LocalSteps(steps, dynamic), "nesterov:0.9,lr=0.7")
 
 
+def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alpha: float = 0.0,
+                     bits: int = 32) -> Policy:
+    """Streaming DiLoCo: DiLoCo whose parameters are synchronized one fragment at a time
+    (see `Streaming`): an update every H/P inner steps, of one fragment; `overlap` τ
+    inner steps pass before a worker merges it with mixing factor `alpha`; outer
+    gradients quantized to `bits`. The workers stay in lockstep (a synchronization
+    round every H/P steps, as in the paper); the overlap is in the numerics (the merge
+    comes τ steps late). The simulated time does not yet credit the overlap with
+    hiding communication."""
+    _check_int("streaming_diloco", "steps", steps, 1)
+    _check_int("streaming_diloco", "fragments", fragments, 1)
+    if steps % fragments:
+        raise ValueError(f"streaming_diloco: steps = {steps} must be a multiple of fragments = {fragments} "
+                         "(one fragment is synchronized every steps / fragments inner steps)")
+    work = Streaming(steps // fragments, False, fragments, overlap, float(alpha), bits)
+    spec = f"streaming_diloco:{steps}:fragments={fragments}:overlap={overlap}:alpha={float(alpha):g}:bits={bits}"
+    return Policy(ClockBound(0), AllLive(), spec, work, "nesterov:0.9,lr=0.7")
+
+
 _SPEC_HELP = ("bsp, asp, ssp[:S], dssp[:S_LOW[:R_MAX]][:nocap], softsync[:N], backup[:B], local_sgd[:H], "
-              "diloco[:H], async_diloco[:H][:bound=S][:dynamic]")
+              "diloco[:H], async_diloco[:H][:bound=S][:dynamic], "
+              "streaming_diloco[:H][:fragments=P][:overlap=T][:alpha=A][:bits=B]")
 
 # spec name -> (factory, the parameters positional values bind to). Omitted
 # numbers take the factory's defaults (`ssp` = ssp:3, `dssp` = dssp:3:12,
@@ -722,6 +775,7 @@ _FACTORIES = {
     "local_sgd": (local_sgd, ("steps",)),
     "diloco": (diloco, ("steps",)),
     "async_diloco": (async_diloco, ("steps",)),
+    "streaming_diloco": (streaming_diloco, ("steps",)),
 }
 
 

@@ -140,3 +140,59 @@ def test_async_diloco_with_delayed_nesterov_trains(digits4):
     res = st.simulate(digits4, "async_diloco:3:dynamic", st.cluster.heterogeneous([0.58, 0.75, 1.51, 3.33]),
                       num_updates=40, seed=0, optimizer="delayed_nesterov:4,lr=0.7", inner_optimizer="adamw:lr=1e-3")
     assert res.status == "complete" and res.final["accuracy"] > res.history["accuracy"].iloc[0]
+
+
+def test_streaming_diloco_with_one_fragment_no_overlap_alpha_0_full_precision_is_diloco(digits4):
+    a = st.simulate(digits4, "streaming_diloco:4:fragments=1:overlap=0:alpha=0:bits=32", CLUSTER, num_updates=6,
+                    seed=0, inner_optimizer="adamw:lr=1e-3")
+    b = st.simulate(digits4, "diloco:4", CLUSTER, num_updates=6, seed=0, inner_optimizer="adamw:lr=1e-3")
+    assert all(np.array_equal(x, y) for x, y in zip(_leaves(a.params), _leaves(b.params)))
+
+
+def test_streaming_diloco_synchronizes_one_fragment_per_update(digits4):
+    """Two fragments (Dense_0, Dense_1): update u changes only fragment u mod 2 of the
+    global parameters."""
+    sched = st.simulate_schedule(st.policies.parse("streaming_diloco:4:fragments=2"), CLUSTER, num_updates=3,
+                                 seed=0)
+    before = None
+    for u in range(1, 4):
+        part = st.Schedule(columns={k: v[sched.columns["apply_version"] < u] for k, v in sched.columns.items()},
+                           update_time=sched.update_time[:u], num_workers=4, policy=sched.policy, meta=sched.meta)
+        params = st.engine.replay(part, digits4, inner_optimizer="adamw:lr=1e-3", num_evals=1).params
+        if before is not None:
+            changed = {k for k in params if not all(np.array_equal(x, y) for x, y in
+                                                    zip(_leaves(params[k]), _leaves(before[k])))}
+            assert changed == {"Dense_0" if (u - 1) % 2 == 0 else "Dense_1"}, (u, changed)
+        before = params
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_quantize_is_a_signed_power_of_two_of_the_largest_magnitude(bits):
+    x = jnp.asarray(np.random.default_rng(bits).normal(size=200), jnp.float32)
+    q = np.asarray(L.quantize(x, bits))
+    scale = float(jnp.max(jnp.abs(x)))
+    levels = 2 ** (bits - 1) - 1
+    nz = q != 0
+    assert np.all(np.sign(q[nz]) == np.sign(np.asarray(x)[nz]))
+    k = np.log2(np.abs(q[nz]) / scale)
+    assert np.allclose(k, np.round(k)) and k.min() >= -(levels - 1) and k.max() <= 0
+    assert len(np.unique(np.abs(q))) <= levels + 1       # the codes: levels magnitudes and zero
+    assert np.array_equal(np.asarray(L.quantize(x, 32)), np.asarray(x))
+
+
+def test_streaming_diloco_needs_enough_modules_and_valid_settings(digits4):
+    with pytest.raises(ValueError, match="fragments = 3 but the model has only 2 top-level modules"):
+        st.simulate(digits4, "streaming_diloco:6:fragments=3", CLUSTER, num_updates=2)
+    with pytest.raises(ValueError, match="multiple of fragments"):
+        st.policies.parse("streaming_diloco:5:fragments=2")
+    with pytest.raises(ValueError, match="overlap = 4 must be <"):
+        st.policies.parse("streaming_diloco:8:fragments=2:overlap=4")
+
+
+@pytest.mark.timeout(180)
+def test_a_real_streaming_diloco_run_replays_bitwise(digits4):
+    from staleness.runtime.replay import replay_trace
+
+    res = st.runtime.run(digits4, "streaming_diloco:4:fragments=2:overlap=1:alpha=0.5:bits=4", "1,1,2,2",
+                         num_updates=8, time_scale=0.002, inner_optimizer="adamw:lr=1e-3")
+    assert res.status == "complete" and replay_trace(res)[1].bitwise

@@ -50,7 +50,7 @@ def keys(seed):
 
 
 def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = None,
-               num_workers: int = 0) -> Carry:
+               num_workers: int = 0, streaming: bool = False) -> Carry:
     """Initial parameters (from the run's init key), optimizer state (with the
     optimizer's learning rate) and an empty ring of `ring` versions; with an
     `inner` optimizer (a local-update method) also `num_workers` fresh inner
@@ -61,18 +61,35 @@ def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = 
     opt_state = opt.init(params)
     ring_tree = jax.tree.map(lambda p: jnp.zeros((ring,) + p.shape, p.dtype), params)
     local = () if inner is None else _local.init_states(inner, params, num_workers)
-    return Carry(params, opt_state, ring_tree, local)
+    if streaming:   # Streaming DiLoCo: the workers' own parameters persist too, starting at version 0
+        local = (local, jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + a.shape).copy(), params))
+    return _distinct(Carry(params, opt_state, ring_tree, local))
+
+
+def _distinct(tree):
+    """`tree` with no array appearing twice (the replay donates its carry; one buffer
+    in two places, e.g. a learning rate set into several optimizer states, would be
+    donated twice)."""
+    seen = set()
+
+    def once(a):
+        if id(a) in seen:
+            return jnp.array(a, copy=True)
+        seen.add(id(a))
+        return a
+
+    return jax.tree.map(once, tree)
 
 
 def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None, inner: Optimizer | None = None,
-                       num_workers: int = 0) -> Carry:
+                       num_workers: int = 0, streaming: bool = False) -> Carry:
     """`init_carry` for several seeds, stacked on a leading configuration axis
     (the ring on its second axis: [R, B, ...], see `_step_batched`); `lrs` [B]:
     each configuration's learning rate, written into its optimizer state."""
     cache = {}
     for s in seeds:
         if s not in cache:
-            cache[s] = init_carry(task, s, opt, ring, inner, num_workers)
+            cache[s] = init_carry(task, s, opt, ring, inner, num_workers, streaming)
     carries = [cache[s] for s in seeds]
     if lrs is not None:
         carries = [c._replace(opt_state=set_lr(c.opt_state, lr)) if lr is not None else c
@@ -104,6 +121,20 @@ def _slots(task, local, slot_mode: str, consts, stale, worker, iteration, index,
     states [C, ...] in `inner`'s place)."""
     data_key = consts["data_key"]
     c = worker.shape[0]
+    if local is not None and local.streaming:
+        states, own = inner
+
+        def one(args):
+            p, q, s, w, i = args
+            loss, delta, s, q = _local.streaming_delta(task, local, p, q, s, data_key, w, i)
+            return loss, delta, (s, q)
+
+        mine = (stale, jax.tree.map(lambda a: a[worker], own), jax.tree.map(lambda a: a[worker], states), worker,
+                iteration)
+        if slot_mode == "map" or c == 1:
+            outs = [one(jax.tree.map(lambda a, k=k: a[k], mine)) for k in range(c)]
+            return tuple(jax.tree.map(lambda *xs: jnp.stack(xs), *parts) for parts in zip(*outs))
+        return jax.vmap(one)(mine)
     if local is not None:
         steps = consts["steps"][worker]
 
@@ -140,15 +171,18 @@ def _slots(task, local, slot_mode: str, consts, stale, worker, iteration, index,
     return losses, grads, None
 
 
-def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params, opt_state, inner, stale, x, index):
+def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params, opt_state, inner, stale, update,
+                 x, index):
     """Gradients (or local-update deltas) of one update's C slots on their `stale`
     params ([C, ...] leaves) and minibatch indices ([C, μ], or None), then one server
     update (`engine.update.server_update`). Returns (params, opt_state, inner, losses [C])."""
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
     losses, grads, new_inner = _slots(task, local, slot_mode, consts, stale, worker, iteration, index, inner)
-    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"])
-    if new_inner is not None:   # write back the inner states of the real slots
+    extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
+    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"],
+                                              **extra)
+    if new_inner is not None:   # write back the workers' states of the real slots
         keep = jax.tree.map(lambda new, old: jnp.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
                             new_inner, jax.tree.map(lambda a: a[worker], inner))
         inner = jax.tree.map(lambda a, v: a.at[worker].set(v), inner, keep)
@@ -170,7 +204,7 @@ def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, 
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
     params, opt_state, inner, losses = _update_from(task, opt, rules, slot_mode, local, consts, params, opt_state,
-                                                    inner, stale, x, index)
+                                                    inner, stale, update, x, index)
     return Carry(params, opt_state, ring, inner), losses
 
 
@@ -188,7 +222,8 @@ def _step_batched(task, opt, rules: tuple, local, consts, carry: Carry, x):
     stale = jax.tree.map(
         lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape((b, c) + a.shape[2:]), ring)
     update_one = functools.partial(_update_from, task, opt, rules, "vmap", local)
-    params, opt_state, inner, losses = jax.vmap(update_one)(consts, params, opt_state, inner, stale, x, index)
+    params, opt_state, inner, losses = jax.vmap(update_one, in_axes=(0, 0, 0, 0, 0, None, 0, 0))(
+        consts, params, opt_state, inner, stale, update, x, index)
     return Carry(params, opt_state, ring, inner), losses
 
 

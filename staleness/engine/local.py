@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-__all__ = ["Local", "local_delta", "init_states"]
+__all__ = ["Local", "local_delta", "streaming_delta", "init_states", "fragment_keys", "fragmented", "quantize"]
 
 
 class Local(NamedTuple):
@@ -36,11 +36,23 @@ class Local(NamedTuple):
 
     inner: the inner optimizer's optax transformation. max_steps: H_max.
     masked: whether workers take different numbers of steps (a step mask is applied).
+    Streaming DiLoCo: fragments P (the top-level modules of each fragment in
+    `fragment_keys`), overlap τ (inner steps before the merge), alpha (the local
+    weight of the merge), bits (of the sent outer gradients; 32: not quantized).
     """
 
     inner: Any
     max_steps: int
     masked: bool
+    fragments: int = 1
+    overlap: int = 0
+    alpha: float = 0.0
+    bits: int = 32
+    fragment_keys: tuple = ()
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.fragment_keys)
 
 
 def local_delta(task, local: Local, params, inner_state, data_key, worker, round_, steps):
@@ -68,6 +80,96 @@ def local_delta(task, local: Local, params, inner_state, data_key, worker, round
     delta = jax.tree.map(lambda a, b: a - b, params, end)
     count = steps if local.masked else h_max
     return total / jnp.asarray(count, jnp.float32), delta, state
+
+
+def quantize(x, bits: int):
+    """`x` rounded to a sign and a (bits−1)-bit exponent per value (an E(bits−1)M0
+    float), scaled by the tensor's largest magnitude: magnitudes m·2^−k for
+    k = 0..2^(bits−1)−2 and 0 (rounded in the log domain). bits=32: x unchanged."""
+    if bits >= 32:
+        return x
+    levels = 2 ** (bits - 1) - 1                      # exponents 0, −1, ..., −(levels − 1), plus zero
+    scale = jnp.max(jnp.abs(x))
+    mag = jnp.abs(x) / jnp.where(scale > 0, scale, 1.0)
+    e = jnp.round(jnp.log2(jnp.where(mag > 0, mag, 1.0)))
+    keep = (mag > 0) & (e > -levels)
+    return jnp.where(keep, jnp.sign(x) * scale * jnp.exp2(jnp.maximum(e, -(levels - 1))), 0.0).astype(x.dtype)
+
+
+def fragment_keys(params, fragments: int) -> tuple[tuple[str, ...], ...]:
+    """Streaming DiLoCo's fragments of a dict of parameters: its top-level modules in
+    order, strided (module j in fragment j mod P), as in the paper's default."""
+    if not isinstance(params, dict):
+        raise ValueError("streaming_diloco splits the parameters by their top-level modules: the task's params "
+                         f"must be a dict, not {type(params).__name__}")
+    keys = list(params)
+    if len(keys) < fragments:
+        raise ValueError(f"streaming_diloco: fragments = {fragments} but the model has only {len(keys)} top-level "
+                         f"modules ({', '.join(map(str, keys))}); use fewer fragments")
+    return tuple(tuple(k for j, k in enumerate(keys) if j % fragments == p) for p in range(fragments))
+
+
+def fragmented(tx, frag_keys: tuple) -> optax.GradientTransformationExtraArgs:
+    """`tx` applied to one fragment of the parameters per update (its own state per
+    fragment: the paper's outer momentum per fragment); `update(..., fragment=p)`
+    returns updates that are zero outside fragment p."""
+    def sub(tree, p):
+        return {k: tree[k] for k in frag_keys[p]}
+
+    def init(params):
+        return tuple(tx.init(sub(params, p)) for p in range(len(frag_keys)))
+
+    def update(updates, state, params=None, *, fragment=0, **extra):
+        del extra
+
+        def branch(p):
+            def f(operands):
+                updates, state, params = operands
+                u, s = tx.update(sub(updates, p), state[p], sub(params, p))
+                full = {k: (u[k] if k in u else jax.tree.map(jnp.zeros_like, updates[k])) for k in updates}
+                return full, state[:p] + (s,) + state[p + 1:]
+            return f
+
+        return lax.switch(fragment, [branch(p) for p in range(len(frag_keys))], (updates, state, params))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def streaming_delta(task, local: Local, pulled, own, inner_state, data_key, worker, round_):
+    """One Streaming DiLoCo iteration of a worker: H/P inner steps on its own parameters
+    `own`, merging fragment (round − 1) mod P from the `pulled` global parameters τ steps
+    in (own_p ← α·own_p + (1−α)·pulled_p; not in round 0), then the outer gradient of
+    fragment round mod P, pulled_p − own_p (zero elsewhere), quantized to `local.bits`.
+    Returns (mean inner loss, Δ, inner state, own parameters)."""
+    inner, steps, p_count = local.inner, local.max_steps, local.fragments
+    now, prev = round_ % p_count, (round_ - 1) % p_count
+    merge_on = round_ >= 1
+    base = round_ * steps
+
+    def merge(own):
+        out = dict(own)
+        for p, keys in enumerate(local.fragment_keys):
+            on = merge_on & (prev == p)
+            for k in keys:
+                out[k] = jax.tree.map(lambda a, g: jnp.where(on, local.alpha * a + (1.0 - local.alpha) * g, a),
+                                      own[k], pulled[k])
+        return out
+
+    def step(carry, h):
+        p, s, total = carry
+        p = lax.cond(h == local.overlap, merge, lambda q: q, p)
+        loss, g = jax.value_and_grad(task.loss)(p, task.minibatch(data_key, worker, base + h))
+        updates, s = inner.update(g, s, p)
+        return (optax.apply_updates(p, updates), s, total + loss), None
+
+    (own, state, total), _ = lax.scan(step, (own, inner_state, jnp.zeros((), jnp.float32)),
+                                      jnp.arange(steps, dtype=jnp.int32))
+    delta = {}
+    for p, keys in enumerate(local.fragment_keys):
+        for k in keys:
+            delta[k] = jax.tree.map(lambda g, a: jnp.where(now == p, quantize(g - a, local.bits), jnp.zeros_like(a)),
+                                    pulled[k], own[k])
+    return total / steps, {k: delta[k] for k in pulled}, state, own
 
 
 def init_states(inner_opt, params, num_workers: int):

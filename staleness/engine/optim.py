@@ -194,8 +194,7 @@ def delayed_nesterov(momentum: float = 0.9, period: int = 4, c: float = 0.0) -> 
 
 def has_lr(tx: optax.GradientTransformation, params) -> bool:
     """Whether `tx`'s state holds a `learning_rate` that `Optimizer.init` can set."""
-    state = jax.eval_shape(tx.init, params)
-    return optax.tree_utils.tree_get(state, "learning_rate", default=None) is not None
+    return get_lr(jax.eval_shape(tx.init, params)) is not None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -221,9 +220,16 @@ class Optimizer:
         return self.name
 
 
+def get_lr(state):
+    """The `learning_rate` held in an optimizer state (the first, if several fragments
+    each hold one), or None."""
+    found = optax.tree_utils.tree_get_all_with_path(state, "learning_rate")
+    return found[0][1] if found else None
+
+
 def set_lr(state, lr):
-    """`state` with its `learning_rate` replaced by `lr` (a float or a traced scalar)."""
-    old = optax.tree_utils.tree_get(state, "learning_rate")
+    """`state` with every `learning_rate` in it replaced by `lr` (a float or a traced scalar)."""
+    old = get_lr(state)
     return optax.tree_utils.tree_set(state, learning_rate=jnp.asarray(lr, jnp.asarray(old).dtype))
 
 

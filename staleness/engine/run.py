@@ -8,6 +8,7 @@ reports progress. All numerics are in `staleness.engine.core`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -67,33 +68,57 @@ def policy_optimizer(policy_spec: str):
         return None
 
 
-def local_setup(schedules, task, inner_optimizer, lr_for_inner=None):
+def local_setup(schedules, task, inner_optimizer):
     """(Local config or None, inner Optimizer or None, steps [B, λ] int32 or None) of
     schedules that all are (or all are not) of a local-update method."""
     steps = [s.meta.get("local_steps") for s in schedules]
     if all(x is None for x in steps):
         if inner_optimizer is not None:
-            raise ValueError("inner_optimizer is for local-update methods (local_sgd, diloco, async_diloco); "
-                             f"the policy {schedules[0].policy!r} computes gradients")
+            raise ValueError("inner_optimizer is for local-update methods (local_sgd, diloco, async_diloco, "
+                             f"streaming_diloco); the policy {schedules[0].policy!r} computes gradients")
         return None, None, None
     if any(x is None for x in steps):
         raise ValueError("sweep: local-update methods and gradient policies need separate sweeps")
     arr = np.asarray(steps, np.int32)
     rounds = max(int(s.columns["iteration"].max()) + 1 if s.num_gradients else 1 for s in schedules)
-    h_max = int(arr.max())
-    inner = inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd")
-    inner_opt = resolve_optimizer(inner, lr_for_inner, rounds * h_max, task)
-    local = _local_mod.Local(inner_opt.tx, h_max, bool((arr != h_max).any()))
+    works = [_policies.parse(s.policy).work for s in schedules]
+    local, inner_opt = local_config(works, arr, rounds, task, inner_optimizer)
     return local, inner_opt, arr
+
+
+def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
+    """(engine.local.Local, inner Optimizer) of local-update work values `works` whose
+    workers take `steps` [B, λ] inner steps per iteration, for `rounds` iterations."""
+    h_max = int(steps.max())
+    inner = inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd")
+    inner_opt = resolve_optimizer(inner, None, rounds * h_max, task)
+    stream = {w for w in works if isinstance(w, _policies.Streaming)}
+    if stream:
+        if len(set(works)) > 1:
+            raise ValueError("sweep: Streaming DiLoCo settings (fragments, overlap, alpha, bits) need separate sweeps")
+        w = stream.pop()
+        keys = _local_mod.fragment_keys(jax.eval_shape(task.init_fn, jax.random.key(0)), w.fragments)
+        return _local_mod.Local(inner_opt.tx, h_max, False, w.fragments, w.overlap, w.alpha, w.bits, keys), inner_opt
+    return _local_mod.Local(inner_opt.tx, h_max, bool((steps != h_max).any())), inner_opt
+
+
+def streaming_outer(opt: _optim.Optimizer, local) -> _optim.Optimizer:
+    """Streaming DiLoCo's outer optimizer: `opt` per fragment (engine.local.fragmented)."""
+    if local is None or not local.streaming:
+        return opt
+    return dataclasses.replace(opt, tx=_fragmented(opt.tx, local.fragment_keys))
+
+
+@functools.lru_cache(maxsize=64)
+def _fragmented(tx, keys):
+    return _local_mod.fragmented(tx, keys)   # cached: equal settings share one compiled replay
 
 
 def learning_rate(opt: _optim.Optimizer, opt_state) -> float | None:
     """The learning rate a run starts from (for its config): the one set, else the state's."""
     if opt.lr is not None:
         return opt.lr
-    import optax
-
-    value = optax.tree_utils.tree_get(opt_state, "learning_rate", default=None)
+    value = _optim.get_lr(opt_state)
     return None if value is None else float(np.asarray(value).reshape(-1)[0])
 
 
@@ -210,6 +235,7 @@ def replay(
     opt = resolve_optimizer(optimizer if optimizer is not None else policy_optimizer(schedule.policy), lr,
                             schedule.num_updates, task)
     local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
+    opt = streaming_outer(opt, local)
     chunk = _chunk_length(schedule.num_updates, eval_every, num_evals)
     plan = make_plan(schedule, chunk)
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
@@ -217,7 +243,8 @@ def replay(
         consts["steps"] = jnp.asarray(steps[0])
     rules = (rule,)
 
-    carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers)
+    carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers,
+                            local is not None and local.streaming)
     config = dict(config or {})
     config.update(**task.config(), lr=learning_rate(opt, carry.opt_state),
                   lr_rule=rule.describe(), optimizer=opt.describe(), seed=seed, policy=schedule.policy,
@@ -331,6 +358,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
         optimizer = own.pop()
     opt = resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, u_max, task)
     local, inner_opt, steps = local_setup([schedules[(p, s)] for p, s, _, _ in configs], task, inner_optimizer)
+    opt = streaming_outer(opt, local)
     n = len(configs)
     seed_arr = jnp.asarray([s for _, s, _, _ in configs], jnp.int32)
     consts = {
@@ -341,7 +369,8 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
         consts["steps"] = jnp.asarray(steps)        # [B, λ]
     carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], opt, ring,
                                     lrs=[v for *_, v in configs], inner=inner_opt,
-                                    num_workers=next(iter(schedules.values())).num_workers)
+                                    num_workers=next(iter(schedules.values())).num_workers,
+                                    streaming=local is not None and local.streaming)
     rates = [v if v is not None else learning_rate(opt, jax.tree.map(lambda a, i=i: a[i], carry.opt_state))
              for i, (*_, v) in enumerate(configs)]
     metrics0 = jax.device_get(core.evaluate_batched(task, carry.params))

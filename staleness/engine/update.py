@@ -53,10 +53,11 @@ def aggregate(grads, staleness, mask, rules: tuple, rule_index=0):
     return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
 
 
-def apply(tx, params, opt_state, grad, real=True):
+def apply(tx, params, opt_state, grad, real=True, **extra):
     """One optimizer step: (params, opt_state) after `tx.update` + `optax.apply_updates`.
-    real: False (may be traced) keeps both unchanged (a padding update)."""
-    updates, new_state = tx.update(grad, opt_state, params)
+    real: False (may be traced) keeps both unchanged (a padding update). `extra` goes to
+    `tx.update` (Streaming DiLoCo's fragment index)."""
+    updates, new_state = tx.update(grad, opt_state, params, **extra)
     new_params = optax.apply_updates(params, updates)
     if real is True:
         return new_params, new_state
@@ -64,11 +65,11 @@ def apply(tx, params, opt_state, grad, real=True):
     return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state)
 
 
-def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0):
+def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0, **extra):
     """One server update from C gradient slots (see `aggregate`); an update with no
     real slot (all of `mask` False) changes nothing. Returns (params, opt_state)."""
     grad = aggregate(grads, staleness, mask, rules, rule_index)
-    return apply(tx, params, opt_state, grad, mask.any())
+    return apply(tx, params, opt_state, grad, mask.any(), **extra)
 
 
 def scale_by_staleness(rule):

@@ -34,16 +34,22 @@ def _stack(*grads):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
 
 
-def _server_update(params, opt_state, grads, staleness, mask, *, tx, rule):
-    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask)
+def _server_update(params, opt_state, grads, staleness, mask, fragment, *, tx, rule):
+    extra = {} if fragment is None else {"fragment": fragment}
+    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask, **extra)
 
 
 def _local_delta(task, params, inner_state, data_key, worker, round_, steps, *, local):
     return _local.local_delta(task, local, params, inner_state, data_key, worker, round_, steps)
 
 
+def _streaming_delta(task, pulled, own, inner_state, data_key, worker, round_, *, local):
+    return _local.streaming_delta(task, local, pulled, own, inner_state, data_key, worker, round_)
+
+
 _gradient_jit = jax.jit(_gradient)
 _local_delta_jit = jax.jit(_local_delta, static_argnames=("local",))
+_streaming_delta_jit = jax.jit(_streaming_delta, static_argnames=("local",))
 _stack_jit = jax.jit(_stack)
 _server_update_jit = jax.jit(_server_update, static_argnames=("tx", "rule"))
 
@@ -91,10 +97,17 @@ class Numerics:
         task, key = self.on(device)
         if self.local is not None:
             state = self._inner_states.get(worker)
-            if state is None:
+            if state is None:   # a fresh inner state (and for Streaming DiLoCo own parameters: version 0)
                 state = jax.device_put(self.inner.init(params), device)
-            loss, delta, state = _local_delta_jit(task, params, state, key, np.int32(worker), np.int32(iteration),
-                                                  np.int32(self.local_steps[worker]), local=self.local)
+                state = (state, params) if self.local.streaming else state
+            if self.local.streaming:
+                loss, delta, inner, own = _streaming_delta_jit(task, params, state[1], state[0], key, np.int32(worker),
+                                                               np.int32(iteration), local=self.local)
+                state = (inner, own)
+            else:
+                loss, delta, state = _local_delta_jit(task, params, state, key, np.int32(worker),
+                                                      np.int32(iteration), np.int32(self.local_steps[worker]),
+                                                      local=self.local)
             self._inner_states[worker] = state
             return loss, delta
         # the minibatch indices on the host, as the engine's replay computes them
@@ -111,7 +124,7 @@ class Numerics:
         c = len(grads)
         if self.slots == 1:
             tau = np.asarray(staleness, np.int32)
-            return _server_update_jit(params, opt_state, grads[0], tau, np.ones(1, bool),
+            return _server_update_jit(params, opt_state, grads[0], tau, np.ones(1, bool), self._fragment(update),
                                       tx=self.opt.tx, rule=self.rule)
         if c > self.slots:
             raise ValueError(f"update {update}: {c} gradients exceed the {self.slots} slots")
@@ -119,7 +132,12 @@ class Numerics:
         tau = np.asarray(list(staleness) + [0] * pad, np.int32)
         mask = np.asarray([True] * c + [False] * pad)
         stacked = _stack_jit(*grads, *([zeros] * pad))
-        return _server_update_jit(params, opt_state, stacked, tau, mask, tx=self.opt.tx, rule=self.rule)
+        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update),
+                                  tx=self.opt.tx, rule=self.rule)
+
+    def _fragment(self, update: int):
+        """Streaming DiLoCo: the fragment update `update` synchronizes (else None)."""
+        return np.int32(update % self.local.fragments) if self.local is not None and self.local.streaming else None
 
     def init_state(self, params):
         """The optimizer state of `params` (with the run's learning rate)."""

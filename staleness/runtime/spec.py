@@ -146,12 +146,11 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     opt = resolve_optimizer(optimizer if optimizer is not None else policy.optimizer, lr, num_updates, task)
     local = inner = steps = None
     if policy.local:
-        from staleness.engine.local import Local
+        from staleness.engine.run import local_config, streaming_outer
 
         steps = policy.work.steps_per_worker(cluster.mean_seconds if cluster is not None else [1.0] * num_workers)
-        inner = resolve_optimizer(inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd"),
-                                  None, num_updates * max(steps), task)
-        local = Local(inner.tx, max(steps), len(set(steps)) > 1)
+        local, inner = local_config([policy.work], np.asarray([steps], np.int32), num_updates, task, inner_optimizer)
+        opt = streaming_outer(opt, local)
     elif inner_optimizer is not None:
         raise ValueError(f"inner_optimizer is for local-update methods; the policy {policy.describe()!r} "
                          "computes gradients")
