@@ -28,6 +28,7 @@ import numpy as np
 
 from staleness import files
 from staleness import policies as _policies
+from staleness import stats
 from staleness.results import DivergenceError, Result
 
 __all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "MANIFEST", "ResumeError"]
@@ -72,7 +73,9 @@ class Comparison:
 
     def table(self):
         """pandas DataFrame, one row per policy: medians over the runs that finished
-        (complete or diverged), spread as min-max, and a status column
+        (complete or diverged), spread as min-max, an interval around each median
+        (`staleness.stats.interval`: a bootstrap 95% interval from 5 seeds on, else the
+        min-max range; the `interval` column says which), and a status column
         ('complete', or 'stopped' / 'incomplete' when runs were stopped or not run;
         stopped runs are counted in `stopped` and left out of the medians)."""
         import pandas as pd
@@ -95,10 +98,12 @@ class Comparison:
                 row["reached"] = f"{int(reached.sum())}/{len(runs)}"
                 row["time_min_s"] = float(times[reached].min()) if reached.any() else math.nan
                 row["time_max_s"] = float(times[reached].max()) if reached.any() else math.nan
+                row["time_ci_low_s"], row["time_ci_high_s"], _ = stats.interval(times)
             finals = [r.final.get(self.metric, math.nan) for r in runs]
             row[f"final_{self.metric}"] = float(np.median(finals)) if finals else math.nan
             row["final_min"] = float(np.min(finals)) if finals else math.nan
             row["final_max"] = float(np.max(finals)) if finals else math.nan
+            row["final_ci_low"], row["final_ci_high"], row["interval"] = stats.interval(finals)
             sums = [r.schedule.summary() for r in runs]
             row["updates"] = int(np.median([s["updates"] for s in sums])) if sums else 0
             row["staleness_mean"] = float(np.mean([s["staleness_mean"] for s in sums])) if sums else math.nan
