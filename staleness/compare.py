@@ -34,6 +34,8 @@ from staleness.results import DivergenceError, Result
 __all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "MANIFEST", "ResumeError"]
 
 DEFAULT_POLICIES = ("bsp", "asp", "ssp:3", "ssp:15", "dssp:3:12", "softsync:4")
+GRID_FACTORS = (0.1, 0.3, 1.0, 3.0, 10.0)   # the default lr grid, times the optimizer's learning rate
+TUNE_SEEDS = (1001, 1002)                   # seeds of the tuning runs (not the comparison's)
 MANIFEST = "compare.json"
 _MANIFEST_VERSION = 1
 _COUNTED = ("complete", "diverged")   # statuses whose runs enter the medians
@@ -63,6 +65,17 @@ class Comparison:
     target: float | None
     planned: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     interrupted: bool = False
+    tuning: dict = dataclasses.field(default_factory=dict)   # policy -> tune_lr's record (or "skipped")
+
+    def budget(self) -> str:
+        """What the learning rates cost to choose: grid size × tuning seeds per policy."""
+        tuned = [t for t in self.tuning.values() if isinstance(t, dict) and "grid" in t]
+        if not tuned:
+            why = self.tuning.get("skipped") if isinstance(self.tuning.get("skipped"), str) else None
+            return "learning rates not tuned" + (f" ({why})" if why else "")
+        g = len(tuned[0]["grid"])
+        return (f"learning rates tuned on a validation split: {g} values x {len(TUNE_SEEDS)} seeds per policy "
+                f"({len(tuned)} policies)")
 
     def _by_policy(self) -> dict[str, list[Result]]:
         order = list(dict.fromkeys([p for p, _ in self.planned] + [r.config["policy"] for r in self.results]))
@@ -90,6 +103,12 @@ class Comparison:
             want = planned.get(pol, len(every))
             status = "complete" if len(runs) >= want else ("stopped" if stopped else "incomplete")
             row = {"policy": pol, "seeds": len(runs), "status": status, "stopped": stopped}
+            t = self.tuning.get(pol)
+            if isinstance(t, dict) and "lr" in t:
+                row["lr"] = t["lr"]
+                row["lr_at_grid_edge"] = bool(t["edge"])
+            elif runs:
+                row["lr"] = runs[0].config.get("lr")
             m = runs[0].metric(self.metric) if runs and self.metric in runs[0].history else None
             if self.target is not None:
                 times = np.array([r.time_to(self.target, self.metric) for r in runs]) if m is not None else np.zeros(0)
@@ -168,6 +187,52 @@ def _timeline_window(result: Result) -> float:
     return max(1e-9, horizon * min(1.0, 30.0 / max(1, per_worker.min())))
 
 
+def _base_lr(policy, optimizer, task, default_lr):
+    """The learning rate the grid is centred on, or None if it cannot be set (an optax
+    object without a learning rate in its state)."""
+    from staleness.engine import optim
+
+    opt = optimizer if optimizer is not None else (policy.optimizer if policy.optimizer is not None
+                                                  else task.optimizer)
+    if opt is None or isinstance(opt, str):
+        spec = optim.get(opt or "sgd")
+        return spec.lr if spec.lr is not None else (default_lr if default_lr is not None else optim.DEFAULT_LR)
+    import jax
+
+    value = optim.get_lr(opt.init(task.init_params(jax.random.key(0))))
+    return None if value is None else float(value)
+
+
+def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates, lr_rule, optimizer,
+            inner_optimizer, num_evals: int = 4) -> dict:
+    """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep).
+
+    Returns {"lr": chosen, "grid": [...], "edge": chosen at an end of the grid,
+    "scores": median final validation metric per grid value (NaN: every seed diverged)}.
+    """
+    from staleness.engine.run import sweep
+
+    val = task.holdout()
+    m = val.metric(metric)
+    runs = sweep(val, [policy], cluster, seeds=seeds, lr_rules=[lr_rule], lrs=list(grid), num_updates=num_updates,
+                 max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, num_evals=num_evals)
+    scores = []
+    for rate in grid:
+        finals = [r.final.get(metric, math.nan) if r.status == "complete" else math.nan
+                  for r in runs if r.config["lr"] == rate]
+        finals = [f for f in finals if math.isfinite(f)]
+        scores.append(float(np.median(finals)) if len(finals) == len(seeds) else math.nan)
+    best = None
+    for i, sc in enumerate(scores):
+        if math.isfinite(sc) and (best is None or m.better(sc, scores[best])):
+            best = i
+    if best is None:
+        raise ValueError(f"compare: tuning {policy.describe()}: every learning rate of the grid {list(grid)} diverged "
+                         "on the validation split; give a smaller lr_grid")
+    return {"lr": float(grid[best]), "grid": [float(g) for g in grid], "edge": best in (0, len(grid) - 1),
+            "scores": scores}
+
+
 def _resolve_metric(task, metric, target):
     name = task.default_metric if metric is None else metric
     m = task.metric(name)
@@ -207,7 +272,8 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
             inner_optimizer=None,
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
             num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
-            out=None, resume: bool = False, overwrite: bool = False) -> Comparison:
+            out=None, resume: bool = False, overwrite: bool = False, tune: bool = True, lr_grid=None,
+            tune_seeds=TUNE_SEEDS, default_lr: float | None = None) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
 
     metric: the table's metric (default: the task's, accuracy where it has one);
@@ -217,6 +283,14 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
       table and plots at the end (see the module docstring); checked before
       anything runs (`staleness.files.check_out`; an existing comparison is
       replaced only with overwrite=True, or continued with resume=True).
+    tune: with lr None (the default), pick each policy's learning rate from `lr_grid`
+      (default: its optimizer's learning rate × GRID_FACTORS) by a validation split of
+      the training set, disjoint from the test set (`Task.holdout`): one `st.sweep`
+      (one compiled call) per policy over the grid × `tune_seeds` (seeds of their own),
+      scored by the median final validation `metric`. The table reports the chosen
+      value and whether it lies at the edge of the grid. A given `lr`, or tune=False,
+      runs every policy at that (or the optimizer's own) learning rate.
+    default_lr: the learning rate of an optimizer spec that names none (the CLI's).
     A run that diverges is kept with status 'diverged' (its history stops there).
     Ctrl-C stops the comparison: the Comparison has interrupted=True, the run in
     progress has status 'stopped', and (with out=) everything is written.
@@ -249,7 +323,9 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                    "lr_rule": str(getattr(lr_rule, "describe", lambda: lr_rule)()),
                    "optimizer": str(getattr(optimizer, "describe", lambda: optimizer)()),
                    "inner_optimizer": str(getattr(inner_optimizer, "describe", lambda: inner_optimizer)()),
-                   "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals}
+                   "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals,
+                   "tune": bool(lr is None and tune), "lr_grid": None if lr_grid is None else list(lr_grid),
+                   "default_lr": default_lr}
     done: dict[tuple[str, int], Result] = {}
     if out is not None:
         if resume and (out / MANIFEST).is_file():
@@ -261,6 +337,30 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
             files.write_dir(out, lambda d: None, overwrite=True)  # replace the old comparison (checked above)
         files.write_text(out / MANIFEST, json.dumps({"format_version": _MANIFEST_VERSION, "config": plan_config,
                                                      "runs": [list(x) for x in planned]}, indent=1))
+    tuning: dict[str, dict] = {}
+    if lr is None and tune and resume and out is not None and (out / MANIFEST).is_file():
+        tuning = json.loads((out / MANIFEST).read_text()).get("tuning") or {}
+    if lr is None and tune and not tuning:
+        from tqdm.auto import tqdm as _tqdm
+
+        try:
+            task.holdout()
+        except ValueError as e:
+            tuning = {"skipped": str(e)}
+        else:
+            for pol in _tqdm(pols, desc="tune lr", unit="policy", disable=not progress):
+                base = _base_lr(pol, optimizer, task, default_lr)
+                if base is None:
+                    tuning[pol.describe()] = {"skipped": "the optimizer has no learning_rate in its state"}
+                    continue
+                grid = list(lr_grid) if lr_grid is not None else [base * f for f in GRID_FACTORS]
+                tuning[pol.describe()] = tune_lr(
+                    task, pol, cluster, grid=grid, seeds=list(tune_seeds), metric=metric, max_time=max_time,
+                    num_updates=num_updates, lr_rule=lr_rule, optimizer=optimizer,
+                    inner_optimizer=inner_optimizer if pol.local else None)
+        if out is not None:   # resumable: the manifest keeps the chosen learning rates
+            meta = json.loads((out / MANIFEST).read_text())
+            files.write_text(out / MANIFEST, json.dumps({**meta, "tuning": tuning}, indent=1))
     results: list[Result] = []
     interrupted = False
     todo = [(p, s) for p in pols for s in seeds]
@@ -273,8 +373,11 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                 continue
             bar.set_postfix_str(f"{pol.describe()} seed {seed}")
             try:
+                chosen = tuning.get(pol.describe(), {}).get("lr")
+                rate = chosen if chosen is not None else (lr if lr is not None else (
+                    None if pol.local and optimizer is None else default_lr))
                 r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
-                             lr=None if pol.local and optimizer is None else lr, lr_rule=lr_rule,
+                             lr=rate, lr_rule=lr_rule,
                              optimizer=optimizer, inner_optimizer=inner_optimizer if pol.local else None,
                              num_evals=num_evals)
             except DivergenceError as e:
@@ -289,7 +392,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
         interrupted = True
     finally:
         bar.close()
-    cmp = Comparison(results, metric, target, planned, interrupted)
+    cmp = Comparison(results, metric, target, planned, interrupted, tuning)
     if out is not None:
         cmp.save(out, results=False)
     return cmp

@@ -149,3 +149,34 @@ def test_ctrl_c_on_the_cli_exits_130_with_one_line_and_resume_finishes(tmp_path)
     done = subprocess.run(argv + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr
     assert list(pd.read_csv(out / "table.csv")["status"]) == ["complete", "complete"]
+
+
+def test_lr_tuning_picks_the_known_best_on_the_quadratic():
+    """Gradient descent on f(θ) = ½(θ−θ*)ᵀA(θ−θ*), eigenvalues of A in [1, 10]: the
+    fastest contraction is at α = 2/(1 + 10) ≈ 0.18; α = 0.25 diverges (α·10 > 2)."""
+    task = st.tasks.get("quadratic", num_workers=1)
+    grid = [0.02, 0.05, 0.1, 2 / 11, 0.25]
+    cmp = compare(task, ["asp"], st.cluster.constant(1), seeds=[0], num_updates=60, lr_grid=grid, num_evals=2)
+    t = cmp.tuning["asp"]
+    assert t["lr"] == 2 / 11 and not t["edge"] and not t["scores"][-1] < 1e6   # 0.25 blows up (or diverges)
+    row = cmp.table().iloc[0]
+    assert row["lr"] == 2 / 11 and cmp.results[0].config["lr"] == 2 / 11
+    assert "5 values x 2 seeds" in cmp.budget()
+
+
+def test_tuning_uses_a_validation_split_disjoint_from_the_test_set():
+    task = st.tasks.get("digits-mlp", num_workers=4)
+    val = task.holdout()
+    tr = {tuple(np.asarray(x).ravel()) for x in np.asarray(task.data["x_train"])}
+    test = {tuple(np.asarray(x).ravel()) for x in np.asarray(task.data["x_test"]).reshape(-1, 8, 8, 1)[:task.test_size]}
+    held = {tuple(np.asarray(x).ravel()) for x in np.asarray(val.data["x_test"]).reshape(-1, 8, 8, 1)[:val.test_size]}
+    kept = {tuple(np.asarray(x).ravel()) for x in np.asarray(val.data["x_train"])}
+    assert held <= tr and not (held & kept) and val.train_size + val.test_size == task.train_size
+    assert not (held - test) or (held & test) == (tr & test) & held      # only duplicate images overlap
+    with pytest.raises(ValueError, match="no validation split"):
+        st.tasks.get("stdlib-lm", num_workers=2, num_layers=1, d_model=32, context=16, corpus_bytes=50_000).holdout()
+
+
+def test_a_given_lr_is_not_tuned():
+    cmp = compare(st.tasks.get("quadratic", num_workers=1), ["asp"], st.cluster.constant(1), num_updates=5, lr=0.05)
+    assert cmp.tuning == {} and cmp.results[0].config["lr"] == 0.05 and "not tuned" in cmp.budget()

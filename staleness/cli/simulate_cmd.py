@@ -171,8 +171,24 @@ def add_compare(sub) -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--resume", dest="resume_compare", action="store_true",
                    help="continue the comparison in --out: run only what is not done yet")
+    p.add_argument("--lr-grid", default=None,
+                   help="comma-separated learning rates to tune each policy's from (default: the optimizer's "
+                   "learning rate x 0.1, 0.3, 1, 3, 10); tuning is the default unless --lr is given")
+    p.add_argument("--no-tune", action="store_true", help="no learning-rate tuning: every policy at the default lr")
     _training_args(p)
     p.set_defaults(func=_cmd_compare, out=None)
+
+
+def _lr_grid(text):
+    if text is None:
+        return None
+    try:
+        grid = [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--lr-grid = {text!r} must be comma-separated numbers, e.g. 0.01,0.03,0.1") from None
+    if not grid or any(not (g > 0 and g < float("inf")) for g in grid):
+        raise UsageError(f"--lr-grid = {text!r} must list finite learning rates > 0")
+    return sorted(set(grid))
 
 
 def _seeds(text: str) -> list[int]:
@@ -200,18 +216,20 @@ def _cmd_compare(args) -> int:
         raise UsageError("give either --resume or --overwrite, not both")
     out = check_out(args, default="runs/compare")
     task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
-    settle_lr(args, task)
     metric, target = _metric_target(args, task)
+    grid = _lr_grid(args.lr_grid)
     t0 = time.perf_counter()
     if args.inner_optimizer is None and task.optimizer is None:
         args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
     cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,
                   lr_rule=args.lr_rule, optimizer=args.optimizer, inner_optimizer=args.inner_optimizer,
                   metric=metric, target=target,
-                  progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite)
+                  progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite,
+                  tune=not args.no_tune, lr_grid=grid, default_lr=DEFAULT_LR)
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
+    rate = f"lr {args.lr:g}" if args.lr is not None else cmp.budget()
     print(f"{task.name} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
-          f"lr {args.lr if args.lr is not None else args.optimizer} ({args.lr_rule}), seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
+          f"{rate}, lr rule {args.lr_rule}, seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
     print_table(cmp.table().to_dict("records"))
     if cmp.interrupted:
         done = sum(r.status != "stopped" for r in cmp.results)

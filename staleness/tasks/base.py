@@ -232,6 +232,38 @@ class Task:
         lo, hi = np.asarray(self.data["shard_bounds"])[[worker, worker + 1]]
         return order[lo:hi]
 
+    def holdout(self, fraction: float = 0.1, seed: int = 0) -> "Task":
+        """The task to tune hyper-parameters on: a `fraction` of the training examples
+        (drawn with `seed`) becomes its held-out set, the rest its training set; the test
+        set is not used at all. The task itself is returned for tasks without data
+        (the quadratic: its objective is the held-out metric). Raises ValueError for
+        tasks whose data layout has no such split (e.g. the language model)."""
+        from staleness.tasks import data as _data
+
+        if self.train_size == 0:
+            return self
+        d = self.data if isinstance(self.data, dict) else {}
+        if not (self.indexed and {"x_train", "y_train", "x_test", "mask_test"} <= set(d)):
+            raise ValueError(f"task {self.name!r} has no validation split (its data are not x_train/y_train "
+                             "arrays); give a learning rate instead of tuning it")
+        if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
+            raise ValueError(f"holdout: fraction = {fraction!r} must be a float in (0, 1)")
+        n = self.train_size
+        k = max(1, round(fraction * n))
+        if n - k < self.num_workers:
+            raise ValueError(f"holdout: {n} training examples are too few to hold out {k} for validation")
+        perm = np.random.default_rng(seed).permutation(n)
+        val, train = np.sort(perm[:k]), np.sort(perm[k:])
+        x, y = np.asarray(d["x_train"]), np.asarray(d["y_train"])
+        chunk = int(np.asarray(d["x_test"]).shape[1])
+        new = {"x_train": x[train], "y_train": y[train],
+               **_data.sampler_data(y[train], self.partition, self.num_workers, self.seed),
+               **_data.chunked_test_data(x[val], y[val], chunk)}
+        return dataclasses.replace(
+            self, name=f"{self.name}[validation]", train_size=len(train), test_size=len(val),
+            data=_data.device_data(new),
+            sample_fn=_data.sample_fn_for(self.gather_fn, self.batch_size, self.partition, len(train)))
+
     def partition_info(self) -> dict:
         """The partition and how non-IID it is (what a Result's config records):
         {"partition", "worker_examples": [λ] examples each worker draws from,

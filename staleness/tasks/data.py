@@ -217,6 +217,23 @@ def _sample_fn(batch_size: int, iid: bool, train_size: int, transform, source):
 
 
 @functools.lru_cache(maxsize=128)
+def sample_fn_for(gather_fn, batch_size: int, partition: str, train_size: int):
+    """A `sample_fn` drawing `train_size` examples by `staleness.tasks.sampling` and
+    gathering them with an existing task's `gather_fn` (for `Task.holdout`)."""
+    iid = partition == "iid"
+
+    def sample_fn(data: PyTree, key: jax.Array, worker: Any, iteration: Any) -> Batch:
+        d = sampling.draws(jnp, jax.random.key_data(key), worker, iteration, batch_size)
+        if iid:
+            index = sampling.positions(jnp, d, worker, train_size)
+        else:
+            index = sampling.positions(jnp, d, worker, train_size, data["order"], data["shard_bounds"])
+        return gather_fn(data, index, key, worker, iteration)
+
+    return jax.jit(sample_fn)
+
+
+@functools.lru_cache(maxsize=128)
 def empty_sample_fn(batch_size: int) -> Callable[[PyTree, jax.Array, Any, Any], Batch]:
     """A sampler for tasks without data: a fixed-shape batch of no examples."""
 
@@ -277,7 +294,10 @@ def make_eval_fn(
             return {k: jnp.sum(jnp.where(mask, v, 0.0)) for k, v in values.items()}
 
         sums = jax.lax.map(chunk_sums, (data["x_test"], data["y_test"], data["mask_test"]))
-        return {k: jnp.sum(v) / test_size for k, v in sums.items()}
+        # divided by the number of real examples in the data (test_size for the task's
+        # own test set; a validation split's own size for `Task.holdout`)
+        count = jnp.sum(data["mask_test"]).astype(jnp.float32)
+        return {k: jnp.sum(v) / count for k, v in sums.items()}
 
     return jax.jit(eval_fn)
 
