@@ -36,6 +36,7 @@ __all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "MANIFEST", "ResumeError
 DEFAULT_POLICIES = ("bsp", "asp", "ssp:3", "ssp:15", "dssp:3:12", "softsync:4")
 GRID_FACTORS = (0.1, 0.3, 1.0, 3.0, 10.0)   # the default lr grid, times the optimizer's learning rate
 TUNE_SEEDS = (1001, 1002)                   # seeds of the tuning runs (not the comparison's)
+EXTEND = 2   # times the default grid is extended by one step when its best value is at an edge
 MANIFEST = "compare.json"
 _MANIFEST_VERSION = 1
 _COUNTED = ("complete", "diverged")   # statuses whose runs enter the medians
@@ -73,7 +74,8 @@ class Comparison:
         if not tuned:
             why = self.tuning.get("skipped") if isinstance(self.tuning.get("skipped"), str) else None
             return "learning rates not tuned" + (f" ({why})" if why else "")
-        g = len(tuned[0]["grid"])
+        sizes = sorted({len(t["grid"]) for t in tuned})
+        g = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         return (f"learning rates tuned on a validation split: {g} values x {len(TUNE_SEEDS)} seeds per policy "
                 f"({len(tuned)} policies)")
 
@@ -204,11 +206,15 @@ def _base_lr(policy, optimizer, task, default_lr):
 
 
 def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates, lr_rule, optimizer,
-            inner_optimizer, num_evals: int = 4) -> dict:
+            inner_optimizer, num_evals: int = 8) -> dict:
     """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep).
 
-    Returns {"lr": chosen, "grid": [...], "edge": chosen at an end of the grid,
-    "scores": median final validation metric per grid value (NaN: every seed diverged)}.
+    The score of a run is the mean of the validation metric over its evaluation points
+    (the area under its learning curve, per evaluation: fast progress and a good end
+    both count; a final value alone is noise once every rate has plateaued); a grid
+    value's score is the median over the tuning seeds, and a value with a diverged
+    seed is out. Returns {"lr": chosen, "grid": [...], "edge": chosen at an end of the
+    grid, "scores": [per grid value, NaN: out]}.
     """
     from staleness.engine.run import sweep
 
@@ -218,10 +224,10 @@ def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates
                  max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, num_evals=num_evals)
     scores = []
     for rate in grid:
-        finals = [r.final.get(metric, math.nan) if r.status == "complete" else math.nan
-                  for r in runs if r.config["lr"] == rate]
-        finals = [f for f in finals if math.isfinite(f)]
-        scores.append(float(np.median(finals)) if len(finals) == len(seeds) else math.nan)
+        curves = [float(np.mean(r.history[metric].to_numpy()[1:])) if r.status == "complete" and len(r.history) > 1
+                  else math.nan for r in runs if r.config["lr"] == rate]
+        curves = [c for c in curves if math.isfinite(c)]
+        scores.append(float(np.median(curves)) if len(curves) == len(seeds) else math.nan)
     best = None
     for i, sc in enumerate(scores):
         if math.isfinite(sc) and (best is None or m.better(sc, scores[best])):
@@ -284,7 +290,8 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
       anything runs (`staleness.files.check_out`; an existing comparison is
       replaced only with overwrite=True, or continued with resume=True).
     tune: with lr None (the default), pick each policy's learning rate from `lr_grid`
-      (default: its optimizer's learning rate × GRID_FACTORS) by a validation split of
+      (default: its optimizer's learning rate × GRID_FACTORS, extended by a step up to
+      EXTEND times while the best value is at an edge) by a validation split of
       the training set, disjoint from the test set (`Task.holdout`): one `st.sweep`
       (one compiled call) per policy over the grid × `tune_seeds` (seeds of their own),
       scored by the median final validation `metric`. The table reports the chosen
@@ -354,10 +361,16 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                     tuning[pol.describe()] = {"skipped": "the optimizer has no learning_rate in its state"}
                     continue
                 grid = list(lr_grid) if lr_grid is not None else [base * f for f in GRID_FACTORS]
-                tuning[pol.describe()] = tune_lr(
-                    task, pol, cluster, grid=grid, seeds=list(tune_seeds), metric=metric, max_time=max_time,
-                    num_updates=num_updates, lr_rule=lr_rule, optimizer=optimizer,
-                    inner_optimizer=inner_optimizer if pol.local else None)
+                kw = dict(seeds=list(tune_seeds), metric=metric, max_time=max_time, num_updates=num_updates,
+                          lr_rule=lr_rule, optimizer=optimizer, inner_optimizer=inner_optimizer if pol.local else None)
+                t = tune_lr(task, pol, cluster, grid=grid, **kw)
+                for _ in range(EXTEND if lr_grid is None else 0):   # the best at an edge: look one step beyond
+                    if not t["edge"]:
+                        break
+                    step = grid[1] / grid[0]
+                    grid = [grid[0] / step] + grid if t["lr"] == grid[0] else grid + [grid[-1] * step]
+                    t = tune_lr(task, pol, cluster, grid=grid, **kw)
+                tuning[pol.describe()] = t
         if out is not None:   # resumable: the manifest keeps the chosen learning rates
             meta = json.loads((out / MANIFEST).read_text())
             files.write_text(out / MANIFEST, json.dumps({**meta, "tuning": tuning}, indent=1))
