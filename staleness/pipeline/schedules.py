@@ -45,14 +45,26 @@ the rules implemented, each in one place so it is easy to change):
   logits of that forward; its backward uses them m_{K-1} ticks later.
 - DDG: forward links of delay 0 (the forward of a batch crosses all stages in
   one tick), backward links of delay 1, so stage k is K-1-k batches stale;
-  the stored graph is the forward's autodiff residuals. Huo et al. run an
-  iteration barrier; our timing model has none (stages wait only for data),
-  which favours DDG's throughput (`timing.py`).
+  the stored graph is the forward's autodiff residuals. Huo et al.'s
+  Algorithm 1 is one iteration per batch: the forward pass through all
+  modules in sequence (and the loss), then the backward pass of all modules
+  in parallel, then the next iteration. That iteration barrier is the forward
+  locking DSP removes, and it is the default (`ddg()`, spec 'ddg'); only the
+  timing model reads it (`timing.py`), the tick tables and numbers are the
+  same without it. `ddg(barrier=False)` (spec 'ddg:nobarrier') lets stages
+  wait only for data, so the next batch's forward pipelines behind the
+  current one: an upper bound on DDG's throughput, equal to DSP's with free
+  recomputation on equal stages.
 - GPipe: link delays 1 like DSP(1,...,1,0), micro-batches pipelined with each
-  stage's backward interleaved after its forwards (1F1B order within a flush;
-  the same numbers as GPipe's all-forward-then-all-backward, same bubble), one
-  update per batch with the mean micro-batch gradient, re-materialisation
-  (recompute) of the stored micro-batch inputs.
+  stage's backward interleaved after its forwards (1F1B order within a flush:
+  one flush has the tick tables of DSP(1,...,1,0) over its M micro-batches),
+  one update per batch with the mean micro-batch gradient,
+  re-materialisation (recompute) of the stored micro-batch inputs on every
+  stage but the last (whose lag is 0: it backpropagates each micro-batch in
+  the tick it forwards it). With the recomputation free (`recompute_cost=0`)
+  its simulated time is exactly GPipe's fill/drain (M+K-1)·(f+b)/M per
+  batch; charged, it is that plus the re-materialisation (closed form in
+  `timing.py`).
 """
 
 from __future__ import annotations
@@ -108,6 +120,9 @@ class PipelineSchedule:
     backward: one of BACKWARD_MODES.
     flush: apply one synchronous update per batch after all its micro-batches
       (GPipe); else every backward applies its own update.
+    barrier: DDG's per-iteration barrier (timing only): a tick's backwards start
+      when its forward pass has crossed every stage, and the next tick starts
+      when every stage has finished and every message has arrived.
     """
 
     name: str
@@ -116,6 +131,7 @@ class PipelineSchedule:
     microbatches: int = 1
     backward: str = "recompute"
     flush: bool = False
+    barrier: bool = False
 
     def __post_init__(self):
         if self.name not in NAMES:
@@ -128,6 +144,11 @@ class PipelineSchedule:
         if m > 1 and not self.flush:
             raise ValueError(f"microbatches = {m} needs flush=True (micro-batches are accumulated into one "
                              f"synchronous update, as in GPipe)")
+        if not isinstance(self.barrier, bool):
+            raise ValueError(f"barrier = {self.barrier!r} must be True or False")
+        if self.barrier and self.name != "ddg":
+            raise ValueError(f"barrier = True applies to ddg only (its per-iteration barrier); schedule "
+                             f"{self.name!r} has none, use ddg() or barrier=False")
         if (self.forward_delays is None) != (self.backward_delays is None):
             raise ValueError("give both forward_delays and backward_delays, or neither")
         if self.forward_delays is not None:
@@ -183,13 +204,15 @@ class PipelineSchedule:
             raise ValueError(f"{self.describe()}: {what} depend on the number of stages; call resolve(K) first")
 
     def describe(self) -> str:
-        """A spec string `parse` reads back, e.g. 'dsp:1,1,0', 'gpipe:4', 'ddg'."""
+        """A spec string `parse` reads back, e.g. 'dsp:1,1,0', 'gpipe:4', 'ddg', 'ddg:nobarrier'."""
         if self.name == "gpipe":
             out = f"gpipe:{self.microbatches}"
         elif self.name == "dsp":
             out = "dsp:" + ",".join(map(str, self.forward_delays))
             if self.backward == "stash":
                 out += "+stash"
+        elif self.name == "ddg":
+            out = "ddg" if self.barrier else "ddg:nobarrier"
         else:
             out = self.name
         return out
@@ -222,12 +245,22 @@ def gpipe(microbatches: int = 4) -> PipelineSchedule:
     return PipelineSchedule("gpipe", microbatches=microbatches, backward="recompute", flush=True)
 
 
-def ddg() -> PipelineSchedule:
+def ddg(*, barrier: bool = True) -> PipelineSchedule:
     """DDG (Huo et al. 2018, decoupled parallel backpropagation with delayed
     gradients): the forward is sequential within a tick (forward-locked); the
     backward is decoupled, one tick per link, so stage k uses a gradient
-    K-1-k batches stale, computed on the stored graph of its forward."""
-    return PipelineSchedule("ddg", backward="graph")
+    K-1-k batches stale, computed on the stored graph of its forward.
+
+    Args:
+      barrier: the per-iteration barrier of Huo et al.'s Algorithm 1 (default):
+        each batch's forward pass crosses every stage, then every stage runs
+        its (delayed) backward, then the next batch starts. False: stages wait
+        only for their inputs, so forwards of consecutive batches pipeline (an
+        optimistic DDG). Changes the simulated time only, never the numbers.
+    """
+    if not isinstance(barrier, bool):
+        raise ValueError(f"barrier = {barrier!r} must be True or False")
+    return PipelineSchedule("ddg", backward="graph", barrier=barrier)
 
 
 def backprop() -> PipelineSchedule:
@@ -239,7 +272,7 @@ _SPEC = re.compile(r"^\s*(\w+)\s*(?::\s*([^+]*?))?\s*(\+\s*stash)?\s*$")
 
 
 def parse(spec: str, *, delays=None, microbatches: int | None = None, stash: bool = False) -> PipelineSchedule:
-    """A schedule from a spec string: 'backprop', 'gpipe[:M]', 'dsp:1,1,0[+stash]', 'ddg'.
+    """A schedule from a spec string: 'backprop', 'gpipe[:M]', 'dsp:1,1,0[+stash]', 'ddg[:nobarrier]'.
 
     `delays`, `microbatches` and `stash` (the CLI's --delays, --microbatches,
     --stash) fill in what the spec leaves out."""
@@ -247,7 +280,8 @@ def parse(spec: str, *, delays=None, microbatches: int | None = None, stash: boo
         return spec
     m = _SPEC.match(spec) if isinstance(spec, str) else None
     if not m or m.group(1).lower() not in NAMES:
-        raise ValueError(f"schedule = {spec!r} is not known; valid: backprop, gpipe[:M], dsp:S0,S1,..., ddg")
+        raise ValueError(f"schedule = {spec!r} is not known; valid: backprop, gpipe[:M], dsp:S0,S1,..., "
+                         f"ddg[:nobarrier]")
     name, arg, plus = m.group(1).lower(), m.group(2), m.group(3)
     stash = stash or bool(plus)
     if stash and name != "dsp":
@@ -270,8 +304,13 @@ def parse(spec: str, *, delays=None, microbatches: int | None = None, stash: boo
             except ValueError:
                 raise ValueError(f"schedule = {spec!r}: microbatches {arg!r} is not an integer") from None
         return gpipe(4 if microbatches is None else microbatches)
-    if arg:
-        raise ValueError(f"schedule = {spec!r}: {name} takes no argument")
     if microbatches not in (None, 1):
         raise ValueError(f"microbatches = {microbatches} applies to gpipe only")
-    return ddg() if name == "ddg" else backprop()
+    if name == "ddg":
+        if arg and arg.strip().lower() not in ("barrier", "nobarrier"):
+            raise ValueError(f"schedule = {spec!r}: ddg takes 'barrier' (the default) or 'nobarrier', "
+                             f"e.g. ddg:nobarrier; got {arg!r}")
+        return ddg(barrier=not (arg and arg.strip().lower() == "nobarrier"))
+    if arg:
+        raise ValueError(f"schedule = {spec!r}: {name} takes no argument")
+    return backprop()

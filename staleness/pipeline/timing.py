@@ -1,21 +1,53 @@
 """Simulated time of a pipeline plan: per-stage compute times from `staleness.cluster`.
 
-Stage k is cluster worker k. Each tick in which stage k has work is one of its
-"iterations": `sampler.compute_time(k, i, start)` gives the seconds of one
-forward + backward of a whole batch on that stage (jitter, stragglers and
-periodic slowdowns included), and the tick's operations take their share of
-it: a forward 1/(1+r), a backward r/(1+r) (r = `backward_ratio`, default 2),
-plus one more forward when the backward recomputes (DSP/GPipe with m_k > 0,
-scaled by `recompute_cost`), all divided by M for a micro-batch. Messages
-between stages take `sampler.push_delay(sender, i)` seconds.
+Cost model. Stage k is cluster worker k. Each tick in which stage k has work
+is one of its "iterations": `sampler.compute_time(k, i, start)` gives the
+seconds c of one forward + backward of a whole batch on that stage (jitter,
+stragglers and periodic slowdowns included), and the tick's operations take
+their share of it, divided by M for a micro-batch:
+
+    forward   f = c / (1 + r)                         (r = `backward_ratio`, default 2)
+    backward  b = c · r / (1 + r), plus ρ = `recompute_cost` · f when the stage
+              recomputes its forward in the backward (`recomputes`)
+
+A stage recomputes when its lag m_k > 0 and its backward mode is "recompute"
+(DSP, GPipe's re-materialisation) or "stash" (weight stashing re-runs the
+forward from the stored input with the stashed weights, `stage.py`); "graph"
+(DDG) and lag 0 replay the forward's own autodiff residuals and recompute
+nothing. Messages between stages take `sampler.push_delay(sender, i)` seconds.
 
 An operation starts when its stage is free and its input has arrived: stage
 k's forward of tick t needs stage k-1's forward of tick t - f_{k-1}; its
 backward needs stage k+1's backward of tick t - b_k (the last stage: its own
-forward of tick t - m_{K-1}). Stages never reorder their operations (the
+forward of tick t - m_{K-1}). With `schedule.barrier` (DDG's iteration
+barrier) a tick's backwards also wait until its forward pass has crossed
+every stage, and its operations until every operation and message of the
+previous tick has finished. Stages never reorder their operations (the
 plan's order), so the numbers of a run do not depend on the times: the same
 plan trained on one device or on K gives the same parameters, and the times
 here say how long K real stages at these speeds would have taken. Pure NumPy.
+
+Closed forms on K equal stages (c = 1 s, f + b = 1, no delays or messages;
+`tests/test_pipeline_timing.py` checks each against the simulation):
+
+- backprop: N·K·(f + b) (nothing overlaps).
+- DSP(1,...,1,0) over N batches, and GPipe(M) per batch (one flush has the
+  tick tables of DSP(1,...,1,0) over its M micro-batches, each costing 1/M):
+  with n items of cost f, b, ρ (DSP: n = N; GPipe: n = M and f, b, ρ / M),
+
+      T(n) = max( (n+K-1)(f+b) + (K-1)ρ,                  fill, all n at the last stage, drain
+                  (n+K-2)(f+b+ρ),                         the same through stage K-2 only
+                  (K + max(0, n-3))·f + b + (n+K-2)(b+ρ) )  item 0's round trip, then stage K-2
+
+  With ρ = 0 this is GPipe's fill/drain (M+K-1)(f+b)/M per batch exactly;
+  with ρ > 0 the re-materialisation of stages 0..K-2 (the last stage has
+  lag 0 and recomputes nothing) adds the rest. DSP's throughput N / T tends
+  to 1 / (f + b + ρ): every stage but the last forwards, recomputes and
+  backpropagates one batch per tick.
+- DDG with its barrier: each tick lasts the forward pass plus the slowest
+  backward, T = N·(K·f + b) + (K-1)·b (the last K-1 ticks only drain
+  backwards); throughput → 1 / (K·f + b).
+- DDG without the barrier: T = (N+K-1)(f+b), like DSP with ρ = 0.
 """
 
 from __future__ import annotations
@@ -29,7 +61,7 @@ from staleness.cluster import Cluster
 from staleness.pipeline.plan import IDLE, Plan
 from staleness.schedule import Schedule
 
-__all__ = ["Timeline", "simulate_timing"]
+__all__ = ["Timeline", "recomputes", "simulate_timing"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -119,11 +151,25 @@ class Timeline:
         meta = {"kind": "pipeline", "schedule": sched.describe(), "stages": p.num_stages,
                 "microbatches": p.microbatches, "lags": list(sched.lags),
                 "forward_delays": list(sched.forward_delays), "backward_delays": list(sched.backward_delays),
-                "backward": sched.backward, "ticks": p.num_ticks, "batches": p.num_batches,
+                "backward": sched.backward, "recomputes": list(recomputes(sched)), "barrier": sched.barrier,
+                "ticks": p.num_ticks, "batches": p.num_batches,
                 "busy_s": [float(b) for b in self.busy]}
         return Schedule(columns=cols, update_time=self.batch_done_time(), num_workers=p.num_stages,
                         policy=sched.describe(), cluster=self.cluster, seed=self.seed, end_time=self.end_time,
                         meta=meta)
+
+
+def recomputes(schedule) -> tuple[bool, ...]:
+    """[K] whether stage k recomputes its forward in the backward (charged `recompute_cost`).
+
+    `schedule`: a resolved `PipelineSchedule` or a `Plan`. True where the lag
+    m_k > 0 and the backward mode is "recompute" (DSP, GPipe) or "stash"
+    (weight stashing re-runs the forward with the stashed weights); "graph"
+    (DDG) and lag-0 stages use the forward's stored autodiff graph."""
+    sched = schedule.schedule if isinstance(schedule, Plan) else schedule
+    if not getattr(sched, "resolved", False):
+        raise ValueError(f"schedule = {schedule!r} must be a resolved PipelineSchedule (call resolve(K)) or a Plan")
+    return tuple(sched.backward in ("recompute", "stash") and m > 0 for m in sched.lags)
 
 
 def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_ratio: float = 2.0,
@@ -131,11 +177,16 @@ def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_rat
     """Simulated start and end of every operation of `plan` on `cluster` (one worker per stage).
 
     Args:
-      plan: the tick tables.
-      cluster: K workers; worker k's iteration time is one forward + backward of a batch on stage k.
+      plan: the tick tables (its schedule's `barrier` adds DDG's iteration barrier).
+      cluster: K workers; worker k's iteration time (seconds) is one forward + backward
+        of a batch on stage k.
       seed: the cluster sampler's seed.
       backward_ratio: backward cost / forward cost (> 0).
-      recompute_cost: cost of the recomputed forward of a stale backward, in forwards (>= 0).
+      recompute_cost: cost of the forward a stage recomputes in its backward (`recomputes`:
+        DSP, GPipe and weight stashing at stages with m_k > 0), in forwards (>= 0; 0 models
+        a recomputation fully overlapped with the forward).
+    Returns:
+      A `Timeline` (seconds; see the module docstring for the cost model and closed forms).
     """
     k_all = plan.num_stages
     if not isinstance(cluster, Cluster):
@@ -153,7 +204,8 @@ def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_rat
     ct, push = sampler.compute_time, sampler.push_delay
     m = plan.microbatches
     f_del, b_del, lags = plan.forward_delays, plan.backward_delays, plan.lags
-    recompute = [plan.schedule.backward == "recompute" and lags[k] > 0 for k in range(k_all)]
+    recompute = recomputes(plan)
+    barrier = plan.schedule.barrier
     f_frac = 1.0 / (1.0 + backward_ratio) / m
     b_frac = [(backward_ratio + (recompute_cost if recompute[k] else 0.0)) / (1.0 + backward_ratio) / m
               for k in range(k_all)]
@@ -166,12 +218,13 @@ def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_rat
     iters = np.zeros(k_all, np.int64)
     dur = np.zeros(k_all)  # this tick's iteration seconds per stage (NaN until drawn)
     fwd, bwd = plan.fwd, plan.bwd
+    tick_start = 0.0  # barrier: when every operation and message of the previous tick had finished
     for t in range(plan.num_ticks):
         dur[:] = np.nan
         for k in range(k_all):
             if fwd[t, k] == IDLE:
                 continue
-            ready = free[k]
+            ready = max(free[k], tick_start) if barrier else free[k]
             if k > 0:
                 ready = max(ready, fsend[t - f_del[k - 1], k - 1])
             idle[t, k] += ready - free[k]
@@ -181,6 +234,8 @@ def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_rat
             free[k] = fe[t, k]
             if k < k_all - 1:
                 fsend[t, k] = fe[t, k] + push(k, int(iters[k]) - 1)
+        # barrier: the backward pass starts when the forward pass (and the loss) has crossed every stage
+        bwd_start = max(tick_start, float(np.nanmax(fe[t], initial=0.0))) if barrier else 0.0
         for k in reversed(range(k_all)):
             if bwd[t, k] == IDLE:
                 continue
@@ -188,7 +243,7 @@ def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_rat
                 arrive = fe[t - lags[k], k]
             else:
                 arrive = bsend[t - b_del[k], k + 1]
-            ready = max(free[k], arrive)
+            ready = max(free[k], arrive, bwd_start)
             idle[t, k] += ready - free[k]
             if math.isnan(dur[k]):
                 dur[k] = ct(k, int(iters[k]), ready)
@@ -197,4 +252,6 @@ def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_rat
             free[k] = be[t, k]
             if k > 0:
                 bsend[t, k] = be[t, k] + push(k, int(iters[k]) - 1)
+        if barrier:
+            tick_start = max(bwd_start, float(np.nanmax(be[t], initial=0.0)), float(np.nanmax(bsend[t], initial=0.0)))
     return Timeline(plan, fs, fe, bs, be, idle, cluster.describe(), int(seed))
