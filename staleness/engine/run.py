@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import json
 import math
 from pathlib import Path
 
@@ -18,20 +16,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from staleness import checkpoint as _checkpoint
 from staleness import lr as _lr
 from staleness import policies as _policies
+from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
 from staleness.engine.plan import Plan, fingerprint, make_plan
-from staleness.results import DivergenceError, Result
+from staleness.results import Result
 from staleness.schedule import Schedule
 from staleness.sim import simulate_schedule
 
 __all__ = ["replay", "simulate", "sweep", "resolve_task"]
-
-CHECKPOINT_VERSION = 1
-
 
 def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir=None, partition: str | None = None):
     """A Task object, or a task name (built-in, registered or 'package.module:factory')
@@ -122,14 +119,7 @@ def learning_rate(opt: _optim.Optimizer, opt_state) -> float | None:
     return None if value is None else float(np.asarray(value).reshape(-1)[0])
 
 
-def _chunk_length(num_updates: int, eval_every: int | None, num_evals: int) -> int:
-    if eval_every is not None:
-        if not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
-            raise ValueError(f"eval_every = {eval_every!r} must be an integer >= 1 (updates)")
-        return int(eval_every)
-    if not isinstance(num_evals, (int, np.integer)) or num_evals < 1:
-        raise ValueError(f"num_evals = {num_evals!r} must be an integer >= 1")
-    return max(1, -(-num_updates // num_evals))
+_chunk_length = _chunks.chunk_length
 
 
 def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> dict:
@@ -145,11 +135,7 @@ def _frame(rows):
     return pd.DataFrame(rows)
 
 
-def _update_losses(losses: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """[K] mean loss of each update's real slots (NaN for padding updates)."""
-    count = mask.sum(axis=1)
-    total = np.where(mask, losses, 0.0).sum(axis=1)
-    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+_update_losses = _chunks.update_losses
 
 
 def chunk_inputs(task, plan: Plan, k: int, data_key):
@@ -164,12 +150,7 @@ def chunk_inputs(task, plan: Plan, k: int, data_key):
     return update, packed, task.host_indices(data_key, plan.worker[lo:hi], plan.iteration[lo:hi])
 
 
-def _first_nonfinite(losses: np.ndarray, mask: np.ndarray):
-    bad = mask & ~np.isfinite(losses)
-    if not bad.any():
-        return None
-    flat = np.flatnonzero(bad.reshape(-1))[0]
-    return np.unravel_index(flat, bad.shape)
+_first_nonfinite = _chunks.first_nonfinite
 
 
 def replay(
@@ -251,57 +232,48 @@ def replay(
                   cluster=schedule.cluster, workers=schedule.num_workers, eval_every=chunk)
     if local is not None:
         config.update(inner_optimizer=inner_opt.describe(), local_steps=[int(h) for h in steps[0]])
-    rows = [_history_row(0, plan, math.nan, jax.device_get(core.evaluate(task, carry.params)))]
-    train_loss = np.full(plan.num_updates, np.nan)
+    hist = _chunks.History(plan.num_updates, _history_row(0, plan, math.nan,
+                                                          jax.device_get(core.evaluate(task, carry.params))))
     start = 0
     ckpt = Path(checkpoint) if checkpoint is not None else None
-    fp = fingerprint(schedule)
+    identity = {"fingerprint": fingerprint(schedule),
+                **{k: config[k] for k in ("task", "lr", "lr_rule", "optimizer", "seed", "eval_every")}}
     if ckpt is not None and resume:
-        carry, rows, train_loss, start = _load_checkpoint(ckpt, carry, fp, config)
-    last_params = jax.device_get(carry.params)
-    status = "complete"
+        meta, carry = _checkpoint.load(ckpt, carry, match=_checkpoint_identity(identity), name="replay")
+        hist.restore(meta)
+        start = int(meta["next_chunk"])
+    hist.params = jax.device_get(carry.params)
+
+    def step(carry, xs):
+        return core.run_chunk(task, carry, xs, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode, local=local)
+
+    def record(k, carry, losses, _wall):
+        xs = plan.chunk_view(k)
+        lo, hi = k * chunk, min((k + 1) * chunk, plan.num_updates)
+        per_update = _update_losses(losses, xs["mask"])
+        hist.losses(lo, per_update[: hi - lo])
+        bad = _first_nonfinite(losses, xs["mask"])
+        if bad is not None:
+            row, slot = int(bad[0]), int(bad[1])
+            d = _chunks.Divergence(lo + row, int(xs["worker"][row, slot]), int(xs["staleness"][row, slot]),
+                                   f"iteration {int(xs['iteration'][row, slot])}")
+            _chunks.raise_divergence(hist, d, schedule, config, config["lr"], cut=lo + row)
+        metrics = jax.device_get(core.evaluate(task, carry.params))
+        hist.add(_history_row(hi, plan, float(np.mean(per_update[: hi - lo])), metrics), jax.device_get(carry.params))
+        return not (stop_after is not None and hi >= stop_after)
+
+    def save(k, carry):
+        if ckpt is not None:
+            _checkpoint.save(ckpt, carry, {"next_chunk": k + 1, **hist.state()},
+                             match=_checkpoint_identity(identity), name="replay")
+
     bar = tqdm(total=plan.num_updates, initial=min(start * chunk, plan.num_updates), unit="upd",
                disable=not progress, desc=f"{schedule.policy}", leave=False)
-    nxt = chunk_inputs(task, plan, start, consts["data_key"]) if start < plan.num_chunks else None
-    try:
-        for k in range(start, plan.num_chunks):
-            carry, losses = core.run_chunk(task, carry, nxt, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode,
-                                           local=local)
-            if k + 1 < plan.num_chunks:  # host work for the next chunk while this one runs
-                nxt = chunk_inputs(task, plan, k + 1, consts["data_key"])
-            xs = plan.chunk_view(k)
-            losses = np.asarray(losses)
-            lo, hi = k * chunk, min((k + 1) * chunk, plan.num_updates)
-            bad = _first_nonfinite(losses, xs["mask"])
-            per_update = _update_losses(losses, xs["mask"])
-            train_loss[lo:hi] = per_update[: hi - lo]
-            if bad is not None:
-                row, slot = int(bad[0]), int(bad[1])
-                u = lo + row
-                result = Result(_frame(rows), schedule, last_params, config, train_loss[:u], "diverged")
-                raise DivergenceError(
-                    f"non-finite loss at update {u} (gradient of worker {int(xs['worker'][row, slot])}, "
-                    f"iteration {int(xs['iteration'][row, slot])}, staleness {int(xs['staleness'][row, slot])}); "
-                    f"try a smaller lr (now {config['lr']}) or a staleness-aware lr_rule",
-                    result,
-                )
-            metrics = jax.device_get(core.evaluate(task, carry.params))
-            rows.append(_history_row(hi, plan, float(np.mean(per_update[: hi - lo])), metrics))
-            last_params = jax.device_get(carry.params)
-            bar.update(hi - lo)
-            if ckpt is not None:
-                _save_checkpoint(ckpt, carry, rows, train_loss, k + 1, fp, config)
-            if stop_after is not None and hi >= stop_after and hi < plan.num_updates:
-                status = "stopped"
-                break
-    except KeyboardInterrupt:
-        # Ctrl-C: keep everything recorded up to the last completed chunk.
-        status = "stopped"
-        done = int(rows[-1]["update"])
-        train_loss[done:] = np.nan
-    finally:
-        bar.close()
-    return Result(_frame(rows), schedule, last_params, config, train_loss, status)
+    _chunks.run(step, carry, num_chunks=plan.num_chunks, inputs=lambda k: chunk_inputs(task, plan, k,
+                                                                                        consts["data_key"]),
+                record=record, start=start, save=save, histories=[hist], bar=bar,
+                bar_step=lambda k: min((k + 1) * chunk, plan.num_updates) - k * chunk)
+    return hist.result(schedule, config)
 
 
 def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time: float | None = None,
@@ -320,148 +292,19 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
 def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
           num_updates: int | None = None, max_time: float | None = None, optimizer=None,
           inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
-          batch_size: int | None = None, progress: bool = False) -> list[Result]:
-    """Replay many configurations in one compiled, vmapped call per chunk.
+          batch_size: int | None = None, progress: bool = False, ring: int | None = None,
+          slots: int | None = None, devices=None) -> list[Result]:
+    """Replay many configurations in one compiled, vmapped call per chunk (policies × seeds ×
+    lr_rules × lrs), optionally sharded over local `devices`: `staleness.engine.sweeps.sweep`."""
+    from staleness.engine import sweeps
 
-    Configurations are the product policies × seeds × lr_rules × lrs (in that
-    order); every schedule is padded to the same number of updates, gradient
-    slots and ring size. Returns one Result per configuration; each equals
-    the corresponding `simulate` up to float rounding (vmap reorders sums).
-    A diverging configuration gets status 'diverged' and its history stops there.
-    """
-    from tqdm.auto import tqdm
-
-    pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
-    rules_in = [_lr.get(r) if isinstance(r, str) else r for r in lr_rules]
-    lrs = [_check_lr(v, allow_none=True) for v in lrs]
-    seeds = [int(s) for s in seeds]
-    if not pols or not seeds or not rules_in or not lrs:
-        raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
-    schedules = {(p, s): simulate_schedule(p, cluster, num_updates=num_updates, max_time=max_time, seed=s)
-                 for p in pols for s in seeds}
-    configs = list(itertools.product(pols, seeds, rules_in, lrs))
-    task = resolve_task(task, cluster.num_workers if not isinstance(cluster, str) else
-                        next(iter(schedules.values())).num_workers, batch_size)
-    u_max = max(s.num_updates for s in schedules.values())
-    chunk = _chunk_length(u_max, eval_every, num_evals)
-    slots = max(int(s.update_members()[1].sum(1).max()) for s in schedules.values())
-    ring = max(make_plan(s, chunk).ring for s in schedules.values())
-    plans = [make_plan(schedules[(p, s)], chunk, slots=slots, ring=ring, num_updates=u_max)
-             for p, s, _, _ in configs]
-    distinct_rules = tuple(dict.fromkeys(rules_in))
-    set_lrs = [v for v in lrs if v is not None]
-    if optimizer is None:   # the policies' own (outer) optimizer, if they agree on one
-        own = {p.optimizer for p in pols}
-        if len(own) > 1:
-            raise ValueError(f"sweep: the policies are defined with different optimizers {sorted(map(str, own))}; "
-                             "pass optimizer= to compare them with one")
-        optimizer = own.pop()
-    opt = resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, u_max, task)
-    local, inner_opt, steps = local_setup([schedules[(p, s)] for p, s, _, _ in configs], task, inner_optimizer)
-    opt = streaming_outer(opt, local)
-    n = len(configs)
-    seed_arr = jnp.asarray([s for _, s, _, _ in configs], jnp.int32)
-    consts = {
-        "data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
-        "rule": jnp.asarray([distinct_rules.index(r) for _, _, r, _ in configs], jnp.int32),
-    }
-    if local is not None:
-        consts["steps"] = jnp.asarray(steps)        # [B, λ]
-    carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], opt, ring,
-                                    lrs=[v for *_, v in configs], inner=inner_opt,
-                                    num_workers=next(iter(schedules.values())).num_workers,
-                                    streaming=local is not None and local.streaming)
-    rates = [v if v is not None else learning_rate(opt, jax.tree.map(lambda a, i=i: a[i], carry.opt_state))
-             for i, (*_, v) in enumerate(configs)]
-    metrics0 = jax.device_get(core.evaluate_batched(task, carry.params))
-    rows = [[_history_row(0, plans[i], math.nan, {k: v[i] for k, v in metrics0.items()})] for i in range(n)]
-    train_loss = [np.full(p.num_updates, np.nan) for p in plans]
-    status = ["complete"] * n
-    final_params = [None] * n
-    num_chunks = plans[0].num_chunks
-    bar = tqdm(total=num_chunks * chunk, unit="upd", disable=not progress, desc=f"sweep x{n}", leave=False)
-    data_keys = [core.keys(s)[1] for _, s, _, _ in configs]
-
-    def inputs(k):
-        parts = [chunk_inputs(task, p, k, key) for p, key in zip(plans, data_keys)]
-        index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, B, C, μ]
-        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, B, 5, C]
-
-    nxt = inputs(0)
-    try:
-        for k in range(num_chunks):
-            carry, losses = core.run_chunk_batched(task, carry, nxt, consts, opt=opt.tx, rules=distinct_rules,
-                                                   local=local)
-            if k + 1 < num_chunks:
-                nxt = inputs(k + 1)
-            xs = {"mask": np.stack([p.chunk_view(k)["mask"] for p in plans])}
-            losses = np.swapaxes(np.asarray(losses), 0, 1)  # [B, K, C]
-            metrics = jax.device_get(core.evaluate_batched(task, carry.params))
-            params_host = None
-            lo = k * chunk
-            for i, p in enumerate(plans):
-                if status[i] != "complete" or lo >= p.num_updates:
-                    continue
-                hi = min(lo + chunk, p.num_updates)
-                mask = xs["mask"][i]
-                per_update = _update_losses(losses[i], mask)[: hi - lo]
-                train_loss[i][lo:hi] = per_update
-                if _first_nonfinite(losses[i], mask) is not None:
-                    status[i] = "diverged"
-                    continue
-                rows[i].append(_history_row(hi, p, float(np.mean(per_update)), {m: v[i] for m, v in metrics.items()}))
-                if hi == p.num_updates:
-                    params_host = params_host if params_host is not None else jax.device_get(carry.params)
-                    final_params[i] = jax.tree.map(lambda a: a[i], params_host)
-            bar.update(chunk)
-    finally:
-        bar.close()
-    if any(fp is None for fp in final_params):
-        params_host = jax.device_get(carry.params)
-        final_params = [fp if fp is not None else jax.tree.map(lambda a: a[i], params_host)
-                        for i, fp in enumerate(final_params)]
-    results = []
-    task_config = task.config()
-    for i, (pol, s, rule, alpha) in enumerate(configs):
-        sched = schedules[(pol, s)]
-        cfg = dict(task_config, lr=rates[i], lr_rule=rule.describe(),
-                   optimizer=opt.describe(), seed=s, policy=sched.policy, cluster=sched.cluster,
-                   workers=sched.num_workers, eval_every=chunk, sweep=True)
-        if local is not None:
-            cfg.update(inner_optimizer=inner_opt.describe(), local_steps=[int(h) for h in steps[i]])
-        results.append(Result(_frame(rows[i]), sched, final_params[i], cfg, train_loss[i], status[i]))
-    return results
+    return sweeps.sweep(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
+                        max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer,
+                        eval_every=eval_every, num_evals=num_evals, batch_size=batch_size, progress=progress,
+                        ring=ring, slots=slots, devices=devices)
 
 
 # -- checkpoints -------------------------------------------------------------------
-def _save_checkpoint(path: Path, carry, rows, train_loss, next_chunk: int, fp: str, config: dict) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    leaves = jax.device_get(jax.tree.leaves(carry))
-    tmp = path / "carry.tmp.npz"
-    np.savez(tmp, *leaves)
-    meta = {"version": CHECKPOINT_VERSION, "next_chunk": next_chunk, "fingerprint": fp,
-            "config": {k: config[k] for k in ("task", "lr", "lr_rule", "optimizer", "seed", "eval_every")},
-            "rows": rows, "train_loss": [None if not np.isfinite(x) else float(x) for x in train_loss]}
-    (path / "state.tmp.json").write_text(json.dumps(meta))
-    tmp.replace(path / "carry.npz")  # atomic renames: a crash leaves the previous checkpoint
-    (path / "state.tmp.json").replace(path / "state.json")
-
-
-def _load_checkpoint(path: Path, template, fp: str, config: dict):
-    state_file = path / "state.json"
-    if not state_file.exists():
-        raise FileNotFoundError(f"checkpoint = {str(path)!r}: no state.json there to resume from")
-    meta = json.loads(state_file.read_text())
-    if meta.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"checkpoint version {meta.get('version')!r} is not supported")
-    if meta["fingerprint"] != fp:
-        raise ValueError(f"checkpoint = {str(path)!r} was written for a different schedule; cannot resume")
-    want = {k: config[k] for k in meta["config"]}
-    if want != meta["config"]:
-        raise ValueError(f"checkpoint = {str(path)!r} was written with {meta['config']}, not {want}")
-    with np.load(path / "carry.npz") as z:
-        leaves = [z[f"arr_{i}"] for i in range(len(z.files))]
-    treedef = jax.tree.structure(template)
-    carry = jax.tree.unflatten(treedef, [jnp.asarray(x) for x in leaves])
-    train_loss = np.array([np.nan if x is None else x for x in meta["train_loss"]], np.float64)
-    return carry, meta["rows"], train_loss, int(meta["next_chunk"])
+def _checkpoint_identity(identity: dict) -> dict:
+    """What a replay checkpoint must agree with: the schedule's fingerprint and the run's settings."""
+    return {k: v for k, v in identity.items()}

@@ -1,0 +1,213 @@
+"""The evaluation-chunk loop: one compiled call per chunk, then host work, for every driver.
+
+`replay` (one configuration), `sweep` (B configurations in one call) and the
+pipeline's `train` all run the same loop (`run`); they pass what differs:
+
+  step(carry, xs) -> (carry, out)    the compiled chunk (out: losses, fetched once per chunk)
+  inputs(k) -> xs                    host inputs of chunk k (prepared while chunk k-1 runs)
+  record(k, carry, out, wall) -> bool
+                                     host work after chunk k: per-configuration losses,
+                                     divergence checks and history rows (`History`);
+                                     False stops the loop (replay's stop_after)
+  save(k, carry)                     optional checkpoint after chunk k (`staleness.checkpoint`)
+
+The loop handles prefetching, the progress bar, the wall clock of the compiled
+calls and Ctrl-C (status 'stopped', keeping what the completed chunks recorded).
+
+`History` is one configuration's record: history rows, per-update train
+loss, status, the divergence message, and the `Result` assembled from them.
+A divergence is a `Divergence` (update, worker, staleness, where): replay
+raises it as `DivergenceError`, a sweep marks that configuration 'diverged'
+and keeps the message in its config (`config['divergence']`), the pipeline
+raises it naming the batch, the stage and its lag.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from staleness.results import DivergenceError, Result
+
+__all__ = ["Divergence", "History", "run", "first_nonfinite", "update_losses", "chunk_length"]
+
+
+class Divergence(NamedTuple):
+    """The first non-finite loss of a run."""
+
+    update: int           # the update (pipeline: batch) whose gradient had it
+    worker: int           # its worker (pipeline: the stage)
+    staleness: int        # its staleness in versions (pipeline: the stage's lag)
+    where: str = ""       # more context, e.g. 'iteration 7' or 'tick 31'
+    kind: str = "worker"  # what `worker` counts: 'worker' or 'stage'
+
+    def message(self, lr=None) -> str:
+        extra = f", {self.where}" if self.where else ""
+        rate = f"now {lr:g}" if isinstance(lr, (int, float)) else f"now {lr}"
+        return (f"non-finite loss at update {self.update} (gradient of {self.kind} {self.worker}{extra}, "
+                f"staleness {self.staleness}); try a smaller lr ({rate}) or a staleness-aware lr_rule")
+
+
+def chunk_length(num_updates: int, eval_every: int | None, num_evals: int) -> int:
+    """Updates per chunk: `eval_every`, else ceil(num_updates / num_evals)."""
+    if eval_every is not None:
+        if isinstance(eval_every, bool) or not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
+            raise ValueError(f"eval_every = {eval_every!r} must be an integer >= 1 (updates)")
+        return int(eval_every)
+    if isinstance(num_evals, bool) or not isinstance(num_evals, (int, np.integer)) or num_evals < 1:
+        raise ValueError(f"num_evals = {num_evals!r} must be an integer >= 1")
+    return max(1, -(-num_updates // num_evals))
+
+
+def update_losses(losses: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """[K] mean loss of each update's real slots (NaN for padding updates)."""
+    count = mask.sum(axis=1)
+    total = np.where(mask, losses, 0.0).sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def first_nonfinite(losses: np.ndarray, mask: np.ndarray):
+    """(row, slot) of the first non-finite loss among the real slots, or None."""
+    bad = mask & ~np.isfinite(losses)
+    if not bad.any():
+        return None
+    flat = np.flatnonzero(bad.reshape(-1))[0]
+    return np.unravel_index(flat, bad.shape)
+
+
+class History:
+    """One configuration's record: history rows, per-step train loss, status.
+
+    Args:
+      num_steps: length of the train-loss array (updates; pipeline: ticks).
+      row0: the history row of the initial evaluation.
+    """
+
+    def __init__(self, num_steps: int, row0: dict):
+        self.rows: list[dict] = [row0]
+        self.train_loss = np.full(num_steps, np.nan)
+        self.status = "complete"
+        self.divergence: Divergence | None = None
+        self.message: str | None = None
+        self.params = None    # host params of the last recorded (finite) chunk
+
+    @property
+    def done(self) -> int:
+        """Updates recorded so far (the last row's)."""
+        return int(self.rows[-1]["update"])
+
+    @property
+    def active(self) -> bool:
+        return self.status == "complete"
+
+    def losses(self, lo: int, values) -> None:
+        """Record the train loss of steps lo .. lo + len(values)."""
+        values = np.asarray(values, np.float64)
+        self.train_loss[lo:lo + len(values)] = values
+
+    def add(self, row: dict, params=None) -> None:
+        """Append an evaluation row (and the host params it was evaluated on)."""
+        self.rows.append(row)
+        if params is not None:
+            self.params = params
+
+    def diverge(self, d: Divergence, lr=None, cut: int | None = None) -> str:
+        """Mark the run diverged at `d`; `cut`: keep the train loss of steps < cut only."""
+        self.status = "diverged"
+        self.divergence = d
+        self.message = d.message(lr)
+        if cut is not None:
+            self.train_loss = self.train_loss[:cut]
+        return self.message
+
+    def stop(self) -> None:
+        """Ctrl-C or stop_after: status 'stopped', train loss kept up to the last row."""
+        self.status = "stopped"
+        self.train_loss[self.done:] = np.nan
+
+    def state(self) -> dict:
+        """JSON-able rows and train loss (for `staleness.checkpoint`)."""
+        return {"rows": self.rows, "train_loss": [float(x) for x in self.train_loss]}
+
+    def restore(self, state: dict) -> None:
+        self.rows = [dict(r) for r in state["rows"]]
+        self.train_loss = np.asarray(state["train_loss"], np.float64)
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def result(self, schedule, config: dict, params=None, train_loss=None) -> Result:
+        """The Result: history rows, `schedule`, final params (default: the last recorded),
+        `config` (with the divergence message when diverged), train loss, status."""
+        cfg = dict(config)
+        if self.message is not None:
+            cfg["divergence"] = self.message
+        return Result(self.frame(), schedule, self.params if params is None else params, cfg,
+                      self.train_loss if train_loss is None else train_loss, self.status)
+
+
+def run(step: Callable, carry: Any, *, num_chunks: int, inputs: Callable[[int], Any],
+        record: Callable[[int, Any, Any, float], bool], start: int = 0, save: Callable | None = None,
+        histories: list[History] = (), bar=None, bar_step: Callable[[int], int] | None = None):
+    """Run chunks `start` .. `num_chunks - 1` of a compiled replay.
+
+    Args:
+      step: (carry, xs) -> (carry, out): the compiled chunk (donates its carry).
+      inputs: k -> xs of chunk k; called for chunk k + 1 while chunk k runs.
+      record: (k, carry, out as NumPy, wall seconds of the call) -> continue?; the
+        caller's host work (it may raise, e.g. `DivergenceError`).
+      save: (k, carry) after `record`, e.g. a checkpoint.
+      histories: marked 'stopped' on Ctrl-C, and by a False from `record`.
+      bar: a tqdm bar (closed at the end); bar_step(k): its increment for chunk k.
+    Returns (carry, status, wall seconds): status 'complete' or 'stopped'.
+    """
+    import jax
+
+    status = "complete"
+    wall = 0.0
+    nxt = inputs(start) if start < num_chunks else None
+    try:
+        for k in range(start, num_chunks):
+            t0 = time.perf_counter()
+            carry, out = step(carry, nxt)
+            if k + 1 < num_chunks:   # host work for the next chunk while this one runs
+                nxt = inputs(k + 1)
+            out = jax.tree.map(np.asarray, jax.device_get(out))   # waits for the chunk
+            dt = time.perf_counter() - t0
+            wall += dt
+            go = record(k, carry, out, dt)
+            if save is not None:
+                save(k, carry)
+            if bar is not None:
+                bar.update(bar_step(k) if bar_step is not None else 1)
+            if go is False and k + 1 < num_chunks:
+                status = "stopped"
+                break
+    except KeyboardInterrupt:
+        # Ctrl-C: keep everything recorded up to the last completed chunk.
+        status = "stopped"
+    finally:
+        if bar is not None:
+            bar.close()
+    if status == "stopped":
+        for h in histories:
+            if h.active:
+                h.stop()
+    return carry, status, wall
+
+
+def nan_if_empty(values) -> float:
+    values = np.asarray(values, np.float64)
+    return float(np.mean(values)) if values.size else math.nan
+
+
+def raise_divergence(history: History, d: Divergence, schedule, config: dict, lr=None, cut=None):
+    """Mark `history` diverged and raise `DivergenceError` carrying its Result."""
+    msg = history.diverge(d, lr, cut)
+    raise DivergenceError(msg, history.result(schedule, config))
