@@ -324,6 +324,33 @@ def test_throughputs_on_four_equal_stages():
     assert got["dsp:1,1,1,0", 0.0] / got["gpipe:4", 0.0] == pytest.approx(1.745, abs=1e-3)
 
 
+@pytest.mark.parametrize("k_all", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 5, 40])
+@pytest.mark.parametrize("spec", ["backprop", "gpipe:1", "gpipe:3", "gpipe:8", "ddg", "ddg:nobarrier", "dsp",
+                                  "dsp+stash"])
+@pytest.mark.parametrize("rc", [0.0, 0.5, 1.0])
+def test_closed_form_time_is_the_simulation(k_all, n, spec, rc):
+    """`timing.closed_form_time` (what reproduce_dsp prints beside the simulation) against the
+    simulation, and for DSP against this file's own formula."""
+    from staleness.pipeline.timing import closed_form_time
+
+    if spec.startswith("dsp"):
+        spec = "dsp:" + ",".join(["1"] * (k_all - 1) + ["0"]) + spec[3:]
+    got = closed_form_time(spec, k_all, n, recompute_cost=rc)
+    assert got == pytest.approx(_time(pp.parse(spec), k_all, n, rc=rc).end_time, rel=REL)
+    if spec.startswith("dsp"):
+        assert got == pytest.approx(pipeline_closed_form(n, k_all, F, B, rc * F), rel=REL)
+
+
+def test_closed_form_time_refuses_what_it_does_not_cover():
+    from staleness.pipeline.timing import closed_form_time
+
+    with pytest.raises(ValueError, match="no closed form for dsp:2,2,0"):
+        closed_form_time("dsp:2,2,0", 3, 10)
+    with pytest.raises(ValueError, match="PipelineSchedule or a spec"):
+        closed_form_time(3, 3, 10)
+
+
 # -- specs --------------------------------------------------------------------------------------
 def test_ddg_barrier_specs_and_bad_input():
     assert pp.ddg().barrier and not pp.ddg(barrier=False).barrier

@@ -61,7 +61,7 @@ from staleness.cluster import Cluster
 from staleness.pipeline.plan import IDLE, Plan
 from staleness.schedule import Schedule
 
-__all__ = ["Timeline", "recomputes", "simulate_timing"]
+__all__ = ["Timeline", "closed_form_time", "recomputes", "simulate_timing"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -170,6 +170,46 @@ def recomputes(schedule) -> tuple[bool, ...]:
     if not getattr(sched, "resolved", False):
         raise ValueError(f"schedule = {schedule!r} must be a resolved PipelineSchedule (call resolve(K)) or a Plan")
     return tuple(sched.backward in ("recompute", "stash") and m > 0 for m in sched.lags)
+
+
+def _pipeline_time(n: int, k: int, f: float, b: float, rho: float) -> float:
+    """T(n) of the module docstring: DSP(1,...,1,0) over n items of cost f, b, rho on k equal stages."""
+    if k == 1:
+        return n * (f + b)
+    return max((n + k - 1) * (f + b) + (k - 1) * rho, (n + k - 2) * (f + b + rho),
+               (k + max(0, n - 3)) * f + b + (n + k - 2) * (b + rho))
+
+
+def closed_form_time(schedule, num_stages: int, num_batches: int, *, backward_ratio: float = 2.0,
+                     recompute_cost: float = 1.0) -> float:
+    """Seconds `simulate_timing` takes for `schedule` on `num_stages` equal stages at 1 s per
+    forward + backward of a batch, without delays or messages, by the closed forms of the
+    module docstring (backprop, GPipe(M), DSP(1,...,1,0) with or without stashing, DDG with
+    and without its barrier). Also GPipe's textbook fill/drain for comparison:
+    `closed_form_time(gpipe(M), ..., recompute_cost=0)` = N (M+K-1)/M.
+
+    Raises ValueError for schedules without a closed form here (other DSP delays)."""
+    from staleness.pipeline.schedules import PipelineSchedule, parse
+
+    sched = parse(schedule) if isinstance(schedule, str) else schedule
+    if not isinstance(sched, PipelineSchedule):
+        raise ValueError(f"schedule = {schedule!r} must be a PipelineSchedule or a spec like 'gpipe:4'")
+    k, n = int(num_stages), int(num_batches)
+    sched = sched.resolve(k)
+    f = 1.0 / (1.0 + backward_ratio)
+    b = backward_ratio * f
+    rho = recompute_cost * f
+    if sched.name == "backprop":
+        return n * k * (f + b)
+    if sched.name == "gpipe":
+        m = sched.microbatches
+        return n * _pipeline_time(m, k, f / m, b / m, rho / m)
+    if sched.name == "ddg":
+        return n * (k * f + b) + (k - 1) * b if sched.barrier else (n + k - 1) * (f + b)
+    if sched.forward_delays == tuple([1] * (k - 1) + [0]):
+        return _pipeline_time(n, k, f, b, rho)
+    raise ValueError(f"no closed form for {sched.describe()} here; closed forms cover backprop, gpipe:M, ddg, "
+                     f"ddg:nobarrier and dsp:1,...,1,0[+stash]")
 
 
 def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_ratio: float = 2.0,
