@@ -161,7 +161,7 @@ def render():
 # runner (nbclient, hence nbmake) echo each captured output back to the kernel on the shell
 # socket while it waits on that same socket for the cell's reply, which can hang the cell
 # under CPU load. Display handles need no echo: a change updates them in place.
-state = {"renders": 0, "settings": None, "error": None}
+state = {"renders": 0, "settings": None, "error": None, "hold": False}
 
 
 def shown(s):
@@ -171,6 +171,8 @@ def shown(s):
 
 
 def on_change(change):
+    if state["hold"]:
+        return
     enable()
     status.value = "simulating…"
     try:
@@ -188,6 +190,17 @@ def on_change(change):
         status.value = ""
 
 
+def set_controls(values):
+    """Set several controls ({widget: value}) from code with one re-run at the end."""
+    state["hold"] = True
+    try:
+        for w, v in values.items():
+            w.value = v
+    finally:
+        state["hold"] = False
+    on_change(None)
+
+
 enable()
 s, image, tbl = render()   # the defaults, shown as this cell's own outputs
 display(ui)
@@ -200,7 +213,8 @@ for group in (policy_a, policy_b, training, cluster):
         w.observe(on_change, names="value")'''),
     ("md", """The cell below checks the explorer's callback the way a moved control calls it: it sets
 the learning rate (re-run, no recompile) and turns policy B off (nothing to re-run), checks
-that the outputs above followed, and sets both back. A broken callback fails here, in CI,
+that the outputs above followed, and sets both back at once (`set_controls`: several
+controls, one re-run; the runs are cached, so only the figure is redrawn). A broken callback fails here, in CI,
 instead of only in the kernel's log."""),
     ("code", '''def check():
     if state["error"] is not None:
@@ -216,9 +230,9 @@ assert "--lr 0.1" in cli.value, cli.value
 policy_b["kind"].value = "none"
 check()
 assert state["settings"].policies == ("dssp:3:12",) and policy_b["s"].disabled, state["settings"]
-policy_b["kind"].value = "bsp"
-training["lr"].value = DEFAULTS.lr
+set_controls({policy_b["kind"]: "bsp", training["lr"]: DEFAULTS.lr})
 check()
+assert state["renders"] == renders + 3, state["renders"]
 assert state["settings"] == DEFAULTS, (state["settings"], DEFAULTS)
 print(state["renders"], "renders; back at the defaults:")
 print(cli.value)'''),
