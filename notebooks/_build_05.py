@@ -214,8 +214,8 @@ for group in (policy_a, policy_b, training, cluster):
     ("md", """The cell below checks the explorer's callback the way a moved control calls it: it sets
 the learning rate (re-run, no recompile) and turns policy B off (nothing to re-run), checks
 that the outputs above followed, and sets both back at once (`set_controls`: several
-controls, one re-run; the runs are cached, so only the figure is redrawn). A broken callback fails here, in CI,
-instead of only in the kernel's log."""),
+controls, one re-run; the runs are cached, so only the figure is redrawn). A broken
+callback fails here, in CI, instead of only in the kernel's log."""),
     ("code", '''def check():
     if state["error"] is not None:
         raise state["error"]
