@@ -11,7 +11,7 @@ import signal
 import sys
 
 from staleness.cli.common import UsageError, _Parser
-from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd
+from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
 
 __all__ = ["main"]
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cmd.add_compare(sub)
     run_cmd.add(sub)        # run, launch, replay (real devices and hosts)
     pipeline_cmd.add(sub)   # pipeline (layer-wise staleness)
+    sweep_cmd.add(sub)      # sweep (a grid in one compiled replay; devices, processes)
     return parser
 
 

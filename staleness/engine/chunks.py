@@ -94,10 +94,12 @@ class History:
         self.divergence: Divergence | None = None
         self.message: str | None = None
         self.params = None    # host params of the last recorded (finite) chunk
+        self.steps_done = 0   # train-loss steps covered by the rows
+        self._pending = 0
 
     @property
     def done(self) -> int:
-        """Updates recorded so far (the last row's)."""
+        """The last row's update."""
         return int(self.rows[-1]["update"])
 
     @property
@@ -108,10 +110,12 @@ class History:
         """Record the train loss of steps lo .. lo + len(values)."""
         values = np.asarray(values, np.float64)
         self.train_loss[lo:lo + len(values)] = values
+        self._pending = lo + len(values)
 
     def add(self, row: dict, params=None) -> None:
         """Append an evaluation row (and the host params it was evaluated on)."""
         self.rows.append(row)
+        self.steps_done = max(self.steps_done, self._pending)
         if params is not None:
             self.params = params
 
@@ -127,15 +131,17 @@ class History:
     def stop(self) -> None:
         """Ctrl-C or stop_after: status 'stopped', train loss kept up to the last row."""
         self.status = "stopped"
-        self.train_loss[self.done:] = np.nan
+        self.train_loss[self.steps_done:] = np.nan
 
     def state(self) -> dict:
         """JSON-able rows and train loss (for `staleness.checkpoint`)."""
-        return {"rows": self.rows, "train_loss": [float(x) for x in self.train_loss]}
+        return {"rows": self.rows, "train_loss": [float(x) for x in self.train_loss],
+                "steps_done": self.steps_done}
 
     def restore(self, state: dict) -> None:
         self.rows = [dict(r) for r in state["rows"]]
         self.train_loss = np.asarray(state["train_loss"], np.float64)
+        self.steps_done = self._pending = int(state["steps_done"])
 
     def frame(self):
         import pandas as pd

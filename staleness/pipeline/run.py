@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from staleness import checkpoint as _checkpoint
 from staleness import cluster as _cluster
+from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine import optim as _optim
 from staleness.engine.run import _check_lr
@@ -52,7 +55,8 @@ def _losses_per_batch(plan: Plan, tick_loss: np.ndarray) -> np.ndarray:
 def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=False, cluster=None,
           seed: int = 0, lr: float | None = None, optimizer=DEFAULT_OPTIMIZER, eval_every: int | None = None,
           num_evals: int = 10, backward_ratio: float = 2.0, recompute_cost: float = 1.0,
-          progress: bool = False, config: dict | None = None) -> Result:
+          progress: bool = False, config: dict | None = None, checkpoint=None, resume: bool = False,
+          stop_after: int | None = None) -> Result:
     """Train `ptask` for `num_batches` batches along `schedule`.
 
     Args:
@@ -67,6 +71,10 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       lr: base learning rate; optimizer: per-stage optimizer spec (default momentum SGD, 0.9).
       eval_every: batches between evaluations (default num_batches / num_evals).
       backward_ratio, recompute_cost: cost model of `simulate_timing`.
+      checkpoint: directory to checkpoint into after every evaluation chunk
+        (`staleness.checkpoint`); with resume=True, continue from the one found there
+        (bitwise the uninterrupted run).
+      stop_after: stop (status 'stopped') after the chunk that reaches this many batches.
 
     Returns:
       A `Result`: history rows (update = batches applied at every stage, tick, time,
@@ -75,7 +83,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       per-stage params joined into the full model's params, config, and
       train_loss [N] per batch. `time` is simulated seconds for the one-device
       path and wall-clock seconds (excluding compilation) on devices.
-      Raises `DivergenceError` (with `.result`) on a non-finite loss.
+      Raises `DivergenceError` (with `.result`) on a non-finite loss, naming the
+      batch, the stage that computed the loss, its lag and the tick.
     """
     from tqdm.auto import tqdm
 
@@ -126,45 +135,67 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
         r.update({name: float(v) for name, v in metrics.items()})
         return r
 
-    rows = [row(0, 0.0, math.nan, jax.device_get(evaluate(ptask.task, join_params(params))))]
-    tick_loss = np.full(plan.num_ticks, np.nan)
-    wall = 0.0
-    last_params = params
-    bar = tqdm(total=plan.num_ticks, unit="tick", disable=not progress, desc=sched.describe(), leave=False)
-    try:
-        for start in range(0, plan.num_ticks, chunk):
-            xs = plan.xs(start, chunk)
-            t1 = time.perf_counter()
-            carry, losses = step(carry, xs)
-            losses = np.asarray(jax.device_get(losses))  # waits for the chunk
-            wall += time.perf_counter() - t1
-            end = min(start + chunk, plan.num_ticks)
-            tick_loss[start:end] = losses[: end - start]
-            valid = plan.fwd[start:end, -1] != IDLE
-            chunk_losses = tick_loss[start:end][valid]
-            cur = get_params(carry)
-            metrics = jax.device_get(evaluate(ptask.task, join_params(cur)))
-            if len(chunk_losses) and not np.all(np.isfinite(chunk_losses)):
-                bad = start + int(np.flatnonzero(valid)[np.flatnonzero(~np.isfinite(chunk_losses))[0]])
-                mb = int(plan.fwd[bad, -1])
-                rows.append(row(end, wall, math.nan, metrics))
-                result = Result(_frame(rows), timeline.to_schedule(), jax.device_get(join_params(last_params)),
-                                cfg, _losses_per_batch(plan, tick_loss), "diverged")
-                raise DivergenceError(
-                    f"non-finite loss at tick {bad} (batch {mb // plan.microbatches} of {sched.describe()}, "
-                    f"stage lags {list(plan.lags)}); try a smaller lr (now {lr:g})", result)
-            rows.append(row(end, wall, float(np.mean(chunk_losses)) if len(chunk_losses) else math.nan, metrics))
-            last_params = cur
-            bar.update(end - start)
-    finally:
-        bar.close()
-    ticks_run = -(-plan.num_ticks // chunk) * chunk  # the last chunk is padded with idle ticks
-    cfg.update(wall_s=wall, compile_s=compile_s, ticks_per_s=ticks_run / wall if wall > 0 else math.nan)
-    schedule_events = timeline.to_schedule()
-    schedule_events.meta.update(engine=cfg["engine"], wall_s=wall, ticks_per_s=cfg["ticks_per_s"],
-                                time_axis="simulated (cluster model); history 'wall_time' is measured")
-    return Result(_frame(rows), schedule_events, jax.device_get(join_params(last_params)), cfg,
-                  _losses_per_batch(plan, tick_loss), "complete")
+    hist = _chunks.History(plan.num_ticks, row(0, 0.0, math.nan,
+                                               jax.device_get(evaluate(ptask.task, join_params(params)))))
+    hist.params = params
+    clock = {"wall": 0.0}
+    start = 0
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    identity = {k: cfg[k] for k in ("task", "schedule", "stages", "batches", "microbatches", "batch_size", "lr",
+                                    "optimizer", "seed", "cluster", "engine", "eval_every")}
+    if ckpt is not None and resume:
+        meta, carry = _checkpoint.load(ckpt, carry, match=identity, name="pipeline")
+        hist.restore(meta)
+        hist.params = get_params(carry)
+        clock["wall"] = float(meta["wall"])
+        start = int(meta["next_chunk"])
+    num_chunks = -(-plan.num_ticks // chunk)
+    stage = k - 1   # the loss is computed at the last stage's forward
+
+    def record(c, carry, losses, dt):
+        clock["wall"] += dt
+        lo = c * chunk
+        end = min(lo + chunk, plan.num_ticks)
+        hist.losses(lo, losses[: end - lo])
+        valid = plan.fwd[lo:end, -1] != IDLE
+        chunk_losses = hist.train_loss[lo:end][valid]
+        cur = get_params(carry)
+        metrics = jax.device_get(evaluate(ptask.task, join_params(cur)))
+        if len(chunk_losses) and not np.all(np.isfinite(chunk_losses)):
+            bad = lo + int(np.flatnonzero(valid)[np.flatnonzero(~np.isfinite(chunk_losses))[0]])
+            mb = int(plan.fwd[bad, -1])
+            hist.rows.append(row(end, clock["wall"], math.nan, metrics))
+            d = _chunks.Divergence(mb // plan.microbatches, stage, int(plan.lags[stage]),
+                                   f"tick {bad}, micro-batch {mb % plan.microbatches} of {sched.describe()}, "
+                                   f"stage lags {list(plan.lags)}", kind="stage")
+            hist.diverge(d, cfg["lr"])
+            raise DivergenceError(hist.message, _result(hist, "diverged"))
+        hist.add(row(end, clock["wall"], float(np.mean(chunk_losses)) if len(chunk_losses) else math.nan, metrics),
+                 cur)
+        return not (stop_after is not None and plan.batches_done(end) >= stop_after)
+
+    def save(c, carry):
+        if ckpt is not None:
+            _checkpoint.save(ckpt, carry, {"next_chunk": c + 1, "wall": clock["wall"], **hist.state()},
+                             match=identity, name="pipeline")
+
+    def _result(hist, status):
+        ticks_run = -(-plan.num_ticks // chunk) * chunk  # the last chunk is padded with idle ticks
+        wall = clock["wall"]
+        out_cfg = dict(cfg, wall_s=wall, compile_s=compile_s, ticks_per_s=ticks_run / wall if wall > 0 else math.nan)
+        events = timeline.to_schedule()
+        events.meta.update(engine=cfg["engine"], wall_s=wall, ticks_per_s=out_cfg["ticks_per_s"],
+                           time_axis="simulated (cluster model); history 'wall_time' is measured")
+        hist.status = status
+        return hist.result(events, out_cfg, params=jax.device_get(join_params(hist.params)),
+                           train_loss=_losses_per_batch(plan, hist.train_loss))
+
+    bar = tqdm(total=plan.num_ticks, initial=min(start * chunk, plan.num_ticks), unit="tick", disable=not progress,
+               desc=sched.describe(), leave=False)
+    _, status, _ = _chunks.run(step, carry, num_chunks=num_chunks, inputs=lambda c: plan.xs(c * chunk, chunk),
+                               record=record, start=start, save=save, histories=[hist], bar=bar,
+                               bar_step=lambda c: min((c + 1) * chunk, plan.num_ticks) - c * chunk)
+    return _result(hist, status)
 
 
 def _engine(ptask, plan: Plan, opt, params, ctx: S.Context, devices, chunk: int):
@@ -188,12 +219,6 @@ def _engine(ptask, plan: Plan, opt, params, ctx: S.Context, devices, chunk: int)
     def get_params(carry):
         return jax.device_get(sim.stage_params(carry))
     return step, get_params, carry, [str(jax.devices()[0])], time.perf_counter() - t0
-
-
-def _frame(rows):
-    import pandas as pd
-
-    return pd.DataFrame(rows)
 
 
 def simulate(ptask, schedule, num_batches: int, **kwargs) -> Result:

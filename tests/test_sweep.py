@@ -1,0 +1,269 @@
+"""Sweeps over devices and processes, pinned padding, and `staleness sweep`.
+
+The contract: a configuration's Result does not depend on where it ran. The
+configuration axis sharded over 4 or 8 virtual CPU devices (`shard_map`, each
+device the unchanged batched replay), or split over 2 processes of a
+`jax.distributed` job, gives the same bits as one device. Device counts are set
+with `jax_num_cpu_devices` before JAX starts, so those checks run in a child
+process; the 2-process job runs under one hard deadline (SIGKILL of every
+process's session: a hung JAX process ignores SIGTERM) on its own free port.
+Nothing here asserts on timings.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import staleness as st
+from staleness import cluster as C
+from staleness import policies as P
+from staleness.cli import main
+from staleness.engine import core, sweeps
+from staleness.results import Result
+
+ROOT = Path(__file__).resolve().parents[1]
+DEADLINE = 300   # seconds: hard limit for the child processes of one test
+
+GRID = ("asp", "softsync:2")
+ARGS = ["--policy", "asp", "--policy", "softsync:2", "--seeds", "0,1", "--lr-rules", "constant,per_gradient",
+        "--updates", "40", "--eval-every", "10", "--batch-size", "8", "--cluster", "1,1.3,2,2.6", "--no-progress"]
+
+
+def _equal_tree(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+def _same(a: Result, b: Result) -> bool:
+    return (_equal_tree(a.params, b.params) and a.history.equals(b.history)
+            and np.array_equal(a.train_loss, b.train_loss, equal_nan=True) and a.status == b.status)
+
+
+def _env(devices_flag=True):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    if devices_flag:
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def digits4():
+    return st.tasks.get("digits-mlp", batch_size=8, num_workers=4)
+
+
+CLUSTER = C.heterogeneous([1.0, 1.3, 2.0, 2.6]).jitter(0.1)
+
+
+# -- devices -----------------------------------------------------------------------------
+_CHILD = r"""
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+import numpy as np
+import staleness as st
+from staleness import cluster as C
+from staleness.engine import sweeps
+task = st.tasks.get("digits-mlp", batch_size=8, num_workers=4)
+grid = sweeps.prepare(task, ["asp", "softsync:2", "ssp:1"], C.heterogeneous([1.0, 1.3, 2.0, 2.6]).jitter(0.1),
+                      seeds=[0, 1], lr_rules=["constant", "per_gradient"], lrs=[0.1], num_updates=30, eval_every=10)
+one = sweeps.replay_grid(grid)
+many = sweeps.replay_grid(grid, devices=int(sys.argv[1]))
+def same(a, b):
+    return (all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+            and a.history.equals(b.history) and np.array_equal(a.train_loss, b.train_loss, equal_nan=True))
+print(json.dumps({"devices": len(jax.devices()), "configs": len(one), "used": many[0].config["devices"],
+                  "same": [bool(same(a, b)) for a, b in zip(one, many)]}))
+"""
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_sharded_sweep_is_bitwise_the_single_device_sweep(n):
+    """12 configurations on n virtual devices (padded to 2 per device where needed)."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], cwd=ROOT, env=_env(devices_flag=False),
+                         capture_output=True, text=True, timeout=DEADLINE)   # timeout: SIGKILL
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["devices"] == n and len(got["used"]) == n and got["configs"] == 12
+    assert all(got["same"]), f"configurations that differ from the one-device sweep: {got}"
+
+
+def test_sharded_sweep_in_process_equals_sweep(digits4):
+    """devices= through `st.sweep` itself (conftest gives this process 8 CPU devices)."""
+    kw = dict(seeds=[0], lr_rules=["constant"], lrs=[0.1, 0.2], num_updates=20, eval_every=10)
+    one = st.sweep(digits4, GRID, CLUSTER, **kw)
+    two = st.sweep(digits4, GRID, CLUSTER, devices=2, **kw)
+    assert [r.config["devices"] for r in two][0] == [str(d) for d in jax.local_devices()[:2]]
+    assert all(_same(a, b) for a, b in zip(one, two))
+
+
+def test_bad_devices(digits4):
+    with pytest.raises(ValueError, match="devices = 99 must be in 1.."):
+        st.sweep(digits4, ["asp"], CLUSTER, num_updates=5, devices=99)
+    with pytest.raises(ValueError, match="devices = 'gpu'"):
+        st.sweep(digits4, ["asp"], CLUSTER, num_updates=5, devices="gpu")
+
+
+# -- pinned padding, compile time ---------------------------------------------------------
+def test_pinned_ring_and_slots_compile_once_for_two_grids(digits4):
+    kw = dict(seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, ring=16, slots=2)
+    a = st.sweep(digits4, ["asp"], CLUSTER, **kw)
+    traces = core.run_chunk_batched._cache_size()
+    b = st.sweep(digits4, ["ssp:2", "softsync:2"], CLUSTER, **kw)
+    assert core.run_chunk_batched._cache_size() == traces, "a grid with the same pins recompiled"
+    assert {r.config["ring"] for r in a + b} == {16} and {r.config["slots"] for r in a + b} == {2}
+    assert all(r.config["compile_s"] >= 0 and r.config["sweep_s"] > 0 for r in a + b)
+    # pinning does not change the numbers: the ring's size only changes where versions live
+    free = st.sweep(digits4, ["ssp:2"], CLUSTER, seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, slots=2)
+    assert free[0].config["ring"] != 16 and _same(free[0], b[0])
+
+
+def test_pins_too_small_are_refused(digits4):
+    with pytest.raises(ValueError, match=r"ring = 1 is too small .* need \d+"):
+        st.sweep(digits4, ["asp"], CLUSTER, num_updates=20, ring=1)
+    with pytest.raises(ValueError, match=r"slots = 1 is too small .* need 2"):
+        st.sweep(digits4, ["softsync:2"], CLUSTER, num_updates=20, slots=1)
+    with pytest.raises(ValueError, match="ring = 0 must be an integer >= 1"):
+        st.sweep(digits4, ["asp"], CLUSTER, num_updates=20, ring=0)
+
+
+def test_grid_shares_are_contiguous_and_cover_the_grid():
+    from staleness.engine.distributed import share
+
+    for b in (1, 5, 12):
+        for n in (1, 2, 3, 4):
+            parts = [share(b, n, p) for p in range(n)]
+            assert sum(parts, []) == list(range(b))
+
+
+# -- processes -----------------------------------------------------------------------------
+class Procs:
+    """Child processes of one test in their own sessions, one deadline, output collected."""
+
+    def __init__(self):
+        self.procs, self.out, self.readers = [], [], []
+        self.deadline = time.monotonic() + DEADLINE
+
+    def spawn(self, argv):
+        p = subprocess.Popen(argv, cwd=ROOT, env=_env(), start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+        reader.start()
+        self.procs.append(p)
+        self.out.append(lines)
+        self.readers.append(reader)
+
+    def finish(self):
+        try:
+            for p in self.procs:
+                p.wait(timeout=max(0.1, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail("the sweep processes did not finish before the deadline:\n" + self.text())
+        for r in self.readers:
+            r.join(timeout=10)
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def text(self):
+        return "\n".join(f"--- process {i} ---\n" + "".join(o)[-3000:] for i, o in enumerate(self.out))
+
+
+def test_two_processes_gather_the_single_process_sweep(tmp_path, digits4):
+    from staleness.runtime.multiprocess import free_port
+
+    port = free_port()
+    procs = Procs()
+    try:
+        for i in range(2):
+            procs.spawn([sys.executable, "-m", "staleness", "sweep", *ARGS, "--out", str(tmp_path / "two"),
+                         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)])
+        procs.finish()
+    finally:
+        procs.kill()
+    assert [p.returncode for p in procs.procs] == [0, 0], procs.text()
+    single = st.sweep(digits4, GRID, C.parse("1,1.3,2,2.6"), seeds=[0, 1], lr_rules=["constant", "per_gradient"],
+                      lrs=[0.1], num_updates=40, eval_every=10)
+    table = (tmp_path / "two" / "table.csv").read_text().splitlines()
+    assert len(table) == 1 + len(single)
+    for i, r in enumerate(single):
+        got = Result.load(tmp_path / "two" / "results" / str(i))
+        assert got.config["processes"] == 2 and got.config["process"] == (0 if i < 4 else 1)
+        assert _equal_tree(got.params, r.params), f"configuration {i}: params differ from one process"
+        np.testing.assert_array_equal(got.history.to_numpy(float), r.history.to_numpy(float))
+        np.testing.assert_array_equal(got.train_loss, r.train_loss)
+
+
+# -- the command line ---------------------------------------------------------------------------
+def test_cli_sweep_writes_one_row_per_configuration(tmp_path, capsys):
+    out = tmp_path / "grid"
+    assert main(["sweep", *ARGS[:-1], "--lrs", "0.1,0.2", "--out", str(out), "--no-progress"]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(out / "table.csv")
+    assert len(table) == 16 and list(table.columns[:5]) == ["config", "policy", "seed", "lr_rule", "lr"]
+    assert set(table["policy"]) == {"asp", "softsync:2"} and set(table["lr"]) == {0.1, 0.2}
+    assert (table["status"] == "complete").all() and "final_accuracy" in table
+    meta = json.loads((out / "sweep.json").read_text())
+    assert meta["configurations"] == 16 and meta["compile_s"] >= 0 and meta["wall_s"] > 0
+    r = Result.load(out / "results" / "05")
+    assert r.config["sweep_index"] == 5 and r.config["lr"] == table["lr"][5]
+    assert "compilation" in capsys.readouterr().out
+
+
+def test_cli_sweep_local_steps_expand_local_methods(tmp_path):
+    out = tmp_path / "h"
+    assert main(["sweep", "--policy", "diloco:2", "--local-steps", "1,3", "--updates", "4", "--eval-every", "2",
+                 "--batch-size", "8", "--cluster", "1,1,2,2", "--out", str(out), "--no-progress"]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(out / "table.csv")
+    assert list(table["policy"]) == ["diloco:1", "diloco:3"] and list(table["local_steps"]) == [1, 3]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "asp", "--local-steps", "2"], "no --policy is one"),
+    (["--policy", "asp", "--policy", "diloco:2"], "need separate sweeps"),
+    (["--seeds", "a"], "--seeds = 'a'"),
+    (["--lrs", "0.1,-1"], "--lrs = '0.1,-1'"),
+    (["--lr-rules", "bogus"], "bogus"),
+    (["--updates", "5", "--max-time", "3"], "either --updates or --max-time"),
+    (["--coordinator", "127.0.0.1:1"], "need all of --coordinator"),
+    (["--timeout", "5"], "--timeout applies to --launch-local"),
+    (["--policy", "nope"], "unknown policy"),
+])
+def test_cli_sweep_refuses_bad_arguments_before_computing(tmp_path, capsys, argv, message):
+    assert main(["sweep", *argv, "--out", str(tmp_path / "x")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_sweep_checks_out_before_computing(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(sweeps, "replay_grid", lambda *a, **k: pytest.fail("computed before checking --out"))
+    assert main(["sweep", "--out", str(tmp_path / "file")]) == 2
+    assert "--out" in capsys.readouterr().err
