@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import shlex
 import sys
 import time
@@ -547,12 +548,12 @@ def budget_text(settings: dict, lrs: dict, seeds, scenarios, wall: float) -> lis
             f"seeds = {tune_runs} tuning runs; then {len(settings)} task(s) × {len(scenarios)} scenarios × "
             f"{len(POLICIES)} policies × {len(seeds)} seeds = {main_runs} runs",
             f"- sized for the machine: this run took {wall / 60:.1f} min on {versions_cpus()} CPU cores shared with "
-            "other jobs; the per-task simulated-time budgets (below) keep it under about 25 minutes"]
+            f"other jobs (load average {os.getloadavg()[1]:.1f} over the last 5 minutes); the scenarios (per-task "
+            "simulated-time budgets below, tuning on one scenario per task) are sized for about 25 minutes"
+            + ("" if wall <= 25 * 60 else f", which this run exceeded by {wall / 60 - 25:.1f} min under that load")]
 
 
 def versions_cpus() -> int:
-    import os
-
     return os.cpu_count() or 0
 
 
