@@ -8,12 +8,23 @@ simulator must at least do). Ends with one JSON line.
 
 Targets (issue #2): >= 100,000 events/s at λ = 8 and >= 50,000 at λ = 1024.
 
-    python benchmarks/schedule_speed.py [--quick]
+Then the network model (issue #11) on the same clusters with payload bytes:
+per-worker links (`+net=`, times fixed at each transfer's start), a shared
+server link (`+server=`, processor sharing, re-timed at every transfer) and
+an all-reduce (`+allreduce=`, BSP). `--baseline DIR` runs the plain rows
+with the `staleness` package found in DIR too (e.g. an export of an older
+commit: `git archive HEAD staleness | tar -x -C DIR`), alternating, so that
+before/after are measured in one run on the same machine load.
+
+    python benchmarks/schedule_speed.py [--quick] [--baseline DIR]
 """
 
 import argparse
 import heapq
 import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -55,9 +66,38 @@ def measure(policy: str, lam: int, min_gradients: int) -> dict:
             "seconds": dt, "events_per_s": sched.num_gradients / dt}
 
 
+NETWORK = [("asp", "+net=1gbps:5ms"), ("ssp:3", "+net=1gbps:5ms"), ("asp", "+net=1gbps:5ms+server=10gbps"),
+           ("bsp", "+allreduce=ring:10gbps:1ms")]
+PAYLOAD = 4 * 10**6   # bytes: a 1M-parameter float32 model
+
+
+def measure_network(policy: str, suffix: str, lam: int, min_gradients: int) -> dict:
+    pol = P.parse(policy)
+    secs = ",".join(["1"] * (lam // 2) + ["2.6"] * (lam - lam // 2))
+    cluster = C.parse(f"{secs}+jitter=0.1{suffix}")
+    per_update = lam if policy == "bsp" else 1
+    num_updates = max(1, min_gradients // per_update)
+    simulate_schedule(pol, cluster, num_updates=max(1, num_updates // 20), seed=1, payload_bytes=PAYLOAD)
+    t0 = time.perf_counter()
+    sched = simulate_schedule(pol, cluster, num_updates=num_updates, seed=0, payload_bytes=PAYLOAD)
+    dt = time.perf_counter() - t0
+    return {"policy": policy, "network": suffix, "workers": lam, "gradients": sched.num_gradients,
+            "seconds": dt, "events_per_s": sched.num_gradients / dt}
+
+
+def baseline(directory: str, policy: str, lam: int, n: int) -> float:
+    """Events/s of `measure(policy, lam, n)` with the staleness package in `directory`."""
+    code = (f"import json, sys; sys.path.insert(0, {os.path.abspath(__file__ + '/..')!r}); "
+            f"import schedule_speed as b; print(json.dumps(b.measure({policy!r}, {lam}, {n})))")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(directory)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["events_per_s"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer events (smoke run)")
+    ap.add_argument("--baseline", default=None, help="a directory holding another staleness package to compare with")
     args = ap.parse_args()
     n = 20_000 if args.quick else 200_000
     rows = []
@@ -75,8 +115,32 @@ def main():
     ok = worst[8] >= 100_000 and worst[1024] >= 50_000
     print(f"slowest policy: λ=8 {worst[8]:,.0f}/s (target 100,000), λ=1024 {worst[1024]:,.0f}/s (target 50,000): "
           f"{'met' if ok else 'NOT met'}")
+
+    net_rows = []
+    print(f"\n{'policy':>8} {'network':>30} {'λ':>5} {'gradients':>10} {'events/s':>10} {'vs no network':>13}")
+    for lam in (8, 1024):
+        for pol, suffix in NETWORK:
+            r = measure_network(pol, suffix, lam, n)
+            plain = next(x["events_per_s"] for x in rows if x["policy"] == pol and x["workers"] == lam)
+            r["vs_no_network"] = r["events_per_s"] / plain
+            net_rows.append(r)
+            print(f"{pol:>8} {suffix:>30} {lam:>5} {r['gradients']:>10} {r['events_per_s']:>10,.0f} "
+                  f"{r['vs_no_network']:>13.3f}")
+
+    base_rows = []
+    if args.baseline:
+        print(f"\nbaseline {args.baseline}: the plain rows again, alternating this tree and the baseline")
+        print(f"{'policy':>16} {'λ':>5} {'this tree':>10} {'baseline':>10} {'ratio':>7}")
+        for lam in (8, 1024):
+            for pol in ("asp", "bsp", "ssp:3"):
+                ours = measure(pol, lam, n)["events_per_s"]
+                theirs = baseline(args.baseline, pol, lam, n)
+                base_rows.append({"policy": pol, "workers": lam, "events_per_s": ours, "baseline_events_per_s": theirs,
+                                  "ratio": ours / theirs})
+                print(f"{pol:>16} {lam:>5} {ours:>10,.0f} {theirs:>10,.0f} {ours / theirs:>7.3f}")
     print(json.dumps({"benchmark": "schedule_speed", "rows": rows, "bare_heap_events_per_s": limit,
-                      "worst_events_per_s": worst, "targets_met": ok}))
+                      "worst_events_per_s": worst, "targets_met": ok, "network_rows": net_rows,
+                      "baseline_rows": base_rows}))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from staleness.schedule import NOT_APPLIED, Schedule
 __all__ = ["Driver", "Step", "Released", "Recorder", "InFlight"]
 
 _COLS = ("worker", "iteration", "pull_version", "apply_version", "pull_time", "start", "end",
-         "push_time", "wait", "dropped", "lost")
+         "push_time", "wait", "dropped", "lost", "pull_bytes", "push_bytes")
 
 
 class Released(NamedTuple):
@@ -71,7 +71,8 @@ class InFlight(NamedTuple):
 
 
 # the columns of a row tuple, in order (apply_version is kept apart: it is set later)
-_ROW = ("worker", "iteration", "pull_version", "pull_time", "start", "end", "push_time", "wait", "dropped", "lost")
+_ROW = ("worker", "iteration", "pull_version", "pull_time", "start", "end", "push_time", "wait", "dropped", "lost",
+        "pull_bytes", "push_bytes")
 
 
 class Recorder:
@@ -84,9 +85,14 @@ class Recorder:
     from another process may fail to materialize long after the pull returned
     (its peer died mid-transfer), and a Result must not depend on a peer that may
     be gone; the transports hand the server a float.
+
+    Bytes: every row gets `row_bytes` = (pull_bytes, push_bytes) when it is
+    added (default (0, 0): not measured); `set_bytes` changes one row's (e.g.
+    a lost gradient that never pushed).
     """
 
     def __init__(self):
+        self.row_bytes: tuple[int, int] = (0, 0)  # (pull, push) bytes recorded with each new row
         self.rows: list[tuple] = []             # [G] tuples in _ROW order
         self.apply_version: list[int] = []      # [G] NOT_APPLIED until applied
         self.update_time: list[float] = []      # [U]
@@ -123,10 +129,15 @@ class Recorder:
         converted with `float()` here, which blocks on a device scalar: transports
         convert it before the server sees it.
         """
-        self.rows.append((worker, f[0], f[1], f[2], start, end, push_time, f[3], dropped, lost))
+        b = self.row_bytes
+        self.rows.append((worker, f[0], f[1], f[2], start, end, push_time, f[3], dropped, lost, b[0], b[1]))
         self.apply_version.append(NOT_APPLIED)
         self.losses.append(math.nan if loss is None else (loss if type(loss) is float else float(loss)))
         return len(self.rows) - 1
+
+    def set_bytes(self, row: int, pull_bytes: int, push_bytes: int) -> None:
+        """Row `row` moved `pull_bytes` to its worker and `push_bytes` from it."""
+        self.rows[row] = self.rows[row][:-2] + (pull_bytes, push_bytes)
 
     def applied(self, rows, now: float) -> None:
         """Rows `rows` were applied by the next update, at time `now`."""
@@ -157,7 +168,8 @@ class Recorder:
         if len(pending):
             keep[list(pending)] = False
         dtypes = {"worker": np.int32, "iteration": np.int64, "pull_version": np.int64,
-                  "apply_version": np.int64, "dropped": np.bool_, "lost": np.bool_}
+                  "apply_version": np.int64, "dropped": np.bool_, "lost": np.bool_,
+                  "pull_bytes": np.int64, "push_bytes": np.int64}
         columns = {k: np.asarray(v, dtypes.get(k, np.float64))[keep] for k, v in self.cols.items()}
         return Schedule(columns=columns, update_time=np.asarray(self.update_time, np.float64),
                         num_workers=num_workers, policy=policy, cluster=cluster, seed=seed,
@@ -172,7 +184,10 @@ class Recorder:
     @classmethod
     def from_state(cls, state: dict) -> "Recorder":
         r = cls()
-        cols = state["cols"]
+        cols = dict(state["cols"])
+        n = len(cols["worker"])
+        for k in ("pull_bytes", "push_bytes"):   # checkpoints written before the byte columns
+            cols.setdefault(k, [0] * n)
         r.rows = list(zip(*(cols[k] for k in _ROW)))
         r.apply_version = list(cols["apply_version"])
         r.update_time = list(state["update_time"])

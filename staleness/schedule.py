@@ -41,7 +41,12 @@ _COLUMNS: dict[str, Any] = {
     "wait": np.float64,         # seconds blocked at the gate before this iteration
     "dropped": np.bool_,        # rejected by the policy (e.g. late backup gradient)
     "lost": np.bool_,           # its worker failed before the push arrived
+    "pull_bytes": np.int64,     # bytes of the parameters pulled (pull_time -> start); 0: none or not measured
+    "push_bytes": np.int64,     # bytes pushed (end -> push_time); a lost gradient: what had left before the loss
 }
+# Optional on load and construction (zeros when absent): schedules and traces
+# written before the network model had no byte columns.
+_OPTIONAL = ("pull_bytes", "push_bytes")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -59,12 +64,16 @@ class Schedule:
     meta: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        missing = [c for c in _COLUMNS if c not in self.columns]
+        missing = [c for c in _COLUMNS if c not in self.columns and c not in _OPTIONAL]
         if missing:
             raise ValueError(f"Schedule: columns missing {missing}")
         n = {len(v) for v in self.columns.values()}
         if len(n) > 1:
             raise ValueError(f"Schedule: columns have different lengths {sorted(n)}")
+        absent = [c for c in _OPTIONAL if c not in self.columns]
+        if absent:   # a new dict: the caller's stays as it was
+            g = len(self.columns["worker"])
+            object.__setattr__(self, "columns", {**self.columns, **{c: np.zeros(g, np.int64) for c in absent}})
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -102,7 +111,7 @@ class Schedule:
             cols["apply_version"] - cols["pull_version"], missing.copy()
         )
         order = ["worker", "iteration", "pull_version", "apply_version", "staleness",
-                 "pull_time", "start", "end", "push_time", "wait", "dropped", "lost"]
+                 "pull_time", "start", "end", "push_time", "wait", "dropped", "lost", "pull_bytes", "push_bytes"]
         return frame[order]
 
     def update_members(self, max_slots: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +151,52 @@ class Schedule:
         s = self.staleness[self.applied]
         return np.bincount(s) if len(s) else np.zeros(1, np.int64)
 
+    def bytes_totals(self) -> dict:
+        """Bytes moved (plain ints): `bytes_sent` = `bytes_received` + `bytes_lost`.
+
+        bytes_received: pull and push bytes of every gradient that was not lost
+        (each of its transfers arrived). bytes_lost: the bytes moved for lost
+        gradients (their pull, and their push if it had begun when the worker
+        failed); they were sent but never delivered a gradient."""
+        c = self.columns
+        total = c["pull_bytes"] + c["push_bytes"]
+        lost = int(total[c["lost"]].sum())
+        received = int(total[~c["lost"]].sum())
+        return {"bytes_sent": received + lost, "bytes_received": received, "bytes_lost": lost,
+                "bytes_pulled": int(c["pull_bytes"].sum()), "bytes_pushed": int(c["push_bytes"].sum())}
+
+    def transfer_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every transfer with bytes, as (begin [T] s, end [T] s, bytes [T]).
+
+        Pulls are pull_time -> start, pushes end -> push_time. A lost gradient's
+        push has no arrival (push_time is NaN) and is left out."""
+        c = self.columns
+        begin = np.concatenate([c["pull_time"], c["end"]])
+        end = np.concatenate([c["start"], c["push_time"]])
+        nbytes = np.concatenate([c["pull_bytes"], c["push_bytes"]])
+        keep = (nbytes > 0) & np.isfinite(begin) & np.isfinite(end)
+        return begin[keep], end[keep], nbytes[keep]
+
+    def peak_bandwidth(self) -> float:
+        """Peak bytes per second in flight: the maximum over time of the sum, over
+        the transfers in flight then, of each transfer's bytes / its duration
+        (intervals of `transfer_intervals`, half-open; transfers of zero
+        duration, instantaneous in the model, are left out). 0.0 without bytes."""
+        begin, end, nbytes = self.transfer_intervals()
+        dur = end - begin
+        ok = dur > 0
+        if not ok.any():
+            return 0.0
+        with np.errstate(over="ignore"):
+            rate = nbytes[ok] / dur[ok]
+        if not np.isfinite(rate).all():
+            return math.inf   # bytes in a duration too short to divide by (a subnormal latency)
+        times = np.concatenate([begin[ok], end[ok]])
+        delta = np.concatenate([rate, -rate])
+        # ends before starts at equal times: back-to-back transfers do not overlap
+        order = np.lexsort((delta, times))
+        return float(max(0.0, np.cumsum(delta[order]).max()))
+
     def summary(self) -> dict:
         """Headline statistics (plain Python values, JSON-friendly)."""
         s = self.staleness[self.applied]
@@ -165,6 +220,10 @@ class Schedule:
             "wait_fraction_mean": float(wf.mean()),
             "wait_fraction_max": float(wf.max()),
         }
+        out.update(self.bytes_totals())
+        out["peak_bytes_per_s"] = self.peak_bandwidth()
+        out["mean_bytes_per_s"] = (float(out["bytes_sent"] / self.end_time)
+                                   if math.isfinite(self.end_time) and self.end_time > 0 else math.nan)
         if self.rstar:
             r = np.array([x[2] for x in self.rstar])
             out.update(rstar_calls=len(r), rstar_mean=float(r.mean()), rstar_max=int(r.max()))
@@ -202,6 +261,8 @@ class Schedule:
         cols = {}
         for name, dtype in _COLUMNS.items():
             if name not in columns:
+                if name in _OPTIONAL:
+                    continue   # a file from before the byte columns: zeros (see __post_init__)
                 raise bad(f"columns.{name}", "is missing")
             values = columns[name]
             if not isinstance(values, list):
@@ -246,7 +307,8 @@ class Schedule:
         `where` and the first bad field: workers in 0..num_workers-1, iterations and
         versions >= 0, every applied gradient applied at or after the version it was
         computed on and before num_updates, every update applying at least one
-        gradient, dropped/lost gradients not applied, update times non-decreasing."""
+        gradient, dropped/lost gradients not applied, update times non-decreasing,
+        byte counts >= 0."""
         c, u = self.columns, self.num_updates
 
         def bad(field, row, why):
@@ -260,7 +322,7 @@ class Schedule:
             i = first((w < 0) | (w >= self.num_workers))
             bad("worker", i, f"= {int(w[i])} is not a worker of this {self.num_workers}-worker schedule "
                 f"(valid: 0..{self.num_workers - 1})")
-        for name in ("iteration", "pull_version"):
+        for name in ("iteration", "pull_version", "pull_bytes", "push_bytes"):
             if len(c[name]) and (c[name] < 0).any():
                 i = first(c[name] < 0)
                 bad(name, i, f"= {int(c[name][i])} must be >= 0")

@@ -3,36 +3,83 @@
 Only timing and control are simulated here; numerics come later, when
 `staleness.engine` replays the schedule. A worker's life, as in the real
 runtime: released by the gate at `pull_time` (it pulls the current version),
-params arrive after the cluster's pull delay (`start`), it computes for the
-cluster's compute time (`end`), its push reaches the server after the push
-delay (`push_time`), where the policy decides on the gradient and on the
+params arrive after the pull's transfer (`start`), it computes for the
+cluster's compute time (`end`), its push reaches the server after the push's
+transfer (`push_time`), where the policy decides on the gradient and on the
 worker's next release.
 
 The bookkeeping of each event (release, record, apply, fail, join) is
 `staleness.driver.Driver`'s, the same the real server uses; this module only
 draws the cluster's times and orders the events.
 
+Network (see `staleness.cluster.network`). A transfer of B bytes takes
+latency + B / bandwidth on the worker's path; B is what the caller passes
+(`payload_bytes`, `push_bytes`; None: no bytes, every transfer takes its
+latency only, as before the network model). Three cases:
+
+- independent links (no server link, or no bytes): each transfer's time is
+  fixed when it starts; one heap entry per gradient, as below;
+- a shared server link: pushes and pulls through it share its bandwidth by
+  exact processor sharing (max-min fair under the workers' own link caps). A
+  transfer's data phase runs while it holds a share, then its latency
+  elapses; every start or end of a transfer re-times the others: the link
+  keeps a token that changes with its rates, and a heap entry carrying an
+  old token is skipped;
+- an all-reduce, for policies that aggregate every live worker's gradient per
+  round (bsp, local_sgd, diloco) on a cluster with `.allreduce(...)`: the
+  collective starts when no live worker is still computing and all its
+  participants' pushes arrive when it ends (the cost model's time later);
+  there is no pull (every worker holds the reduced gradient); a worker that
+  (re)joins pulls the parameters over its own link first.
+
+Overlap (`overlap=True`, for methods whose gradient can leave while it is
+being computed, e.g. a backward pass that sends each layer's gradient as soon
+as it is ready): a push's data phase starts with the compute and the push
+arrives at max(data phase end, compute end) + latency; an all-reduce's data
+phase starts with the round's last compute start and it completes at
+max(that + bandwidth part, last compute end) + latency part. Pulls never
+overlap compute (a worker needs its parameters to start), and a worker's next
+pull always waits for its gate, which opens when its push has arrived.
+
 Why a bare `heapq` loop rather than SimPy: one heap entry per gradient (the
 push arrival) plus one per membership change, and no generator switching;
 the design note measured SimPy at ~300k vs ~700k events/s for a bare heap on
 a trivial model, and our per-event policy work leaves no room for a 2x tax.
-Cost per gradient: O(log λ) heap work + O(1) amortized clock tracking.
+Cost per gradient: O(log λ) heap work + O(1) amortized clock tracking (with a
+shared link, a few more heap entries and O(distinct link speeds) re-timing).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import operator
 
 import numpy as np
 
 from staleness import policies as _policies
+from staleness.cluster.network import SharedLink, allreduce_parts
 from staleness.driver import Driver
 from staleness.schedule import Schedule
 
 __all__ = ["simulate_schedule"]
 
-_PUSH, _FAIL, _JOIN = 0, 1, 2
+_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED = range(7)
+
+
+def _bytes_arg(name: str, value) -> int | None:
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"simulate_schedule: {name} = {value!r} must be an integer number of bytes >= 0 "
+                         f"(or None)") from None
+    if n < 0:
+        raise ValueError(f"simulate_schedule: {name} = {value!r} must be an integer number of bytes >= 0")
+    return int(n)
 
 
 def simulate_schedule(
@@ -43,6 +90,9 @@ def simulate_schedule(
     max_time: float | None = None,
     seed: int = 0,
     max_gradients: int | None = None,
+    payload_bytes: int | None = None,
+    push_bytes: int | None = None,
+    overlap: bool = False,
 ) -> Schedule:
     """Simulate when every gradient is computed, pushed and applied.
 
@@ -53,11 +103,19 @@ def simulate_schedule(
       max_time: stop at this simulated time (seconds); events after it are not run.
       seed: seeds the cluster's random draws; same seed -> identical schedule.
       max_gradients: optional cap on pushed gradients (a guard for sweeps).
+      payload_bytes: bytes of the parameters a worker pulls (the parameter
+        pytree's size, dtype-aware) and, unless `push_bytes` is given, of what it
+        pushes. None: transfers carry no bytes (latency only).
+      push_bytes: bytes of a push when they differ from `payload_bytes` (a
+        compressed or quantized gradient or delta); needs `payload_bytes`.
+      overlap: a push's transfer may run while its gradient is computed (see
+        the module docstring); False: it starts when the compute ends.
     At least one of num_updates / max_time / max_gradients is required.
 
     Returns: a `Schedule` holding every gradient pushed (applied or dropped)
-    and every gradient lost to a failure. Gradients still in flight, or
-    pushed but not yet aggregated, when the budget runs out are not included.
+    and every gradient lost to a failure, with the bytes of its pull and push.
+    Gradients still in flight, or pushed but not yet aggregated, when the
+    budget runs out are not included.
     """
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -77,36 +135,126 @@ def simulate_schedule(
         raise ValueError(f"max_gradients = {max_gradients!r} must be an integer >= 1")
     if not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed = {seed!r} must be an integer")
-    update_budget = int(num_updates) if num_updates is not None else math.inf
-    time_budget = float(max_time) if max_time is not None else math.inf
-    grad_budget = int(max_gradients) if max_gradients is not None else math.inf
+    pull_b = _bytes_arg("payload_bytes", payload_bytes)
+    push_b = _bytes_arg("push_bytes", push_bytes)
+    if push_b is not None and pull_b is None:
+        raise ValueError(f"simulate_schedule: push_bytes = {push_bytes!r} needs payload_bytes (the bytes "
+                         f"of the parameters pulled); pass payload_bytes too")
+    if not isinstance(overlap, bool):
+        raise ValueError(f"simulate_schedule: overlap = {overlap!r} must be True or False")
+    budgets = (int(num_updates) if num_updates is not None else math.inf,
+               float(max_time) if max_time is not None else math.inf,
+               int(max_gradients) if max_gradients is not None else math.inf)
 
     lam = cluster.num_workers
     sampler = cluster.sampler(int(seed))
     driver = Driver(policy, lam, 0.0)
-    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
     steps = policy.work.steps_per_worker(cluster.mean_seconds)
+    forget = None
     if steps is None:
         compute_time = sampler.compute_time
+    elif isinstance(policy.work, _policies.Streaming) and policy.work.overlap > 0:
+        compute_time, forget = _overlapped_steps(sampler.compute_time, steps, policy.work.overlap, lam)
     else:  # a local-update method: an iteration is steps[w] inner steps, each the cluster's step time
         def compute_time(w, it, start, _one=sampler.compute_time, _steps=steps):
             return _steps[w] * _one(w, it, start)
+
+    nbytes = None if pull_b is None else (pull_b, pull_b if push_b is None else push_b)
+    collective = sampler.allreduce is not None and isinstance(policy.aggregation, _policies.AllLive)
+    shared = sampler.server is not None and nbytes is not None and nbytes != (0, 0)
+    if collective or shared:
+        now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
+    else:
+        now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
+
+    # Gradients pushed but not aggregated when the budget ran out are not part of the run.
+    meta = {} if steps is None else {"local_steps": list(steps)}
+    if nbytes is not None or overlap or collective:
+        meta["network"] = {"payload_bytes": nbytes[0] if nbytes else None,
+                           "push_bytes": nbytes[1] if nbytes else None, "overlap": overlap,
+                           "aggregation": "allreduce" if collective else ("server" if shared else "links")}
+    return driver.to_schedule(policy=policy.describe(), cluster=cluster.describe(), seed=int(seed),
+                              end_time=float(now), meta=meta)
+
+
+def _overlapped_steps(one, steps, tau: int, lam: int):
+    """(compute_time, forget) of Streaming DiLoCo with an overlap of `tau` inner steps.
+
+    A worker does not stop at a synchronization: it runs on for τ inner steps
+    while its fragment is in flight and merges the outer update after them.
+    So the τ steps after iteration k's end overlap whatever comes before
+    iteration k+1's parameters arrive (the push, the aggregation, the wait for
+    the round's other workers, the pull). Iteration k+1, whose parameters
+    arrive at `start`, ends at max(start + (H/P − τ)·t, end_k + (H/P)·t) for a
+    step time t: the communication is hidden up to τ steps and the steps
+    themselves still take their time. The first iteration, and the first after
+    a worker (re)joins, has nothing to overlap. `forget(w)` is called when
+    worker w fails.
+    """
+    last: list = [None] * lam   # [λ] (iteration, end seconds) of each worker's last computation
+
+    def compute_time(w, it, start):
+        t = one(w, it, start)
+        full = steps[w] * t
+        prev = last[w]
+        if prev is not None and prev[0] == it - 1 and start > prev[1]:
+            full = max(full - tau * t, prev[1] + full - start)
+        last[w] = (it, start + full)
+        return full
+
+    def forget(w):
+        last[w] = None
+    return compute_time, forget
+
+
+def _byte_seconds(nbytes: int, bandwidth) -> list[float]:
+    """[W] seconds of the data phase of `nbytes` on each worker's own link."""
+    return [nbytes / b if nbytes and b != math.inf else 0.0 for b in bandwidth]
+
+
+def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None) -> float:
+    """Every transfer's time is fixed when it starts: one heap entry per gradient.
+    Returns the simulated time at which the run stopped."""
+    update_budget, time_budget, grad_budget = budgets
+    lam = driver.num_workers
+    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
     span = [(0.0, 0.0)] * lam   # (start, end) of each worker's in-flight computation
     epoch = driver.epoch
+    rec = driver.rec
 
     heap: list = []
     seq = 0
     heappush = heapq.heappush
 
-    def schedule(rel, now: float) -> None:
-        """A released worker pulls after the pull delay, computes, and its push arrives."""
-        nonlocal seq
-        w, it, _, ep = rel
-        start = now + pull_delay(w, it)
-        end = start + compute_time(w, it, start)
-        span[w] = (start, end)
-        seq += 1
-        heappush(heap, (end + push_delay(w, it), seq, _PUSH, w, ep))
+    if nbytes is None and not overlap:
+        def schedule(rel, now: float) -> None:
+            """A released worker pulls after the pull delay, computes, and its push arrives."""
+            nonlocal seq
+            w, it, _, ep = rel
+            start = now + pull_delay(w, it)
+            end = start + compute_time(w, it, start)
+            span[w] = (start, end)
+            seq += 1
+            heappush(heap, (end + push_delay(w, it), seq, _PUSH, w, ep))
+    else:
+        pull_n, push_n = nbytes or (0, 0)
+        rec.row_bytes = (pull_n, push_n)
+        bw = sampler.bandwidth
+        pdur, qdur = _byte_seconds(pull_n, bw), _byte_seconds(push_n, bw)
+
+        def schedule(rel, now: float) -> None:
+            """The same, each transfer taking latency + bytes / bandwidth."""
+            nonlocal seq
+            w, it, _, ep = rel
+            start = now + (pull_delay(w, it) + pdur[w])
+            end = start + compute_time(w, it, start)
+            span[w] = (start, end)
+            seq += 1
+            if overlap:
+                arrive = max(start + qdur[w], end) + push_delay(w, it)
+            else:
+                arrive = end + (push_delay(w, it) + qdur[w])
+            heappush(heap, (arrive, seq, _PUSH, w, ep))
 
     for t, kind, w in sampler.membership_events():
         seq += 1
@@ -133,6 +281,12 @@ def simulate_schedule(
             if not live[w]:
                 continue
             step = driver.fail(w, t, *span[w])
+            if nbytes is not None and step.row is not None:
+                # its push had not left yet: only the pull's bytes moved
+                if t < (span[w][0] if overlap else span[w][1]):
+                    rec.set_bytes(step.row, nbytes[0], 0)
+            if forget is not None:
+                forget(w)
         else:  # _JOIN
             if live[w]:
                 continue
@@ -141,8 +295,232 @@ def simulate_schedule(
             schedule(rel, t)
         if driver.num_updates >= update_budget or pushed >= grad_budget:
             break
+    return now
 
-    # Gradients pushed but not aggregated when the budget ran out are not part of the run.
-    meta = {} if steps is None else {"local_steps": list(steps)}
-    return driver.to_schedule(policy=policy.describe(), cluster=cluster.describe(), seed=int(seed),
-                              end_time=float(now), meta=meta)
+
+def _run_network(driver, sampler, compute_time, budgets, nbytes, overlap: bool, collective: bool,
+                 forget=None) -> float:
+    """Transfers that interact: a shared server link (processor sharing) or all-reduce rounds.
+
+    Per worker: release -> pull (a flow on the link, then its latency) -> compute
+    -> push (a flow, then its latency) -> arrival; or, in all-reduce rounds,
+    release -> compute -> wait for the round's collective -> arrival.
+    Returns the simulated time at which the run stopped.
+    """
+    update_budget, time_budget, grad_budget = budgets
+    lam = driver.num_workers
+    pull_n, push_n = nbytes
+    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
+    bw = sampler.bandwidth
+    pdur = _byte_seconds(pull_n, bw)
+    epoch = driver.epoch
+    live = driver.state.live
+    rec = driver.rec
+    default_bytes = (0, push_n) if collective else (pull_n, push_n)
+    rec.row_bytes = default_bytes
+
+    link = SharedLink(sampler.server[0]) if sampler.server is not None and not collective else None
+    if collective:
+        algorithm, ar_bw, ar_lat = sampler.allreduce
+
+    # per worker, for its in-flight iteration
+    iteration = [0] * lam
+    span: list = [None] * lam          # (start, end) once its start is known
+    flow = [-1] * lam                  # its flow on the link (-1: none)
+    flow_owner: dict[int, tuple[int, bool]] = {}   # flow id -> (worker, is_pull)
+    pulled = [0] * lam                 # bytes of its pull
+    push_begun = [False] * lam         # its push's bytes have started to leave
+    computed = [False] * lam
+    data_done = [False] * lam          # overlap: its push's data phase is over
+    fresh = [False] * lam              # all-reduce rounds: it (re)joined and must fetch parameters
+    computing: set[int] = set()        # all-reduce rounds: live workers still before their compute end
+    waiting: list[int] = []            # all-reduce rounds: workers waiting for the next collective
+    rounds: dict[int, list] = {}       # collective id -> [(worker, epoch), ...], in arrival order
+    next_round = 0
+
+    heap: list = []
+    seq = 0
+    heappush = heapq.heappush
+
+    def push_event(t, kind, a, b):
+        nonlocal seq
+        seq += 1
+        heappush(heap, (t, seq, kind, a, b))
+
+    def retime(now: float) -> None:
+        """The link's rates changed: queue its next completion under its new token."""
+        nc = link.next_completion()
+        if nc is not None:
+            push_event(nc[0], _LINK, nc[1], link.token)
+
+    def add_flow(now: float, w: int, n: int, is_pull: bool) -> None:
+        fid = link.add(now, n, bw[w])
+        flow[w] = fid
+        flow_owner[fid] = (w, is_pull)
+        retime(now)
+
+    def begin(w: int, start: float) -> None:
+        """`w`'s parameters arrive at `start`: draw its compute and queue what follows."""
+        it = iteration[w]
+        end = start + compute_time(w, it, start)
+        span[w] = (start, end)
+        ep = epoch[w]
+        if overlap and push_n and not collective:
+            push_event(start, _PULLED, w, ep)   # its push's data starts with the compute
+        push_event(end, _COMPUTED, w, ep)
+
+    def release(rel, now: float) -> None:
+        w, it, _, ep = rel
+        iteration[w] = it
+        span[w] = None
+        push_begun[w] = computed[w] = data_done[w] = False
+        if collective:
+            computing.add(w)
+            if fresh[w]:
+                fresh[w] = False
+                pulled[w] = pull_n
+                begin(w, now + (pull_delay(w, it) + pdur[w]))
+            else:
+                pulled[w] = 0
+                begin(w, now)
+            return
+        pulled[w] = pull_n
+        if pull_n:
+            add_flow(now, w, pull_n, True)
+        else:
+            begin(w, now + pull_delay(w, it))
+
+    def start_collective(now: float) -> None:
+        """No live worker is computing: the waiting ones all-reduce now."""
+        nonlocal next_round
+        parts = list(waiting)
+        waiting.clear()
+        bw_part, lat_part = allreduce_parts(algorithm, push_n, len(parts), ar_bw, ar_lat)
+        if overlap:
+            last_start = max(span[w][0] for w in parts)
+            done = max(now, last_start + bw_part) + lat_part
+        else:
+            done = now + (bw_part + lat_part)
+        for w in parts:
+            push_begun[w] = True
+        rounds[next_round] = [(w, epoch[w]) for w in parts]
+        push_event(done, _REDUCED, next_round, -1)
+        next_round += 1
+
+    def record_bytes(w: int, row) -> None:
+        b = (pulled[w], push_n if push_begun[w] else 0)
+        if row is not None and b != default_bytes:
+            rec.set_bytes(row, *b)
+
+    for t, kind, w in sampler.membership_events():
+        push_event(float(t), _FAIL if kind == "fail" else _JOIN, int(w), -1)
+    for rel in driver.start(0.0):
+        release(rel, 0.0)
+
+    now = 0.0
+    pushed = 0
+    heappop = heapq.heappop
+    done_ = False
+    while heap and not done_:
+        t, _, kind, a, b = heappop(heap)
+        if t > time_budget:
+            now = time_budget
+            break
+        now = t
+        released = ()
+        if kind == _LINK:
+            if b != link.token:
+                continue   # the rates changed since this completion was queued
+            link.remove(t, a)
+            w, is_pull = flow_owner.pop(a)
+            flow[w] = -1
+            retime(t)
+            it = iteration[w]
+            if is_pull:
+                begin(w, t + pull_delay(w, it))
+            elif not overlap or computed[w]:
+                push_event(t + push_delay(w, it), _PUSH, w, epoch[w])
+            else:
+                data_done[w] = True
+            continue
+        if kind in (_PULLED, _COMPUTED, _PUSH) and b != epoch[a]:
+            continue   # its worker failed (or rejoined) since
+        if kind == _PULLED:        # overlap: the push's data phase starts with the compute
+            push_begun[a] = True
+            add_flow(t, a, push_n, False)
+            continue
+        if kind == _COMPUTED:
+            w = a
+            computed[w] = True
+            if collective:
+                computing.discard(w)
+                waiting.append(w)
+                if not computing:
+                    start_collective(t)
+            elif not push_n:
+                push_event(t + push_delay(w, iteration[w]), _PUSH, w, epoch[w])
+            elif overlap:
+                if data_done[w]:
+                    push_event(t + push_delay(w, iteration[w]), _PUSH, w, epoch[w])
+            else:
+                push_begun[w] = True
+                add_flow(t, w, push_n, False)
+            continue
+        if kind == _PUSH:
+            step = driver.push(a, t, *span[a])
+            record_bytes(a, step.row)
+            pushed += 1
+            released = step.released
+        elif kind == _REDUCED:
+            for w, ep in rounds.pop(a):
+                if ep != epoch[w]:
+                    continue   # it failed during the collective: recorded as lost then
+                step = driver.push(w, t, *span[w])
+                record_bytes(w, step.row)
+                pushed += 1
+                for rel in step.released:
+                    release(rel, t)
+                if driver.num_updates >= update_budget or pushed >= grad_budget:
+                    done_ = True
+                    break
+            continue
+        elif kind == _FAIL:
+            w = a
+            if not live[w]:
+                continue
+            start_end = span[w]
+            if flow[w] >= 0:   # a transfer cut off: its bytes are lost
+                fid = flow[w]
+                if start_end is None:   # mid-pull: when it would have started at the current rates
+                    it = iteration[w]
+                    est = t + link.remaining(fid, t) / link.rate(fid) + pull_delay(w, it)
+                    start_end = (est, est + compute_time(w, it, est))
+                link.remove(t, fid)
+                del flow_owner[fid]
+                flow[w] = -1
+                retime(t)
+            if start_end is None:
+                start_end = (t, t)   # not in flight (blocked at its gate): the driver records no row
+            step = driver.fail(w, t, *start_end)
+            record_bytes(w, step.row)
+            if forget is not None:
+                forget(w)
+            if collective:
+                computing.discard(w)
+                if w in waiting:
+                    waiting.remove(w)
+                if waiting and not computing:
+                    start_collective(t)
+            released = step.released
+        else:  # _JOIN
+            w = a
+            if live[w]:
+                continue
+            fresh[w] = True
+            step = driver.join(w, t)
+            released = step.released
+        for rel in released:
+            release(rel, t)
+        if driver.num_updates >= update_budget or pushed >= grad_budget:
+            break
+    return now

@@ -2,11 +2,12 @@
 
 A :class:`Cluster` is a small immutable value describing the workers of a
 simulated (or delay-injected real) run: a *base* speed per worker, plus a stack
-of *modifiers* (noise, stragglers, periodic slowdowns, network latency,
-failures). Composition methods return a new ``Cluster``; modifiers stack in
-the order they were added. ``Cluster.sampler(seed)`` turns the description
-into a :class:`ClusterSampler`, the fast, seeded object the simulator queries
-once per event.
+of *modifiers* (noise, stragglers, periodic slowdowns, the network, failures).
+Composition methods return a new ``Cluster``; modifiers stack in the order
+they were added and compose as wrappers: each one's sampler layer calls the
+layer it wraps (:mod:`staleness.cluster.layers`). ``Cluster.sampler(seed)``
+turns the description into a :class:`ClusterSampler`, the fast, seeded object
+the simulator queries once per event.
 
 Units: every time is in (simulated) seconds; iterations are counted per worker
 from 0 (the worker's clock when it starts that iteration).
@@ -23,8 +24,19 @@ Modifiers (each returns a new Cluster)::
     .jitter(sigma)                       lognormal noise with mean 1
     .stragglers(prob, slowdown, duration, workers=None)
     .periodic(period, duration, slowdown, workers=None, phase=0.0)
-    .network(push=0.0, pull=0.0, jitter=0.0)
+    .network(push=0.0, pull=0.0, jitter=0.0)   a latency-only link
+    .links(bandwidth, latency=0.0, workers=None) each worker's own link
+    .server(bandwidth, latency=0.0)              the server's link, shared by concurrent transfers
+    .allreduce('ring' | 'tree', bandwidth, latency=0.0)   synchronous rounds all-reduce
     .failures([(worker, fail_at, rejoin_at_or_None), ...])
+
+Network model (:mod:`staleness.cluster.network`): a transfer of B bytes takes
+latency + B / bandwidth; links in series add their latencies and the
+smallest bandwidth is the bottleneck; the server link's bandwidth is shared by
+every concurrent push and pull (processor sharing, max-min fair under the
+workers' own link caps). Bytes come from the caller
+(``simulate_schedule(..., payload_bytes=, push_bytes=)``); without them every
+transfer takes its latency only, as the plain ``network`` modifier does.
 
 Spec grammar (the CLI's ``--cluster``; :func:`parse`, and
 :meth:`Cluster.describe` writes it back)::
@@ -44,13 +56,21 @@ Spec grammar (the CLI's ``--cluster``; :func:`parse`, and
     modifier  := 'jitter=' SIGMA
                | 'stragglers=' PROB ':' SLOWDOWN ':' DURATION [ ':' WORKERS ]
                | 'periodic=' PERIOD ':' DURATION ':' SLOWDOWN [ ':' WORKERS [ ':' PHASE ] ]
-               | 'network=' PUSH ':' PULL [ ':' JITTER ]
+               | 'network=' PUSH ':' PULL [ ':' JITTER ]          seconds
+               | 'net=' BANDWIDTH [ ':' LATENCY [ ':' WORKERS ] ]  per-worker links
+               | 'server=' BANDWIDTH [ ':' LATENCY ]              shared server link
+               | 'allreduce=' ( 'ring' | 'tree' ) ':' BANDWIDTH [ ':' LATENCY ]
                | 'fail=' event ( ',' event )*
+    BANDWIDTH := NUMBER UNIT   UNIT: bps kbps mbps gbps (bits/s) or B/s kB/s MB/s GB/s (bytes/s)
+    LATENCY   := NUMBER [ 's' | 'ms' | 'us' ]   a bare number is seconds
     event     := WORKER '@' FAIL_AT [ '-' [ REJOIN_AT ] ]   no REJOIN_AT: never rejoins
     WORKERS   := 'all' | range ( ',' range )*   with range := ID [ '-' ID ] (inclusive)
 
-Example: ``"gtx1080ti*4,gtx1060*4+jitter=0.1+stragglers=0.01:4:5"
-"+network=0.01:0.01+periodic=100:10:3+fail=3@100-200"``.
+Examples: ``"gtx1080ti*4,gtx1060*4+jitter=0.1+stragglers=0.01:4:5"
+"+network=0.01:0.01+periodic=100:10:3+fail=3@100-200"``;
+``"1*8+net=1gbps:5ms+server=10gbps"`` (8 workers on 1 Gbit/s links of 5 ms
+behind a 10 Gbit/s server link); ``"1*8+net=100mbps:20ms:4-7"`` (only workers
+4..7 on slow links); ``"1*8+allreduce=ring:10gbps:1ms"``.
 
 Determinism: every random draw for (worker, iteration) is a pure function of
 (seed, worker, stream, iteration), where each modifier owns its streams
@@ -85,14 +105,25 @@ from staleness.cluster.model import (
 # so that isinstance checks (``C._Failures``) and pickles made when this was a
 # single module keep working.
 from staleness.cluster.model import (  # noqa: F401
+    _AllReduce,
     _Failures,
     _Gpus,
     _Jitter,
+    _Links,
     _Network,
     _Periodic,
     _Seconds,
+    _Server,
     _Stragglers,
     _Trace,
+)
+from staleness.cluster.network import (
+    SharedLink,
+    allreduce_time,
+    format_bandwidth,
+    format_latency,
+    parse_bandwidth,
+    parse_latency,
 )
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import CHUNK, GROUP, ClusterSampler
@@ -105,6 +136,12 @@ __all__ = [
     "PRESETS",
     "Cluster",
     "ClusterSampler",
+    "SharedLink",
+    "allreduce_time",
+    "format_bandwidth",
+    "format_latency",
+    "parse_bandwidth",
+    "parse_latency",
     "constant",
     "default",
     "from_trace_csv",

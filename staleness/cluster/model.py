@@ -4,6 +4,11 @@ A :class:`Cluster` is an immutable description (a base speed per worker plus a
 stack of modifiers, oldest first); :meth:`Cluster.sampler` turns it into the
 seeded :class:`~staleness.cluster.sampler.ClusterSampler`. The spec grammar
 and the determinism contract are documented in :mod:`staleness.cluster`.
+
+Each term knows its own behaviour: a base's ``layer()`` builds the bare
+workers' sampler layer, a modifier's ``wrap(inner, seed, stream)`` wraps the
+layer below it (see :mod:`staleness.cluster.layers`), and ``describe()``
+writes the term back in the spec grammar.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from staleness.cluster import layers
 from staleness.cluster._checks import _finite, _fmt, _fmt_workers, _int, _positive, _workers
+from staleness.cluster.network import (
+    ALGORITHMS,
+    format_bandwidth,
+    format_latency,
+    parse_bandwidth,
+    parse_latency,
+)
 from staleness.cluster.presets import PRESETS
-
-if TYPE_CHECKING:
-    from staleness.cluster.sampler import ClusterSampler
+from staleness.cluster.sampler import ClusterSampler
 
 __all__ = ["Cluster", "constant", "default", "gpus", "heterogeneous"]
 
@@ -27,6 +37,20 @@ __all__ = ["Cluster", "constant", "default", "gpus", "heterogeneous"]
 # past sigma = 5 the median is below 4e-6 of the mean and draws can underflow
 # to 0 s, which is no longer a model of anything physical.
 _MAX_SIGMA = 5.0
+
+def _bandwidth(fn: str, value) -> float:
+    """Bytes per second from a number of bytes/s or a text with a unit ('1gbps')."""
+    if isinstance(value, str):
+        return parse_bandwidth(value, f"{fn}: bandwidth")
+    return _positive(fn, "bandwidth", value)
+
+
+def _latency(fn: str, value) -> float:
+    """Seconds from a number or a text with a unit ('5ms')."""
+    if isinstance(value, str):
+        return parse_latency(value, f"{fn}: latency")
+    return _finite(fn, "latency", value, low=0.0)
+
 
 # ---------------------------------------------------------------------------
 # Bases: the mean compute time of each worker before modifiers.
@@ -52,6 +76,9 @@ class _Seconds:
             text += "*1"  # "3" alone would read back as constant(3)
         return text
 
+    def layer(self) -> layers.Layer:
+        return layers.base_layer(self.seconds)
+
 
 @dataclass(frozen=True)
 class _Gpus:
@@ -75,6 +102,9 @@ class _Gpus:
         text = ",".join(items)
         return text if self.seconds == 1.0 else f"{text}@{_fmt(self.seconds)}"
 
+    def layer(self) -> layers.Layer:
+        return layers.base_layer(self.per_worker)
+
 
 @dataclass(frozen=True)
 class _Trace:
@@ -83,6 +113,9 @@ class _Trace:
 
     def describe(self) -> str:
         return f"trace:{self.path}"
+
+    def layer(self) -> layers.Layer:
+        return layers.base_layer(traces=self.seconds)
 
 
 # ---------------------------------------------------------------------------
@@ -95,6 +128,9 @@ class _Jitter:
     def describe(self) -> str:
         return f"jitter={_fmt(self.sigma)}"
 
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.jitter(inner, seed, stream, self.sigma)
+
 
 @dataclass(frozen=True)
 class _Stragglers:
@@ -106,6 +142,9 @@ class _Stragglers:
     def describe(self) -> str:
         text = f"stragglers={_fmt(self.prob)}:{_fmt(self.slowdown)}:{_fmt(self.duration)}"
         return text if self.workers is None else f"{text}:{_fmt_workers(self.workers)}"
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.stragglers(inner, seed, stream, self.prob, self.slowdown, self.duration, self.workers)
 
 
 @dataclass(frozen=True)
@@ -123,6 +162,9 @@ class _Periodic:
         text += ":" + ("all" if self.workers is None else _fmt_workers(self.workers))
         return text if self.phase == 0.0 else f"{text}:{_fmt(self.phase)}"
 
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.periodic(inner, self.period, self.duration, self.slowdown, self.phase, self.workers)
+
 
 @dataclass(frozen=True)
 class _Network:
@@ -134,6 +176,52 @@ class _Network:
         text = f"network={_fmt(self.push)}:{_fmt(self.pull)}"
         return text if self.jitter == 0.0 else f"{text}:{_fmt(self.jitter)}"
 
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.latency(inner, seed, stream, self.push, self.pull, self.jitter)
+
+
+@dataclass(frozen=True)
+class _Links:
+    bandwidth: float  # bytes per second of each selected worker's link
+    latency: float  # seconds added to each push and pull of those workers
+    workers: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        text = f"net={format_bandwidth(self.bandwidth)}"
+        if self.latency != 0.0 or self.workers is not None:
+            text += f":{format_latency(self.latency)}"
+        return text if self.workers is None else f"{text}:{_fmt_workers(self.workers)}"
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.links(inner, self.bandwidth, self.latency, self.workers)
+
+
+@dataclass(frozen=True)
+class _Server:
+    bandwidth: float  # bytes per second, shared by every concurrent push and pull
+    latency: float  # seconds added to each push and pull
+
+    def describe(self) -> str:
+        text = f"server={format_bandwidth(self.bandwidth)}"
+        return text if self.latency == 0.0 else f"{text}:{format_latency(self.latency)}"
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.server(inner, self.bandwidth, self.latency)
+
+
+@dataclass(frozen=True)
+class _AllReduce:
+    algorithm: str  # 'ring' or 'tree'
+    bandwidth: float  # bytes per second of each link of the collective
+    latency: float  # seconds per step of the collective
+
+    def describe(self) -> str:
+        text = f"allreduce={self.algorithm}:{format_bandwidth(self.bandwidth)}"
+        return text if self.latency == 0.0 else f"{text}:{format_latency(self.latency)}"
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.allreduce(inner, self.algorithm, self.bandwidth, self.latency)
+
 
 @dataclass(frozen=True)
 class _Failures:
@@ -144,6 +232,9 @@ class _Failures:
         for w, f, r in self.events:
             parts.append(f"{w}@{_fmt(f)}" + ("" if r is None else f"-{_fmt(r)}"))
         return "fail=" + ",".join(parts)
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.failures(inner, self.events)
 
 
 # ---------------------------------------------------------------------------
@@ -257,19 +348,78 @@ class Cluster:
         return self._add(_Periodic(p, d, s, _workers(fn, workers, self.num_workers), ph))
 
     def network(self, push: float = 0.0, pull: float = 0.0, jitter: float = 0.0) -> Cluster:
-        """Network latency for every worker.
+        """Network latency for every worker: a latency-only link (no bandwidth limit).
 
         Args:
           push: seconds for a gradient to go from a worker to the server, >= 0.
           pull: seconds for parameters to go from the server to a worker, >= 0.
           jitter: lognormal sigma (mean-1 factor, as in :meth:`jitter`) applied
             independently to each push and pull, in [0, 5].
-        Several ``network`` modifiers add up.
+        Several ``network`` modifiers (and the latencies of :meth:`links` and
+        :meth:`server`) add up.
         """
         fn = "network"
         return self._add(_Network(_finite(fn, "push", push, low=0.0),
                                   _finite(fn, "pull", pull, low=0.0),
                                   _finite(fn, "jitter", jitter, low=0.0, high=_MAX_SIGMA)))
+
+    def links(self, bandwidth: float | str, latency: float | str = 0.0,
+              workers: Sequence[int] | None = None) -> Cluster:
+        """Each worker's own network link: a transfer of B bytes takes latency + B / bandwidth.
+
+        Args:
+          bandwidth: bytes per second (> 0), or a text with a unit such as
+            '1gbps' (bits per second) or '125MB/s'.
+          latency: seconds (>= 0) added to every push and pull, or a text such
+            as '5ms' or '20us'.
+          workers: worker ids with this link (default: all). Links of different
+            speeds per worker: one ``links`` call per group of workers.
+        Links stack in series: a worker under several has the smallest
+        bandwidth and the sum of the latencies (the same for :meth:`network`'s
+        latencies and the :meth:`server` link).
+        """
+        fn = "links"
+        return self._add(_Links(_bandwidth(fn, bandwidth), _latency(fn, latency),
+                                _workers(fn, workers, self.num_workers)))
+
+    def server(self, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
+        """The parameter server's link, shared by every concurrent push and pull.
+
+        Concurrent transfers through it share its bandwidth by processor
+        sharing (max-min fairly when their own links are slower than their
+        share); the simulator re-times them whenever one starts or ends.
+
+        Args:
+          bandwidth: bytes per second (> 0), or a text such as '10gbps'.
+          latency: seconds (>= 0, or a text such as '1ms') added to every push and pull.
+        """
+        fn = "server"
+        if any(isinstance(m, _Server) for m in self.modifiers):
+            raise ValueError(f"{fn}: this cluster already has a server link; give one server() only")
+        return self._add(_Server(_bandwidth(fn, bandwidth), _latency(fn, latency)))
+
+    def allreduce(self, algorithm: str, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
+        """Synchronous rounds aggregate with an all-reduce instead of the server.
+
+        A round's gradients all arrive when the all-reduce that starts at the
+        end of its last computation finishes, and nobody pulls (every worker
+        holds the reduced gradient). With λ participants and B bytes:
+        ring 2(λ−1)/λ · B / bandwidth + 2(λ−1) · latency; tree 2 · ceil(log2 λ)
+        · (latency + B / bandwidth). Used by policies that aggregate every live
+        worker's gradient per round (bsp, local_sgd, diloco); other policies on
+        the same cluster push and pull point to point.
+
+        Args:
+          algorithm: 'ring' or 'tree'.
+          bandwidth: bytes per second of each link of the collective (> 0), or a text such as '10gbps'.
+          latency: seconds per step (>= 0), or a text such as '1ms'.
+        """
+        fn = "allreduce"
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"{fn}: algorithm = {algorithm!r} must be one of {', '.join(ALGORITHMS)}")
+        if any(isinstance(m, _AllReduce) for m in self.modifiers):
+            raise ValueError(f"{fn}: this cluster already has an all-reduce model; give one allreduce() only")
+        return self._add(_AllReduce(algorithm, _bandwidth(fn, bandwidth), _latency(fn, latency)))
 
     def failures(self, events: Iterable[tuple[int, float, float | None]]) -> Cluster:
         """Workers that fail and possibly rejoin.
@@ -337,9 +487,6 @@ class Cluster:
         Args:
           seed: integer >= 0; same seed gives identical times.
         """
-        # Imported here: the sampler module imports this one for the term types.
-        from staleness.cluster.sampler import ClusterSampler
-
         return ClusterSampler(self, _int("Cluster.sampler", "seed", seed))
 
 

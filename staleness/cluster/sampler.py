@@ -1,110 +1,20 @@
 """ClusterSampler: the seeded, fast per-event times of a Cluster.
 
-Random draws come in blocks of :data:`GROUP` workers x :data:`CHUNK`
-iterations, each block from its own ``np.random.SeedSequence([seed, stream,
-g, c])``; see :mod:`staleness.cluster` for the determinism contract.
+The sampler is the outermost of a stack of :mod:`~staleness.cluster.layers`:
+the cluster's base wrapped by each of its modifiers in order. It knows
+nothing of the modifier types: each term of a :class:`Cluster` builds its
+own layer (``base.layer()``, ``modifier.wrap(inner, seed, stream)``), so
+adding a modifier touches one term and one layer function, not a dispatch here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-import numpy as np
-
-from staleness.cluster.model import (
-    Cluster,
-    _Failures,
-    _Jitter,
-    _Network,
-    _Periodic,
-    _Seconds,
-    _Stragglers,
-    _Trace,
-)
+from staleness.cluster.layers import CHUNK, GROUP, Layer
+from staleness.cluster.network import allreduce_parts
 
 __all__ = ["CHUNK", "GROUP", "ClusterSampler"]
-
-#: Iterations per pre-drawn random block (a power of two: index with shifts).
-CHUNK = 64
-#: Workers per pre-drawn random block (a power of two).
-GROUP = 16
-_CSHIFT, _CMASK = CHUNK.bit_length() - 1, CHUNK - 1
-_GSHIFT, _GMASK = GROUP.bit_length() - 1, GROUP - 1
-
-
-def _block_draw(seed: int, stream: int, group: int, chunk: int, kind: str,
-                sigma: float) -> list[list[float]]:
-    """[GROUP][CHUNK] values of one stream for one worker group and chunk."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, stream, group, chunk]))
-    if kind == "lognormal":
-        return rng.lognormal(-0.5 * sigma * sigma, sigma, (GROUP, CHUNK)).tolist()
-    return rng.random((GROUP, CHUNK)).tolist()
-
-
-class _Stream:
-    """Random values of one stream, one per (worker, iteration).
-
-    ``getter()(w, i)`` returns worker w's value for iteration i. Blocks are
-    drawn on first use and cached, so access can be in any order.
-    kind: "lognormal" (mean 1, log-sd sigma) or "uniform" ([0, 1)).
-    """
-
-    __slots__ = ("seed", "stream", "kind", "sigma", "cache")
-
-    def __init__(self, seed: int, stream: int, num_workers: int, kind: str, sigma: float = 0.0):
-        self.seed, self.stream, self.kind, self.sigma = seed, stream, kind, sigma
-        # cache[g][c] = block of worker group g, chunk c
-        self.cache: list[dict[int, list[list[float]]]] = [
-            {} for _ in range((num_workers + GROUP - 1) // GROUP)]
-
-    def getter(self) -> Callable[[int, int], float]:
-        """A closure ``get(worker, iteration) -> value`` (closures beat bound
-        methods in the hot path)."""
-        cache, seed, stream, kind, sigma = self.cache, self.seed, self.stream, self.kind, self.sigma
-        gs, gm, cs, cm = _GSHIFT, _GMASK, _CSHIFT, _CMASK
-
-        def get(w: int, i: int) -> float:
-            d = cache[w >> gs]
-            ch = d.get(i >> cs)
-            if ch is None:
-                ch = d[i >> cs] = _block_draw(seed, stream, w >> gs, i >> cs, kind, sigma)
-            return ch[w & gm][i & cm]
-        return get
-
-
-def _jitter_op(st: _Stream) -> Callable:
-    cache, seed, stream, sigma = st.cache, st.seed, st.stream, st.sigma
-    gs, gm, cs, cm = _GSHIFT, _GMASK, _CSHIFT, _CMASK  # closure cells beat globals
-
-    def op(w, i, s, t):
-        d = cache[w >> gs]
-        ch = d.get(i >> cs)
-        if ch is None:
-            ch = d[i >> cs] = _block_draw(seed, stream, w >> gs, i >> cs, "lognormal", sigma)
-        return t * ch[w & gm][i & cm]
-    return op
-
-
-def _straggler_op(st: _Stream, prob: float, slowdown: float, duration: float,
-                  ends: list[float]) -> Callable:
-    get = st.getter()
-
-    def op(w, i, s, t):
-        if s < ends[w]:
-            return t * slowdown
-        if get(w, i) < prob:
-            ends[w] = s + duration
-            return t * slowdown
-        return t
-    return op
-
-
-def _periodic_op(period: float, duration: float, slowdown: float, phase: float) -> Callable:
-    def op(w, i, s, t):
-        # Python's float % has the sign of the divisor: the offset is in [0, period).
-        return t * slowdown if (s - phase) % period < duration else t
-    return op
 
 
 class ClusterSampler:
@@ -119,77 +29,33 @@ class ClusterSampler:
       num_workers: number of workers.
       cluster: the Cluster this sampler draws from.
       seed: the seed.
+      layer: the outermost layer (its ``inner`` chain leads to the base).
+      bandwidth: [W] bytes/s of each worker's own link (inf: unlimited).
+      server: None, or (bandwidth bytes/s, latency s) of the server's shared link.
+      allreduce: None, or (algorithm, bandwidth bytes/s, latency s) for synchronous rounds.
     """
 
-    def __init__(self, cluster: Cluster, seed: int):
+    def __init__(self, cluster, seed: int):
+        # cluster: a staleness.cluster.Cluster (not imported: the model module imports this one)
         self.cluster = cluster
         self.seed = seed
-        self.num_workers = W = cluster.num_workers
-        base = cluster.base
-        ops: list[list[Callable]] = [[] for _ in range(W)]
-        # (mean seconds, getter of the mean-1 lognormal factor or None)
-        self._push: list[tuple[float, Callable[[int, int], float] | None]] = []
-        self._pull: list[tuple[float, Callable[[int, int], float] | None]] = []
-        events = []
+        self.num_workers = cluster.num_workers
+        layer: Layer = cluster.base.layer()
         for k, m in enumerate(cluster.modifiers):
-            stream = 16 * (k + 1)  # each modifier owns streams 16(k+1) .. 16(k+1)+15
-            if isinstance(m, _Jitter):
-                if m.sigma > 0.0:
-                    op = _jitter_op(_Stream(seed, stream, W, "lognormal", m.sigma))
-                    for w in range(W):
-                        ops[w].append(op)
-            elif isinstance(m, _Stragglers):
-                if m.prob > 0.0 and m.slowdown > 1.0:
-                    ends = [-math.inf] * W  # per worker: end time of its current episode
-                    op = _straggler_op(_Stream(seed, stream, W, "uniform"),
-                                       m.prob, m.slowdown, m.duration, ends)
-                    for w in (range(W) if m.workers is None else m.workers):
-                        ops[w].append(op)
-            elif isinstance(m, _Periodic):
-                if m.slowdown > 1.0:
-                    op = _periodic_op(m.period, m.duration, m.slowdown, m.phase)
-                    for w in (range(W) if m.workers is None else m.workers):
-                        ops[w].append(op)
-            elif isinstance(m, _Network):
-                for lst, mean, sub in ((self._push, m.push, 0), (self._pull, m.pull, 1)):
-                    if mean > 0.0:
-                        get = (_Stream(seed, stream + sub, W, "lognormal", m.jitter).getter()
-                               if m.jitter > 0.0 else None)
-                        lst.append((mean, get))
-            elif isinstance(m, _Failures):
-                for w, f, r in m.events:
-                    events.append((f, "fail", w))
-                    if r is not None:
-                        events.append((r, "join", w))
+            # each modifier owns streams 16(k+1) .. 16(k+1)+15
+            layer = m.wrap(layer, seed, 16 * (k + 1))
+        self.layer = layer
+        self.bandwidth = layer.bandwidth
+        self.server = layer.server
+        self.allreduce = layer.allreduce
         # At equal times a join sorts before a fail (a worker that rejoins at t
         # and fails again at t is down throughout), then by worker id.
-        events.sort(key=lambda e: (e[0], e[1] != "join", e[2]))
-        self._events = events
-
-        ops_t = [tuple(o) for o in ops]
-        if isinstance(base, _Trace):
-            traces = [list(t) for t in base.seconds]
-            lengths = [len(t) for t in traces]
-
-            def compute_time(worker: int, iteration: int, start: float) -> float:
-                t = traces[worker][iteration % lengths[worker]]
-                for op in ops_t[worker]:
-                    t = op(worker, iteration, start, t)
-                return t
-        else:
-            seconds = list(base.seconds if isinstance(base, _Seconds) else base.per_worker)
-            if not any(ops_t):
-                def compute_time(worker: int, iteration: int, start: float) -> float:
-                    return seconds[worker]
-            else:
-                def compute_time(worker: int, iteration: int, start: float) -> float:
-                    t = seconds[worker]
-                    for op in ops_t[worker]:
-                        t = op(worker, iteration, start, t)
-                    return t
-        # The per-instance closure shadows the documented method below; it
-        # avoids attribute lookups in the simulator's hottest call.
-        self.compute_time = compute_time
+        self._events = sorted(layer.events, key=lambda e: (e[0], e[1] != "join", e[2]))
+        # The per-instance closures shadow the documented methods below; they
+        # avoid attribute lookups in the simulator's hottest calls.
+        self.compute_time = layer.compute_time
+        self.push_delay = layer.push_latency
+        self.pull_delay = layer.pull_latency
 
     def compute_time(self, worker: int, iteration: int, start: float) -> float:  # noqa: F811
         """Compute seconds (finite, > 0) of ``worker``'s ``iteration``.
@@ -203,19 +69,37 @@ class ClusterSampler:
         """
         raise AssertionError("replaced in __init__")  # pragma: no cover
 
-    def push_delay(self, worker: int, iteration: int) -> float:
-        """Seconds (>= 0) for ``worker``'s gradient of ``iteration`` to reach the server."""
-        total = 0.0
-        for mean, get in self._push:
-            total += mean if get is None else mean * get(worker, iteration)
-        return total
+    def push_delay(self, worker: int, iteration: int) -> float:  # noqa: F811
+        """Latency seconds (>= 0) of ``worker``'s push of ``iteration`` (every link on its path)."""
+        raise AssertionError("replaced in __init__")  # pragma: no cover
 
-    def pull_delay(self, worker: int, iteration: int) -> float:
-        """Seconds (>= 0) for the parameters pulled before ``iteration`` to reach ``worker``."""
-        total = 0.0
-        for mean, get in self._pull:
-            total += mean if get is None else mean * get(worker, iteration)
-        return total
+    def pull_delay(self, worker: int, iteration: int) -> float:  # noqa: F811
+        """Latency seconds (>= 0) of the pull of parameters before ``worker``'s ``iteration``."""
+        raise AssertionError("replaced in __init__")  # pragma: no cover
+
+    def transfer_time(self, worker: int, iteration: int, nbytes: float, direction: str = "push") -> float:
+        """Seconds of one transfer of `nbytes` on ``worker``'s path when nothing else
+        shares it: latency + nbytes / bandwidth (the bottleneck of the worker's link
+        and, if there is one, the server's link).
+
+        direction: 'push' (worker to server) or 'pull' (server to worker).
+        """
+        if direction not in ("push", "pull"):
+            raise ValueError(f"transfer_time: direction = {direction!r} must be 'push' or 'pull'")
+        lat = (self.push_delay if direction == "push" else self.pull_delay)(worker, iteration)
+        bw = self.bandwidth[worker]
+        if self.server is not None:
+            bw = min(bw, self.server[0])
+        return lat + nbytes / bw if nbytes and bw != math.inf else lat
+
+    def allreduce_time(self, nbytes: float, participants: int) -> float:
+        """Seconds of this cluster's all-reduce of `nbytes` over `participants` workers
+        (ValueError if the cluster has no all-reduce model)."""
+        if self.allreduce is None:
+            raise ValueError(f"allreduce_time: cluster {self.cluster.describe()!r} has no all-reduce "
+                             f"model; add one with .allreduce('ring', bandwidth) or '+allreduce=ring:10gbps'")
+        algorithm, bw, lat = self.allreduce
+        return sum(allreduce_parts(algorithm, nbytes, participants, bw, lat))
 
     def membership_events(self) -> list[tuple[float, str, int]]:
         """``(time_seconds, 'fail' | 'join', worker)`` sorted by time (a new list)."""
@@ -223,4 +107,3 @@ class ClusterSampler:
 
     def __repr__(self) -> str:
         return f"ClusterSampler({self.cluster.describe()!r}, seed={self.seed})"
-

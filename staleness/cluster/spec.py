@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from staleness.cluster.model import Cluster, constant, gpus, heterogeneous
+from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.trace import from_trace_csv
 
@@ -128,6 +129,35 @@ def _parse_modifier(spec: str, c: Cluster, text: str) -> Cluster:
         nums(2, 3, "PUSH:PULL[:JITTER]")
         vals = [_pnum(spec, f"network {n}", x) for n, x in zip(("push", "pull", "jitter"), fields)]
         return c.network(*vals)
+    def bw(text, what):
+        try:
+            return parse_bandwidth(text, what)
+        except ValueError as e:
+            raise _bad(spec, str(e)) from None
+
+    def lat(text, what):
+        try:
+            return parse_latency(text, what)
+        except ValueError as e:
+            raise _bad(spec, str(e)) from None
+
+    if key == "net":
+        # WORKERS may hold commas but no ':'; BANDWIDTH and LATENCY hold neither
+        nums(1, 3, "BANDWIDTH[:LATENCY[:WORKERS]], e.g. net=1gbps:5ms")
+        w = _pworkers(spec, fields[2]) if len(fields) > 2 else None
+        return c.links(bw(fields[0], "net bandwidth"),
+                       lat(fields[1], "net latency") if len(fields) > 1 else 0.0, w)
+    if key == "server":
+        nums(1, 2, "BANDWIDTH[:LATENCY], e.g. server=10gbps")
+        return c.server(bw(fields[0], "server bandwidth"),
+                        lat(fields[1], "server latency") if len(fields) > 1 else 0.0)
+    if key == "allreduce":
+        nums(2, 3, "ring|tree:BANDWIDTH[:LATENCY], e.g. allreduce=ring:10gbps:1ms")
+        algo = fields[0].lower()
+        if algo not in ALGORITHMS:
+            raise _bad(spec, f"allreduce algorithm {fields[0]!r} must be one of {', '.join(ALGORITHMS)}")
+        return c.allreduce(algo, bw(fields[1], "allreduce bandwidth"),
+                           lat(fields[2], "allreduce latency") if len(fields) > 2 else 0.0)
     if key in ("fail", "failures"):
         events = []
         for ev in val.split(","):
@@ -139,7 +169,7 @@ def _parse_modifier(spec: str, c: Cluster, text: str) -> Cluster:
                            None if m.group(3) is None else float(m.group(3))))
         return c.failures(events)
     raise _bad(spec, f"unknown modifier {key!r}; known: jitter, stragglers, periodic, "
-                     f"network, fail")
+                     f"network, net, server, allreduce, fail")
 
 
 def parse(spec: str) -> Cluster:

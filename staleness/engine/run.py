@@ -282,10 +282,20 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
 
     `num_updates` / `max_time` (simulated seconds) bound the run; other
     keyword arguments go to `replay` (lr, lr_rule, optimizer, eval_every, ...).
+    Transfers carry the bytes of the task's parameter pytree (and of the method's
+    compressed deltas: `staleness.engine.payload`), timed by the cluster's network.
     """
+    from staleness import cluster as _cluster
+    from staleness.engine import payload as _payload
+
     if isinstance(policy, str):
         policy = _policies.parse(policy)
-    sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed)
+    if isinstance(cluster, str):
+        cluster = _cluster.parse(cluster)
+    task = resolve_task(task, cluster.num_workers, kwargs.get("batch_size"))
+    pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
+    sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
+                              payload_bytes=pull_bytes, push_bytes=push_bytes)
     return replay(sched, task, seed=seed, **kwargs)
 
 

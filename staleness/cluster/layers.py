@@ -1,0 +1,305 @@
+"""Sampler layers: a cluster's base and each modifier, composed as wrappers.
+
+A :class:`Layer` answers the simulator's questions about one worker and one
+iteration: compute seconds, push and pull latency, the worker's link
+bandwidth, the server link, the all-reduce model, membership events. The
+base layer answers them for the bare workers; each modifier wraps the layer
+below it (as brax's environment wrappers wrap an ``Env``): every answer
+defaults to the inner layer's, and a modifier replaces only the ones it
+changes, calling the inner one. ``Cluster.sampler(seed)`` builds the stack
+base -> modifier 1 -> ... -> modifier n and queries the outermost layer.
+
+Answers are closures stored as attributes rather than methods: the simulator
+calls ``compute_time`` once per gradient, and a closure over the inner
+closure is one attribute lookup cheaper per layer than ``self.inner.method``.
+
+Random draws come in blocks of :data:`GROUP` workers x :data:`CHUNK`
+iterations, each block from its own ``np.random.SeedSequence([seed, stream,
+g, c])``; see :mod:`staleness.cluster` for the determinism contract. Layers
+that keep state (straggler episodes) keep it in the layer, explicitly, per worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["CHUNK", "GROUP", "Layer", "base_layer", "jitter", "stragglers", "periodic",
+           "latency", "links", "server", "allreduce", "failures"]
+
+#: Iterations per pre-drawn random block (a power of two: index with shifts).
+CHUNK = 64
+#: Workers per pre-drawn random block (a power of two).
+GROUP = 16
+_CSHIFT, _CMASK = CHUNK.bit_length() - 1, CHUNK - 1
+_GSHIFT, _GMASK = GROUP.bit_length() - 1, GROUP - 1
+
+
+def _block_draw(seed: int, stream: int, group: int, chunk: int, kind: str,
+                sigma: float) -> list[list[float]]:
+    """[GROUP][CHUNK] values of one stream for one worker group and chunk."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, stream, group, chunk]))
+    if kind == "lognormal":
+        return rng.lognormal(-0.5 * sigma * sigma, sigma, (GROUP, CHUNK)).tolist()
+    return rng.random((GROUP, CHUNK)).tolist()
+
+
+def _stream(seed: int, stream: int, num_workers: int, kind: str,
+            sigma: float = 0.0) -> Callable[[int, int], float]:
+    """``get(worker, iteration) -> value`` of one random stream.
+
+    kind: "lognormal" (mean 1, log-sd sigma) or "uniform" ([0, 1)). Blocks are
+    drawn on first use and cached, so access can be in any order.
+    """
+    cache: list[dict[int, list[list[float]]]] = [{} for _ in range((num_workers + GROUP - 1) // GROUP)]
+    gs, gm, cs, cm = _GSHIFT, _GMASK, _CSHIFT, _CMASK  # closure cells beat globals
+
+    def get(w: int, i: int) -> float:
+        d = cache[w >> gs]
+        ch = d.get(i >> cs)
+        if ch is None:
+            ch = d[i >> cs] = _block_draw(seed, stream, w >> gs, i >> cs, kind, sigma)
+        return ch[w & gm][i & cm]
+    return get
+
+
+def _zero(worker: int, iteration: int) -> float:
+    return 0.0
+
+
+class Layer:
+    """One layer of a sampler; by default every answer is the inner layer's.
+
+    Attributes (each a plain value or a closure):
+      num_workers: number of workers.
+      compute_time(worker, iteration, start) -> seconds of compute (> 0).
+      push_latency(worker, iteration) -> seconds a push spends in flight besides its bytes.
+      pull_latency(worker, iteration) -> the same for a pull.
+      bandwidth: [W] bytes/s of each worker's link (inf: no limit).
+      server: None, or (bandwidth bytes/s, latency s) of the server's shared link.
+      allreduce: None, or (algorithm, bandwidth bytes/s, latency s).
+      events: membership events ``(time, 'fail' | 'join', worker)``, unsorted.
+      constant_seconds, base_compute_time: the bare workers' [W] seconds (None for
+        traces) and the base's compute_time: a layer whose compute_time is still
+        the base's may read the seconds directly (see :func:`jitter`).
+    """
+
+    def __init__(self, inner: Layer | None = None):
+        self.inner = inner
+        if inner is not None:
+            self.num_workers = inner.num_workers
+            self.compute_time = inner.compute_time
+            self.push_latency = inner.push_latency
+            self.pull_latency = inner.pull_latency
+            self.bandwidth = inner.bandwidth
+            self.server = inner.server
+            self.allreduce = inner.allreduce
+            self.events = inner.events
+            self.constant_seconds = inner.constant_seconds
+            self.base_compute_time = inner.base_compute_time
+
+
+def base_layer(per_worker: list[float] | None = None,
+               traces: list[list[float]] | None = None) -> Layer:
+    """The bare workers: constant seconds per iteration, or recorded traces (cyclic)."""
+    layer = Layer()
+    if traces is not None:
+        traces = [list(t) for t in traces]
+        lengths = [len(t) for t in traces]
+
+        def compute_time(worker: int, iteration: int, start: float) -> float:
+            return traces[worker][iteration % lengths[worker]]
+        layer.num_workers = len(traces)
+        layer.constant_seconds = None
+    else:
+        seconds = list(per_worker)
+
+        def compute_time(worker: int, iteration: int, start: float) -> float:
+            return seconds[worker]
+        layer.num_workers = len(seconds)
+        layer.constant_seconds = seconds
+    layer.compute_time = layer.base_compute_time = compute_time
+    layer.push_latency = layer.pull_latency = _zero
+    layer.bandwidth = (math.inf,) * layer.num_workers
+    layer.server = layer.allreduce = None
+    layer.events = ()
+    return layer
+
+
+def _affected(workers, num_workers: int) -> list[bool] | None:
+    """[W] whether each worker is affected (None: all of them)."""
+    if workers is None:
+        return None
+    mask = [False] * num_workers
+    for w in workers:
+        mask[w] = True
+    return mask
+
+
+def jitter(inner: Layer, seed: int, stream: int, sigma: float) -> Layer:
+    """Compute times times a mean-1 lognormal factor of log-sd `sigma`.
+
+    The random block lookup is inlined (not a call to a `_stream` getter), and
+    directly over the bare workers' constant seconds the base's call is fused
+    in too: jitter on constant speeds is the common cluster, and this is the
+    simulator's hottest call. Same values, in the same order, either way.
+    """
+    if sigma <= 0.0:
+        return inner
+    layer = Layer(inner)
+    cache: list[dict[int, list[list[float]]]] = [{} for _ in range((inner.num_workers + GROUP - 1) // GROUP)]
+    gs, gm, cs, cm = _GSHIFT, _GMASK, _CSHIFT, _CMASK  # closure cells beat globals
+    ct = inner.compute_time
+    seconds = inner.constant_seconds if ct is inner.base_compute_time else None
+
+    if seconds is not None:
+        def compute_time(w, i, s):
+            d = cache[w >> gs]
+            ch = d.get(i >> cs)
+            if ch is None:
+                ch = d[i >> cs] = _block_draw(seed, stream, w >> gs, i >> cs, "lognormal", sigma)
+            return seconds[w] * ch[w & gm][i & cm]
+    else:
+        def compute_time(w, i, s):
+            t = ct(w, i, s)
+            d = cache[w >> gs]
+            ch = d.get(i >> cs)
+            if ch is None:
+                ch = d[i >> cs] = _block_draw(seed, stream, w >> gs, i >> cs, "lognormal", sigma)
+            return t * ch[w & gm][i & cm]
+    layer.compute_time = compute_time
+    return layer
+
+
+def stragglers(inner: Layer, seed: int, stream: int, prob: float, slowdown: float,
+               duration: float, workers) -> Layer:
+    """Straggler episodes; the end time of each worker's current episode is this layer's state."""
+    if prob <= 0.0 or slowdown <= 1.0:
+        return inner
+    layer = Layer(inner)
+    W = inner.num_workers
+    get = _stream(seed, stream, W, "uniform")
+    ends = layer.episode_end = [-math.inf] * W   # [W] seconds: end of each worker's current episode
+    mask = _affected(workers, W)
+    ct = inner.compute_time
+
+    def slowed(w, i, s, t):
+        if s < ends[w]:
+            return t * slowdown
+        if get(w, i) < prob:
+            ends[w] = s + duration
+            return t * slowdown
+        return t
+
+    if mask is None:
+        def compute_time(w, i, s):
+            return slowed(w, i, s, ct(w, i, s))
+    else:
+        def compute_time(w, i, s):
+            t = ct(w, i, s)
+            return slowed(w, i, s, t) if mask[w] else t
+    layer.compute_time = compute_time
+    return layer
+
+
+def periodic(inner: Layer, period: float, duration: float, slowdown: float, phase: float,
+             workers) -> Layer:
+    """Compute times times `slowdown` for iterations starting inside a periodic window."""
+    if slowdown <= 1.0:
+        return inner
+    layer = Layer(inner)
+    mask = _affected(workers, inner.num_workers)
+    ct = inner.compute_time
+
+    def compute_time(w, i, s):
+        t = ct(w, i, s)
+        if mask is not None and not mask[w]:
+            return t
+        # Python's float % has the sign of the divisor: the offset is in [0, period).
+        return t * slowdown if (s - phase) % period < duration else t
+    layer.compute_time = compute_time
+    return layer
+
+
+def latency(inner: Layer, seed: int, stream: int, push: float, pull: float, sigma: float) -> Layer:
+    """A latency-only link: push and pull latencies, each times its own mean-1 lognormal factor
+    (streams `stream` and `stream + 1`) when `sigma` > 0. Added to the inner layer's latencies."""
+    layer = Layer(inner)
+    W = inner.num_workers
+    for name, mean, sub in (("push_latency", push, 0), ("pull_latency", pull, 1)):
+        if mean <= 0.0:
+            continue
+        below = getattr(inner, name)
+        if sigma > 0.0:
+            get = _stream(seed, stream + sub, W, "lognormal", sigma)
+
+            def lat(w, i, _below=below, _get=get, _mean=mean):
+                return _below(w, i) + _mean * _get(w, i)
+        else:
+            def lat(w, i, _below=below, _mean=mean):
+                return _below(w, i) + _mean
+        setattr(layer, name, lat)
+    return layer
+
+
+def links(inner: Layer, bandwidth: float, lat: float, workers) -> Layer:
+    """Each (selected) worker's own link: `bandwidth` bytes/s and `lat` seconds, in series with
+    the inner layer's path (the bandwidth is the smaller one, the latencies add)."""
+    layer = Layer(inner)
+    mask = _affected(workers, inner.num_workers)
+    layer.bandwidth = tuple(min(b, bandwidth) if mask is None or mask[w] else b
+                            for w, b in enumerate(inner.bandwidth))
+    if lat > 0.0:
+        push, pull = inner.push_latency, inner.pull_latency
+        if mask is None:
+            def push_latency(w, i):
+                return push(w, i) + lat
+
+            def pull_latency(w, i):
+                return pull(w, i) + lat
+        else:
+            def push_latency(w, i):
+                return push(w, i) + lat if mask[w] else push(w, i)
+
+            def pull_latency(w, i):
+                return pull(w, i) + lat if mask[w] else pull(w, i)
+        layer.push_latency, layer.pull_latency = push_latency, pull_latency
+    return layer
+
+
+def server(inner: Layer, bandwidth: float, lat: float) -> Layer:
+    """The parameter server's link: `bandwidth` bytes/s shared by every concurrent push and pull,
+    and `lat` seconds added to each of them."""
+    layer = Layer(inner)
+    layer.server = (bandwidth, lat)
+    if lat > 0.0:
+        push, pull = inner.push_latency, inner.pull_latency
+
+        def push_latency(w, i):
+            return push(w, i) + lat
+
+        def pull_latency(w, i):
+            return pull(w, i) + lat
+        layer.push_latency, layer.pull_latency = push_latency, pull_latency
+    return layer
+
+
+def allreduce(inner: Layer, algorithm: str, bandwidth: float, lat: float) -> Layer:
+    """Synchronous rounds aggregate with an all-reduce of this cost model."""
+    layer = Layer(inner)
+    layer.allreduce = (algorithm, bandwidth, lat)
+    return layer
+
+
+def failures(inner: Layer, events) -> Layer:
+    """Workers that fail at given times and possibly rejoin."""
+    layer = Layer(inner)
+    new = []
+    for w, f, r in events:
+        new.append((f, "fail", w))
+        if r is not None:
+            new.append((r, "join", w))
+    layer.events = tuple(inner.events) + tuple(new)
+    return layer
