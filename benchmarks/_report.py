@@ -35,8 +35,20 @@ def tune(task, policy, cluster, *, base_lr: float, factors=None, seeds=None, ext
     pol = st.policies.parse(policy) if isinstance(policy, str) else policy
     seeds = list(compare.TUNE_SEEDS if seeds is None else seeds)
     grid = [base_lr * f for f in (compare.GRID_FACTORS if factors is None else factors)]
-    t = compare.tune_lr(task, pol, cluster, grid=grid, seeds=seeds, **kw)
-    runs = len(grid) * len(seeds)
+    runs = 0
+    for _ in range(extend + 2):   # every value diverged: look a step below the grid
+        try:
+            t = compare.tune_lr(task, pol, cluster, grid=grid, seeds=seeds, **kw)
+            runs += len(grid) * len(seeds)
+            break
+        except ValueError as e:
+            if "diverged" not in str(e):
+                raise
+            runs += len(grid) * len(seeds)
+            grid = [grid[0] * grid[0] / grid[1]] + grid
+    else:
+        raise ValueError(f"tune: {pol.describe()}: every learning rate down to {grid[0]:.3g} diverged on the "
+                         "validation split; give a smaller base_lr")
     for _ in range(extend):
         if not t["edge"]:
             break
