@@ -5,7 +5,13 @@ On 8 virtual CPU devices (a thread per worker), `digits-mlp` (μ = 32):
      delays) vs the engine's compiled replay of the very trace it recorded
      (slot_mode='map', compile excluded), for ASP and BSP;
   2. server overhead: the server loop's busy time per update (policy decision,
-     trace row, jitted update dispatch, releases), from the same ASP run;
+     trace row, jitted update dispatch, releases), from the same ASP run, with
+     the server's state on one device (the CPU default) and sharded over the 8
+     devices (`server_devices=8`); target <= 0.25 ms per update;
+  2b. collective sync: BSP with `sync='collective'` (one jitted pmean step per
+     round) vs a plain jitted `shard_map` + `lax.pmean` data-parallel step
+     dispatched from a Python loop on the same devices, same task and
+     optimizer, measured alternately; target >= 0.9x;
   3. heterogeneity: with 4 fast + 4 slow (2.6x) workers injected through the
      cluster model, the measured updates/s of ASP, SSP(3) and DSSP(3,12)
      relative to BSP, against the simulator's prediction for the same cluster
@@ -23,10 +29,12 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
 
 import staleness as st  # noqa: E402
 import staleness.runtime as rt  # noqa: E402
-from staleness.runtime.server import Server  # noqa: E402
+from staleness.runtime.serve import Server  # noqa: E402
 
 POLICIES = ["bsp", "asp", "ssp:3", "dssp:3:12"]
 
@@ -63,21 +71,78 @@ def replay_rate(task, sched):
     return sched.num_updates / (time.perf_counter() - t0)
 
 
-def real_vs_replay(task, policy, updates):
+def real_vs_replay(task, policy, updates, **kw):
     with BusyClock() as clock:
-        res = rt.run(task, policy, None, num_updates=updates, lr=0.05, eval_every=updates)
-    real = res.schedule.num_updates / res.schedule.end_time
-    return {"policy": policy, "updates": res.schedule.num_updates, "real_upd_per_s": real,
-            "replay_upd_per_s": replay_rate(task, res.schedule),
-            "server_busy_ms_per_update": 1e3 * clock.busy / res.schedule.num_updates,
-            "server_busy_fraction": clock.busy / res.schedule.end_time}
+        res = rt.run(task, policy, None, num_updates=updates, lr=0.05, eval_every=updates, **kw)
+    sched = res.schedule
+    real = sched.num_updates / sched.end_time
+    return {"policy": policy, "sync": res.config["sync"], "server_devices": len(res.config.get("server_devices", [])),
+            "updates": sched.num_updates, "real_upd_per_s": real,
+            "replay_upd_per_s": replay_rate(task, sched),
+            "server_busy_ms_per_update": 1e3 * clock.busy / sched.num_updates,   # in _on_arrival (as before)
+            "server_busy_fraction": clock.busy / sched.end_time,
+            "loop_busy_ms_per_update": 1e3 * sched.meta["server_busy_s"] / sched.num_updates}   # whole loop
+
+
+def plain_pmean_loop(task, steps, lr=0.05):
+    """Steps/s of the loop a user would write: one jitted shard_map step (each device
+    its worker's minibatch gradient, `lax.pmean`, the optax update), dispatched from
+    a Python loop, losses left on the devices, at most two steps in flight (as the
+    collective runtime: un-awaited collective programs in a row can hang XLA's CPU
+    all-reduce, DESIGN.md); compile excluded."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from staleness.engine import core
+    from staleness.runtime.spec import make_spec
+
+    spec = make_spec(task, "bsp", None, num_updates=steps, num_workers=8, lr=lr, sync="collective")
+    mesh = Mesh(np.asarray(jax.local_devices()[:8]), ("w",))
+    tx = spec.opt.tx
+    init_key, data_key = core.keys(0)
+
+    def body(params, opt_state, task, key, it):
+        w = jax.lax.axis_index("w")
+        loss, g = core.gradient(task, params, key, w, it)
+        g = jax.lax.pmean(g, "w")
+        updates, opt_state = tx.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss[None]
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P(), P()),
+                                 out_specs=(P(), P(), P("w")), check_vma=False))
+    rep = NamedSharding(mesh, P())
+    params = jax.device_put(task.init_params(init_key), rep)
+    opt_state = jax.device_put(spec.opt.init(params), rep)
+    t, key = jax.device_put((task, data_key), rep)
+    out = step(params, opt_state, t, key, np.int32(0))
+    jax.block_until_ready(out)
+    t0 = time.perf_counter()
+    prev = None
+    for i in range(steps):
+        params, opt_state, loss = step(params, opt_state, t, key, np.int32(i))
+        if prev is not None:
+            prev.block_until_ready()
+        prev = loss
+    jax.block_until_ready((params, loss))
+    return steps / (time.perf_counter() - t0)
+
+
+def collective_vs_pmean(task, steps, repeats=2):
+    """Alternate the plain loop and the collective BSP run; best of each."""
+    plain, coll = [], []
+    for _ in range(repeats):
+        plain.append(plain_pmean_loop(task, steps))
+        res = rt.run(task, "bsp", None, num_updates=steps, lr=0.05, eval_every=steps, sync="collective")
+        coll.append(res.schedule.num_updates / res.schedule.end_time)
+    return {"plain_pmean_steps_per_s": max(plain), "collective_upd_per_s": max(coll),
+            "ratio": max(coll) / max(plain), "plain_all": plain, "collective_all": coll,
+            "target_met": max(coll) / max(plain) >= 0.9}
 
 
 def heterogeneity(task, cluster, scale, seconds):
     rows = {}
     for policy in POLICIES:
         res = rt.run(task, policy, cluster, num_updates=10**9, max_time=seconds, time_scale=scale, lr=0.05,
-                     eval_every=10**6)
+                     eval_every=10**6)   # with a cluster: sync='server' (a thread per worker, injected delays)
         # count the updates of the measured window only (max_time stops at its first check after it)
         t_end = min(seconds, res.schedule.end_time)
         real = int((res.schedule.update_time <= t_end).sum()) / t_end
@@ -103,11 +168,22 @@ def main():
     print(f"{len(jax.local_devices())} devices ({jax.local_devices()[0].platform}), jax {jax.__version__}")
     task = st.tasks.get("digits-mlp", num_workers=8, batch_size=32)
 
-    speed = [real_vs_replay(task, p, updates if p == "asp" else updates // 4) for p in ("asp", "bsp")]
+    speed = [real_vs_replay(task, "asp", updates), real_vs_replay(task, "asp", updates, server_devices=8),
+             real_vs_replay(task, "bsp", updates // 4, sync="server"),
+             real_vs_replay(task, "bsp", updates // 2, sync="collective")]
     for r in speed:
-        print(f"real vs replay {r['policy']:>4}: real {r['real_upd_per_s']:>8,.0f} upd/s | replay "
+        print(f"real vs replay {r['policy']:>4} ({r['sync']}, {r['server_devices'] or 'mesh of 8'} server device(s)): "
+              f"real {r['real_upd_per_s']:>8,.0f} upd/s | replay "
               f"{r['replay_upd_per_s']:>8,.0f} upd/s ({r['real_upd_per_s'] / r['replay_upd_per_s']:.2f}x) | "
-              f"server busy {r['server_busy_ms_per_update']:.3f} ms/update ({r['server_busy_fraction']:.0%} of wall)")
+              f"server busy {r['server_busy_ms_per_update']:.3f} ms/update ({r['server_busy_fraction']:.0%} of wall; "
+              f"whole loop {r['loop_busy_ms_per_update']:.3f})")
+    busy = speed[0]["server_busy_ms_per_update"]
+    print(f"server busy per ASP update: {busy:.3f} ms (target <= 0.25 ms: {'met' if busy <= 0.25 else 'NOT met'}); "
+          f"sharded over 8 CPU devices {speed[1]['server_busy_ms_per_update']:.3f} ms")
+    coll = collective_vs_pmean(task, updates // 2)
+    print(f"collective BSP {coll['collective_upd_per_s']:,.0f} upd/s vs plain pmean loop "
+          f"{coll['plain_pmean_steps_per_s']:,.0f} steps/s: {coll['ratio']:.2f}x (target >= 0.9x: "
+          f"{'met' if coll['target_met'] else 'NOT met'})")
 
     cluster = st.cluster.heterogeneous([1.0] * 4 + [2.6] * 4)
     het = heterogeneity(task, cluster, args.time_scale, seconds)
@@ -121,8 +197,9 @@ def main():
           f"(worst {worst:.1%})")
     print(json.dumps({"benchmark": "runtime_speed", "devices": len(jax.local_devices()), "workers": 8,
                       "time_scale": args.time_scale, "seconds_per_policy": seconds,
-                      "real_vs_replay": speed, "heterogeneous": het, "worst_deviation": worst,
-                      "target_met": met}))
+                      "real_vs_replay": speed, "collective_vs_pmean": coll,
+                      "server_busy_ms_per_update": busy, "server_busy_target_met": busy <= 0.25,
+                      "heterogeneous": het, "worst_deviation": worst, "target_met": met}))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,13 @@ _RUN_OPTIONS = [
     ("--resume", "resume", "flag", False, "continue from the checkpoint in --checkpoint"),
     ("--worker-timeout", "worker_timeout", positive, 30.0, "seconds after which a silent worker (or a dead "
      "process) is declared lost (default 30)"),
-    ("--on-worker-failure", "on_worker_failure", str, "continue", "continue (gates count live workers) or stop"),
+    ("--on-worker-failure", "on_worker_failure", str, None, "continue (gates count live workers) or stop "
+     "(default: stop under --sync collective, continue under --sync server)"),
+    ("--sync", "sync", str, None, "collective (each round one jitted pmean step over the devices; bsp; a lost "
+     "worker stops the run) or server (the parameter server, a thread per worker; worker-level fault "
+     "tolerance). Default: collective for bsp without --cluster or --on-worker-failure continue, else server"),
+    ("--server-devices", "server_devices", count, None, "--sync server: shard the server's parameters and "
+     "optimizer state over the first N devices (default: all on accelerators for asp/ssp/dssp, one on CPU)"),
     ("--heartbeat-timeout", "heartbeat_timeout", count, None, "multi-process: heartbeat timeout in seconds "
      "(default: half of --worker-timeout, rounded up)"),
     ("--out", "out", str, None, "directory for the Result files (as `staleness simulate` writes them; "
@@ -148,6 +154,26 @@ def _settle_lr(args) -> None:
         args.lr = DEFAULT_LR
 
 
+def _check_sync(args, processes: int) -> None:
+    """--sync and its conflicts, as one line before JAX starts."""
+    from staleness import cluster as _cluster
+    from staleness import policies as _policies
+    from staleness.runtime.spec import FAILURE_MODES, SYNC_MODES, _resolve_sync
+
+    if args.sync is not None and args.sync not in SYNC_MODES:
+        raise UsageError(f"--sync = {args.sync!r} must be one of {', '.join(SYNC_MODES)}")
+    if args.on_worker_failure is not None and args.on_worker_failure not in FAILURE_MODES:
+        raise UsageError(f"--on-worker-failure = {args.on_worker_failure!r}: on_worker_failure must be one of "
+                         f"{', '.join(FAILURE_MODES)}")
+    cluster = _cluster.parse(args.cluster) if args.cluster is not None else None
+    try:
+        _resolve_sync(args.sync, _policies.parse(args.policy), cluster, args.on_worker_failure,
+                      processes)
+    except ValueError as e:
+        raise UsageError(str(e).replace("sync = ", "--sync = ").replace("on_worker_failure = ",
+                                                                          "--on-worker-failure = ")) from None
+
+
 def _cmd_run(args) -> int:
     from staleness import cluster as _cluster
     from staleness import policies as _policies
@@ -158,6 +184,7 @@ def _cmd_run(args) -> int:
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
+    _check_sync(args, args.num_processes if multi else 1)
     _settle_lr(args)
     out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
     if multi:
@@ -172,19 +199,23 @@ def _cmd_run(args) -> int:
                   max_time=args.max_time, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
                   resume=args.resume, worker_timeout=args.worker_timeout,
                   on_worker_failure=args.on_worker_failure, progress=not args.no_progress,
-                  inner_optimizer=args.inner_optimizer)
+                  inner_optimizer=args.inner_optimizer, sync=args.sync)
     t0 = time.perf_counter()
     code = 0
     try:
         if multi:
             if args.devices is not None:
                 raise UsageError("--devices applies to one-process runs; use --cpu-devices per process")
+            if args.server_devices is not None:
+                raise UsageError("--server-devices applies to one-process runs (the multi-process server "
+                                 "keeps its state on process 0's first device)")
             result = st.runtime.run_process(args.task, args.policy, args.cluster, coordinator=args.coordinator,
                                             num_processes=args.num_processes, process_id=args.process_id,
                                             heartbeat_timeout=args.heartbeat_timeout, **kwargs)
         else:
             _set_cpu_devices(args.cpu_devices)
-            result = st.runtime.run(args.task, args.policy, args.cluster, devices=args.devices, **kwargs)
+            result = st.runtime.run(args.task, args.policy, args.cluster, devices=args.devices,
+                                    server_devices=args.server_devices, **kwargs)
     except (RunFailure, DivergenceError) as e:
         print(f"staleness: error: {str(e).splitlines()[0]}", file=sys.stderr)
         result, code = e.result, 1
@@ -221,6 +252,9 @@ def _cmd_launch(args) -> int:
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
+    _check_sync(args, args.local)
+    if args.server_devices is not None:
+        raise UsageError("--server-devices applies to one-process runs")
     _settle_lr(args)
     check_out(args)
     return launch_local(args.local, _run_argv(args), timeout=args.timeout)

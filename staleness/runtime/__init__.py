@@ -5,15 +5,23 @@
     result.schedule            # the recorded trace (a Schedule)
     st.engine.replay(result.schedule, "digits-mlp", slot_mode="map", ...)   # same params, bitwise on CPU
 
-One process: `run` (a thread per worker, one device each). Several processes
-or hosts: `run_process` in each process of a `jax.distributed` job (the CLI's
-`staleness run --coordinator ...`), or `launch_local` for N processes on this
-machine. Modules: `spec` (arguments), `numerics` (the jitted functions),
-`worker` (worker loop, injected delays), `server` (the driver step of
-`staleness.driver` with real updates and faults), `transport` (the Transport interface and the
-in-process transport), `coordination` (the multi-process transport: the
-coordination service and `jax.experimental.transfer`), `checkpoint`,
-`progress`, `multiprocess`.
+One process: `run`, with `sync='collective'` (BSP's default: each round one
+jitted `pmean` step over the devices) or `sync='server'` (a thread per worker,
+one device each, and a parameter server sharded over `server_devices`).
+Several processes or hosts: `run_process` in each process of a
+`jax.distributed` job (the CLI's `staleness run --coordinator ...`), or
+`launch_local` for N processes on this machine (parameter server).
+
+A run flows one way: `spec` (arguments, checked) -> `build` (numerics, server
+state, workers, transport; the collective path and the sharded server are its
+two builders) -> `serve` (the one serve loop: the driver step of
+`staleness.driver` with real updates and faults) -> `result`. Parts they use:
+`numerics` (the jitted functions), `sharding` (the server's layout),
+`collective` (the pmean step and its transport), `worker` (worker loop,
+injected delays), `transport` (the Transport interface and the in-process
+transport), `coordination` (the multi-process transport: the coordination
+service and `jax.experimental.transfer`), `checkpoint`, `progress`,
+`multiprocess`.
 """
 
 from staleness.runtime.errors import RunFailure, WorkerError, WorkerLostError

@@ -1,87 +1,125 @@
-"""Server checkpoints of a real run: write every k updates, resume from the last.
+"""Server checkpoints of a real run, in the one checkpoint format (`staleness.checkpoint`).
 
-A checkpoint directory holds `server.npz` (parameters and optimizer state
-leaves) and `server.pkl` (the policy's `SyncState`, the trace so far, the
-evaluated history, membership epochs and the elapsed time). Both are written
-to temporary names and renamed, so a crash while writing leaves the previous
-checkpoint intact.
+A checkpoint directory holds `server.json` (the run's identity, the policy's
+`SyncState`, the trace so far, the evaluated history, membership epochs and
+the elapsed time, as JSON) and its `.npz` of arrays (parameters and optimizer
+state leaves, stored exactly), written atomically by `staleness.checkpoint`
+(a crash while writing leaves the previous checkpoint intact).
 
 On resume the server restarts from the checkpointed version: gradients that
 were in flight are gone (their workers start the same iteration again, on the
 checkpoint's parameters), blocked workers stay blocked, and times continue
 from the checkpoint's elapsed time, so the resumed trace is one trace.
+
+The policy's state is plain Python objects of `staleness.policies` (slots,
+lists, insertion-ordered dicts with int keys); `_encode` writes them as tagged
+JSON and `_decode` rebuilds them, accepting classes of `staleness` modules
+only (unlike a pickle, reading a checkpoint runs no code).
 """
 
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
+import importlib
 
-import jax
 import numpy as np
 
-__all__ = ["save", "load", "FORMAT_VERSION", "MATCH_KEYS"]
+from staleness import checkpoint as _one
 
-FORMAT_VERSION = 1
+__all__ = ["save", "load", "restore", "MATCH_KEYS", "NAME"]
+
+NAME = "server"
 # config entries a resume must agree with (the run's identity)
-MATCH_KEYS = ("task", "batch_size", "policy", "workers", "seed", "lr", "lr_rule", "optimizer")
+MATCH_KEYS = ("task", "batch_size", "policy", "workers", "seed", "lr", "lr_rule", "optimizer", "sync")
+
+
+def _encode(x):
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    if isinstance(x, list):
+        return [_encode(v) for v in x]
+    if isinstance(x, tuple):
+        return {"__tuple__": [_encode(v) for v in x]}
+    if isinstance(x, dict):   # keys may be ints; order matters (insertion-ordered buckets)
+        return {"__dict__": [[_encode(k), _encode(v)] for k, v in x.items()]}
+    cls = type(x)
+    if not cls.__module__.startswith("staleness."):
+        raise TypeError(f"checkpoint: cannot store a {cls.__module__}.{cls.__qualname__} in the policy state")
+    slots = [s for c in cls.__mro__ for s in getattr(c, "__slots__", ())]
+    fields = {s: getattr(x, s) for s in slots if hasattr(x, s)}
+    fields.update(getattr(x, "__dict__", {}))
+    return {"__object__": f"{cls.__module__}:{cls.__qualname__}", "fields": {k: _encode(v) for k, v in fields.items()}}
+
+
+def _decode(x):
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "__tuple__" in x:
+        return tuple(_decode(v) for v in x["__tuple__"])
+    if "__dict__" in x:
+        return {_decode(k): _decode(v) for k, v in x["__dict__"]}
+    if "__object__" in x:
+        module, name = x["__object__"].split(":")
+        if not module.startswith("staleness."):
+            raise ValueError(f"checkpoint: refusing to build {x['__object__']!r} (not a staleness class)")
+        cls = importlib.import_module(module)
+        for part in name.split("."):
+            cls = getattr(cls, part)
+        obj = object.__new__(cls)
+        for k, v in x["fields"].items():
+            object.__setattr__(obj, k, _decode(v))
+        return obj
+    return {k: _decode(v) for k, v in x.items()}
 
 
 def save(path, server, config: dict, evaluate) -> None:
-    """Checkpoint `server` (a `runtime.server.Server`) into directory `path`."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    """Checkpoint `server` (a `runtime.serve.Server`) into directory `path`."""
+    from staleness.runtime.result import evaluate_snapshots
+
     if server.pending_rows():  # cannot happen right after an update; guard the invariant anyway
         raise RuntimeError("checkpoint: gradients are buffered; checkpoints are taken right after an update")
-    server.evaluate_snapshots(evaluate, server.rec.update_losses())
-    leaves = jax.device_get(jax.tree.leaves((server.params, server.opt_state)))
+    evaluate_snapshots(server, evaluate, server.rec.update_losses())
     meta = {
-        "format_version": FORMAT_VERSION,
-        "config": {k: config.get(k) for k in MATCH_KEYS},
-        "sync_state": server.state,
-        "recorder": server.rec.state(),
-        "rows": list(server.rows),
+        "sync_state": _encode(server.state),
+        "recorder": _encode(server.rec.state()),
+        "rows": _encode(list(server.rows)),
         "epoch": list(server.epoch),
         "lost_for_real": sorted(server.lost_for_real),
         "elapsed": server.now(),
         "checked": server._checked,
     }
-    with open(path / "server.tmp.npz", "wb") as fh:
-        np.savez(fh, *leaves)
-    (path / "server.tmp.pkl").write_bytes(pickle.dumps(meta))
-    (path / "server.tmp.npz").replace(path / "server.npz")
-    (path / "server.tmp.pkl").replace(path / "server.pkl")
+    _one.save(path, (server.params, server.opt_state), meta, match={k: config.get(k) for k in MATCH_KEYS},
+              name=NAME)
 
 
 def load(path, config: dict) -> dict:
-    """Read the checkpoint in `path`; checks it belongs to a run with `config`.
+    """Read the checkpoint in `path`; checks it belongs to a run with `config`
+    (`staleness.checkpoint.CheckpointMismatch`, a ValueError, names what differs).
 
     Returns a dict: leaves (NumPy arrays of params then optimizer state),
     sync_state, recorder, rows, epoch, lost_for_real, elapsed, checked.
     """
-    path = Path(path)
-    pkl, npz = path / "server.pkl", path / "server.npz"
-    if not pkl.exists() or not npz.exists():
-        raise FileNotFoundError(f"checkpoint = {str(path)!r}: no server checkpoint there to resume from")
-    meta = pickle.loads(pkl.read_bytes())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"checkpoint = {str(path)!r}: format_version {meta.get('format_version')!r} "
-                         f"is not supported (this build reads {FORMAT_VERSION})")
-    want = {k: config.get(k) for k in MATCH_KEYS}
-    if meta["config"] != want:
-        diff = {k: (meta["config"].get(k), want[k]) for k in MATCH_KEYS if meta["config"].get(k) != want[k]}
-        raise ValueError(f"checkpoint = {str(path)!r} was written by another run: (checkpoint, now) = {diff}")
-    with np.load(npz) as z:
-        meta["leaves"] = [z[f"arr_{i}"] for i in range(len(z.files))]
+    meta, leaves = _one.load(path, None, match={k: config.get(k) for k in MATCH_KEYS}, name=NAME)
+    meta = dict(meta, sync_state=_decode(meta["sync_state"]), recorder=_decode(meta["recorder"]),
+                rows=_decode(meta["rows"]))
+    meta["leaves"] = leaves
     return meta
 
 
-def restore(server, meta: dict, device) -> object:
-    """Put a loaded checkpoint into `server`; returns the SyncState to `start` from."""
+def restore(server, meta: dict, put) -> object:
+    """Put a loaded checkpoint into `server` (its arrays placed with `put(tree)`);
+    returns the SyncState to `start` from."""
+    import jax
+
     from staleness.driver import Recorder
 
-    treedef = jax.tree.structure((server.params, server.opt_state))
-    params, opt_state = jax.tree.unflatten(treedef, [jax.device_put(x, device) for x in meta["leaves"]])
+    template = (server.params, server.opt_state)
+    params, opt_state = put(_one.restore_tree(jax.device_get(template), meta["leaves"]))
     server.params, server.opt_state = params, opt_state
     server.rec = Recorder.from_state(meta["recorder"])
     server.rows = list(meta["rows"])

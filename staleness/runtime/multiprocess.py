@@ -16,7 +16,8 @@ process 0 itself cannot rejoin (the server's state died with it: restart the
 job, with --resume from a checkpoint to continue).
 
 Every policy, BSP included, runs through the parameter-server transport of
-`staleness.runtime.coordination` (no lockstep collectives): the server's
+`staleness.runtime.coordination` (sync='server'; collectives across processes
+are not built yet, so sync='collective' is a ValueError here): the server's
 jitted `combine` + `server_update` is then the only place gradients are
 summed, which keeps traces replayable bitwise (a `pmean` would sum in another
 order) and lets BSP survive a lost worker like the other policies.
@@ -113,8 +114,10 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     from staleness.runtime.coordination import DistributedServerLink, DistributedWorkerLink
     from staleness.runtime.errors import ServerLostError
     from staleness.runtime.numerics import Numerics, zeros_like
-    from staleness.runtime.run import JOIN_SECONDS, _checkpointer, make_progress, serve, sigint_stops
-    from staleness.runtime.server import Server
+    from staleness.runtime.build import Built, _checkpointer, _evaluate
+    from staleness.runtime.run import JOIN_SECONDS, make_progress, serve, sigint_stops
+    from staleness.runtime.serve import Server
+    from staleness.runtime.sharding import tree_nbytes
     from staleness.runtime.spec import make_spec
     from staleness.runtime.worker import worker_loop
 
@@ -124,7 +127,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
         task = task()
     spec = make_spec(task, policy, cluster, num_updates=num_updates,
                      num_workers=num_workers if num_workers is not None or cluster is not None else n * len(local),
-                     **kwargs)
+                     processes=n, **kwargs)
     placement = {w: local[i] for w, i in worker_placement(spec.num_workers, n, len(local), pid).items()}
     worker_process = [w % n for w in range(spec.num_workers)]
     server_device = local[0]
@@ -133,22 +136,26 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key, spec.local, spec.inner,
                         spec.local_steps)
     config = spec.config(devices=sorted({f"p{worker_process[w]}" for w in range(spec.num_workers)}),
-                         server_device=f"p0:{server_device}", processes=n,
+                         server_device=f"p0:{server_device}", server_devices=[f"p0:{server_device}"], processes=n,
                          transport="coordination-service+jax.experimental.transfer")
+    evaluate = _evaluate(spec)
     stop_event = threading.Event()
     server = params = None
     if pid == 0:
         meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
         params = jax.device_put(spec.task.init_params(init_key), server_device)
         callback, close_progress = make_progress(progress)
-        server = Server(policy=spec.policy, num_workers=spec.num_workers, numerics=numerics, params=params,
+        nbytes = tree_nbytes(params)
+        numerics.place_inputs(server_device)
+        server = Server(policy=spec.policy, num_workers=spec.num_workers, update=numerics.update, params=params,
                         opt_state=numerics.init_state(params), zeros=zeros_like(params),
                         link=DistributedServerLink(coord, worker_process, server_device, params_shape),
                         num_updates=spec.num_updates, max_time=spec.max_time, eval_every=spec.eval_every,
                         worker_timeout=spec.worker_timeout, on_worker_failure=spec.on_worker_failure,
-                        progress=callback, on_checkpoint=_checkpointer(spec, config),
-                        checkpoint_every=spec.checkpoint_every, stop_event=stop_event)
-        state = _ckpt.restore(server, meta, server_device) if meta is not None else None
+                        progress=callback, on_checkpoint=_checkpointer(spec, config, evaluate),
+                        checkpoint_every=spec.checkpoint_every, stop_event=stop_event, row_bytes=(nbytes, nbytes))
+        state = (_ckpt.restore(server, meta, lambda tree: jax.device_put(tree, server_device))
+                 if meta is not None else None)
         server.membership.extend(spec.membership(after=server.t_offset))
     else:
         close_progress = lambda: None  # noqa: E731
@@ -180,7 +187,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
                 t.start()
                 threads.append(t)
             if server is not None:
-                return serve(server, spec, config)
+                return serve(Built(server, state, [], config, evaluate), spec)
             if link is None:  # more processes than workers: nothing to do here
                 return None
             # A worker process: work until the server stops us (or is lost, or Ctrl-C).

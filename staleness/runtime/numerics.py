@@ -76,6 +76,9 @@ class Numerics:
         self.data_key = data_key
         self.local, self.inner, self.local_steps = local, inner, local_steps
         self._inner_states: dict[int, object] = {}   # worker -> its inner-optimizer state (its thread's)
+        self._scalar = None        # sharding of the update's small inputs (None: NumPy, placed by jit)
+        self._tau: dict[int, object] = {}   # staleness -> its [1] int32 input, placed once
+        self._one = np.ones(1, bool)
         self._placed: dict = {}   # device -> (task, data_key) committed to it
         self._lock = threading.Lock()
 
@@ -114,6 +117,23 @@ class Numerics:
         index = self.task.host_indices(self.data_key, worker, iteration) if self.task.indexed else None
         return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration), index)
 
+    def place_inputs(self, scalar_sharding) -> None:
+        """Keep the update's small inputs (staleness, mask) on `scalar_sharding`, made
+        once per value: a NumPy input costs a host-to-device copy on every update."""
+        self._scalar = scalar_sharding
+        self._tau = {}
+        self._one = jax.device_put(np.ones(1, bool), scalar_sharding)
+
+    def _tau1(self, s: int):
+        tau = self._tau.get(s)
+        if tau is None:
+            tau = np.asarray([s], np.int32)
+            if self._scalar is not None:
+                tau = jax.device_put(tau, self._scalar)
+            if len(self._tau) < 4096:
+                self._tau[s] = tau
+        return tau
+
     def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None):
         """Apply one server update from `grads` (1..slots gradients, in push order).
 
@@ -123,9 +143,8 @@ class Numerics:
         """
         c = len(grads)
         if self.slots == 1:
-            tau = np.asarray(staleness, np.int32)
-            return _server_update_jit(params, opt_state, grads[0], tau, np.ones(1, bool), self._fragment(update),
-                                      tx=self.opt.tx, rule=self.rule)
+            return _server_update_jit(params, opt_state, grads[0], self._tau1(staleness[0]), self._one,
+                                      self._fragment(update), tx=self.opt.tx, rule=self.rule)
         if c > self.slots:
             raise ValueError(f"update {update}: {c} gradients exceed the {self.slots} slots")
         pad = self.slots - c
@@ -145,14 +164,15 @@ class Numerics:
 
     def warm_up(self, params, devices, server_device=None) -> None:
         """Compile the gradient on every device in `devices` and, given a
-        `server_device`, the update there, before the run's clock starts (the
-        results are discarded)."""
+        `server_device` (a device, or a `sharding.ServerPlacement`), the update
+        there, before the run's clock starts (the results are discarded)."""
         outs = []
         for d in dict.fromkeys(devices):
             outs.append(self.gradient(jax.device_put(params, d), 0, 0, d))
             self._inner_states.clear()   # a warm-up's inner steps are not the run's
         if server_device is not None:
-            server_params = jax.device_put(params, server_device)
+            server_params = (server_device.put(params) if hasattr(server_device, "put")
+                             else jax.device_put(params, server_device))
             grad = jax.tree.map(jnp.zeros_like, server_params)
             opt_state = self.init_state(server_params)
             outs.append(self.update(server_params, opt_state, [grad], [0], 0, grad))

@@ -1,4 +1,5 @@
-"""Live progress of a real run: one line with updates/s, staleness and worker clocks."""
+"""Live progress of a real run: one line with updates/s, gradients/s, the server's
+busy fraction, staleness and worker clocks."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ def format_progress(info: dict, max_clocks: int = 16) -> str:
     shown = " ".join(str(c) for c in clocks[:max_clocks]) + (" ..." if len(clocks) > max_clocks else "")
     stal = info["staleness_mean"]
     stal = "-" if math.isnan(stal) else f"{stal:.2f}"
+    busy = info.get("server_busy")
+    busy = "" if busy is None else f"server busy {busy:.0%}  "
+    grads = info.get("gradients_per_s")
+    grads = "" if grads is None else f"{grads:.1f} grad/s  "
     return (f"{info['updates']}/{info['num_updates']} upd  {info['time']:.1f} s  "
-            f"{info['updates_per_s']:.1f} upd/s  staleness mean {stal} max {info['staleness_max']}  "
+            f"{info['updates_per_s']:.1f} upd/s  {grads}{busy}staleness mean {stal} max {info['staleness_max']}  "
             f"live {info['live']}/{info['workers']}  clocks [{shown}]")
 
 

@@ -17,9 +17,18 @@ import numpy as np
 from staleness import lr as _lr
 from staleness import policies as _policies
 
-__all__ = ["RunSpec", "make_spec", "FAILURE_MODES"]
+__all__ = ["RunSpec", "make_spec", "FAILURE_MODES", "SYNC_MODES", "collective_capable"]
 
 FAILURE_MODES = ("continue", "stop")
+SYNC_MODES = ("collective", "server")
+
+
+def collective_capable(policy) -> bool:
+    """Whether `policy` releases every worker at once and averages all of their
+    gradients per update (BSP's barrier and aggregation), i.e. one round can be
+    one `pmean` over the workers. Decided from the policy object's own parts."""
+    return (not policy.local and type(policy.gate) is _policies.ClockBound and policy.gate.s == 0
+            and type(policy.aggregation) is _policies.AllLive)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +49,7 @@ class RunSpec:
     time_scale: float
     worker_timeout: float
     on_worker_failure: str
+    sync: str               # 'collective' (one pmean step per round) or 'server' (the parameter server)
     checkpoint: Any
     checkpoint_every: int | None
     resume: bool
@@ -57,7 +67,7 @@ class RunSpec:
         out = dict(self.task.config(), lr=self.lr,
                    lr_rule=self.rule.describe(), optimizer=self.opt.describe(), seed=self.seed,
                    policy=self.policy.describe(), cluster=self.cluster.describe() if self.cluster else "",
-                   workers=self.num_workers, eval_every=self.eval_every, runtime="real",
+                   workers=self.num_workers, eval_every=self.eval_every, runtime="real", sync=self.sync,
                    time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates)
         if self.local is not None:
             out.update(inner_optimizer=self.inner.describe(), local_steps=list(self.local_steps))
@@ -97,12 +107,43 @@ def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = ""
     return int(value)
 
 
+def _resolve_sync(sync, policy, cluster, on_worker_failure, processes) -> tuple[str, str]:
+    """(sync, on_worker_failure) of a run: the explicit choice, checked, or the default
+    ('collective' for a BSP-like policy unless worker-level fault tolerance was asked
+    for (on_worker_failure='continue'), injected delays or several processes need
+    per-worker threads; 'server' otherwise)."""
+    if sync is not None and sync not in SYNC_MODES:
+        raise ValueError(f"sync = {sync!r} must be one of {SYNC_MODES} (or None: collective for synchronous "
+                         "policies, server otherwise)")
+    capable = collective_capable(policy)
+    if sync is None:
+        sync = "collective" if (capable and on_worker_failure != "continue" and cluster is None
+                                and processes == 1) else "server"
+    if sync == "collective":
+        if not capable:
+            raise ValueError(f"sync = 'collective' needs a policy that releases every worker at once and "
+                             f"averages all their gradients (bsp); {policy.describe()!r} needs sync='server'")
+        if on_worker_failure == "continue":
+            raise ValueError("sync = 'collective' cannot go on without a lost worker: on_worker_failure = "
+                             "'continue' needs sync='server' (worker-level fault tolerance), or use "
+                             "on_worker_failure='stop'")
+        if cluster is not None:
+            raise ValueError("sync = 'collective' runs every worker in one lockstep step: injected delays of "
+                             f"cluster = {cluster.describe()!r} need sync='server' (a thread per worker)")
+        if processes != 1:
+            raise ValueError(f"sync = 'collective' runs on the devices of one process; a job of {processes} "
+                             "processes needs sync='server'")
+        return sync, "stop"
+    return sync, on_worker_failure or "continue"
+
+
 def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=None,
               lr_rule="constant", optimizer=None, batch_size=None, data_dir=None, max_time=None,
               eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
-              on_worker_failure="continue", checkpoint=None, checkpoint_every=None,
-              resume=False, inner_optimizer=None) -> RunSpec:
-    """Validate a real run's arguments; see `runtime.run`."""
+              on_worker_failure=None, checkpoint=None, checkpoint_every=None,
+              resume=False, inner_optimizer=None, sync=None, processes=1) -> RunSpec:
+    """Validate a real run's arguments; see `runtime.run`. processes: the job's
+    process count (collectives run within one process for now)."""
     from staleness import cluster as _cluster
     from staleness.engine.run import _check_lr, resolve_optimizer, resolve_task
 
@@ -130,8 +171,10 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     max_time = _positive("max_time", max_time, allow_none=True)
     time_scale = _positive("time_scale", time_scale)
     worker_timeout = _positive("worker_timeout", worker_timeout)
-    if on_worker_failure not in FAILURE_MODES:
-        raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES}")
+    if on_worker_failure is not None and on_worker_failure not in FAILURE_MODES:
+        raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES} "
+                         "(or None: 'stop' under sync='collective', 'continue' under sync='server')")
+    sync, on_worker_failure = _resolve_sync(sync, policy, cluster, on_worker_failure, processes)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
@@ -160,5 +203,5 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
                    lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
                    time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure,
-                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume),
+                   sync=sync, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume),
                    local=local, inner=inner, local_steps=steps)

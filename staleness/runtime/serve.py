@@ -1,6 +1,12 @@
-"""The server loop: the shared policy gates real workers; updates are jitted.
+"""The serve loop: the shared policy gates real workers; updates are jitted.
 
-The server owns the parameters and the optimizer state. It drives the policy
+One loop for every way of executing a run: a builder (`runtime.build`) hands
+it a transport (`ServerLink`: where releases go and events come from) and an
+update function ((params, opt_state, grads, staleness, update) -> (params,
+opt_state)): the sharded parameter server's jitted update with worker threads
+behind a `LocalTransport` or the multi-process transport, or the collective
+path's `CollectiveLink`, whose rounds are one `pmean` step each. The loop
+owns the parameters and the optimizer state. It drives the policy
 with the driver protocol of `staleness.policies` (init / push / fail / join),
 passing real time (seconds since the run's start, from `time.monotonic()`),
 exactly as the simulator drives it with simulated time:
@@ -16,6 +22,12 @@ exactly as the simulator drives it with simulated time:
 
 Each wait on the transport is bounded (`TICK_SECONDS`), so stop requests,
 deadlines, failure events and progress are checked even when nothing arrives.
+
+A gradient's loss arrives as a float, or (collectives) as (device array, index):
+it is then fetched later with others in one transfer (`_settle`), before any
+divergence check, checkpoint, progress report and at the end. Bytes: every row
+records `row_bytes` (pull, push) of the run's transport; a lost gradient never pushed.
+The loop adds up its own busy time (everything but waiting for events).
 """
 
 from __future__ import annotations
@@ -33,9 +45,10 @@ from staleness.runtime.errors import WorkerError, WorkerLostError
 from staleness.runtime.messages import Release, WorkerFailed, WorkerJoined, WorkerLost
 from staleness.runtime.transport import Arrival, ServerLink
 
-__all__ = ["Server", "Diverged", "TICK_SECONDS"]
+__all__ = ["Server", "Diverged", "TICK_SECONDS", "SETTLE_EVERY"]
 
 TICK_SECONDS = 0.05  # longest wait on the transport between housekeeping checks
+SETTLE_EVERY = 4096  # late losses fetched at least this often (rows)
 
 
 class Diverged(FloatingPointError):
@@ -48,7 +61,8 @@ class Server:
     Args:
       policy: the `staleness.policies` policy (the same object the simulator uses).
       num_workers: λ.
-      numerics: `runtime.numerics.Numerics` of the run.
+      update: the update function (params, opt_state, grads, staleness, update, zeros)
+        -> (params, opt_state), e.g. `Numerics.update` or `CollectiveLink.update`.
       params, opt_state: version 0 (or the checkpoint's version), on the server's device.
       zeros: params-shaped zeros on the server's device (pads update slots).
       link: the server's end of the transport.
@@ -62,17 +76,19 @@ class Server:
       progress: callable(dict) called about every `progress_every` seconds, or None.
       on_checkpoint: callable(server) called every `checkpoint_every` updates.
       stop_event: a threading.Event that stops the run (status 'stopped') when set.
+      row_bytes: (pull, push) bytes one gradient moves on this transport (trace columns).
     """
 
-    def __init__(self, *, policy, num_workers: int, numerics, params, opt_state, zeros, link: ServerLink,
+    def __init__(self, *, policy, num_workers: int, update, params, opt_state, zeros, link: ServerLink,
                  num_updates: int, max_time: float | None = None, eval_every: int = 1,
                  worker_timeout: float = 30.0, on_worker_failure: str = "continue",
                  membership=(), progress: Callable | None = None, progress_every: float = 0.5,
                  on_checkpoint: Callable | None = None, checkpoint_every: int | None = None,
-                 stop_event: threading.Event | None = None, clock=time.monotonic):
+                 stop_event: threading.Event | None = None, clock=time.monotonic,
+                 row_bytes: tuple[int, int] = (0, 0)):
         self.policy = policy
         self.num_workers = num_workers
-        self.numerics = numerics
+        self.update = update
         self.params = params
         self.opt_state = opt_state
         self.zeros = zeros
@@ -92,6 +108,9 @@ class Server:
 
         self.driver: Driver | None = None       # the control plane (made at `start`)
         self.rec = Recorder()                   # the trace (a checkpoint's on resume); the driver's
+        self.row_bytes = (int(row_bytes[0]), int(row_bytes[1]))
+        self.busy = 0.0                         # seconds spent handling events (not waiting for them)
+        self._late: list[tuple[int, object, int]] = []   # (row, device losses, index) not fetched yet
         self.epoch = [0] * num_workers          # membership epochs (a checkpoint's on resume); the driver's
         self.lost_for_real: set[int] = set()    # lost by a fault (not by the failure model)
         self.grads: dict[int, tuple[object, int]] = {}   # row -> (gradient, pull version) awaiting an update
@@ -104,7 +123,7 @@ class Server:
         self._checked = 0                       # rows whose loss was checked for divergence
         self._last_progress = -math.inf
         self._last_deadline_check = -math.inf
-        self._progress_mark = (0.0, 0)
+        self._progress_mark = (0.0, 0, 0, 0.0)
 
     # -- time --------------------------------------------------------------------
     def now(self) -> float:
@@ -144,7 +163,15 @@ class Server:
         half = max(0.0, now - pull_time - m.since_recv) / 2
         start = pull_time + half + (m.since_recv - m.since_start)
         end = max(now - half - m.since_end, start)
-        step = d.push(w, now, start, end, a.loss)
+        loss = a.loss
+        if type(loss) is tuple:   # (device array, index): fetched later, with others
+            step = d.push(w, now, start, end, None)
+            if step.row is not None:
+                self._late.append((step.row, loss[0], loss[1]))
+                if len(self._late) >= SETTLE_EVERY:
+                    self._settle()
+        else:
+            step = d.push(w, now, start, end, loss)
         if step.accepted:
             self.grads[step.row] = (a.grad, pull_version)
         self._do(step, now)
@@ -155,8 +182,7 @@ class Server:
         held = [self.grads.pop(r) for r in rows]
         grads = [g for g, _ in held]
         staleness = [v - pv for _, pv in held]
-        self.params, self.opt_state = self.numerics.update(self.params, self.opt_state, grads, staleness,
-                                                           v, self.zeros)
+        self.params, self.opt_state = self.update(self.params, self.opt_state, grads, staleness, v, self.zeros)
         u = v + 1
         if u % self.eval_every == 0 or u == self.num_updates:
             self.snapshots.append((u, self.params))
@@ -169,6 +195,8 @@ class Server:
         if real and self.on_worker_failure == "stop":
             raise WorkerLostError(w, reason)
         step = d.fail(w, now)   # its in-flight gradient: a lost row, from its release to now
+        if step.row is not None and hasattr(self.rec, "set_bytes"):   # pulled, never pushed
+            self.rec.set_bytes(step.row, self.row_bytes[0], 0)
         if real:
             self.lost_for_real.add(w)
         if d.state.num_live == 0:
@@ -188,7 +216,24 @@ class Server:
                 self._lose(w, now, f"no gradient {now - f[2]:.1f} s after its release "
                            f"(worker_timeout = {self.worker_timeout:g} s)", real=True)
 
+    def _settle(self, block: bool = True) -> None:
+        """Fetch the late losses (one transfer per device array) into the trace;
+        block=False: only those already computed (the others stay NaN: a run that
+        failed must not wait on a device that hung)."""
+        if not self._late:
+            return
+        import jax
+
+        late = self._late if block else [e for e in self._late if e[1].is_ready()]
+        arrays = {id(a): a for _, a, _ in late}
+        host = dict(zip(arrays, jax.device_get(list(arrays.values()))))
+        losses = self.rec.losses
+        for row, a, k in late:
+            losses[row] = float(host[id(a)][k])
+        self._late = []
+
     def _check_divergence(self) -> None:
+        self._settle()
         losses = self.rec.fetch_losses(self._checked)
         av = np.asarray(self.rec.apply_version[self._checked:])
         bad = np.flatnonzero((av >= 0) & ~np.isfinite(losses))
@@ -201,16 +246,20 @@ class Server:
         self._checked = self.rec.num_rows
 
     def _report(self, now: float) -> None:
-        t_prev, u_prev = self._progress_mark
-        u = self.rec.num_updates
-        rate = (u - u_prev) / (now - t_prev) if now > t_prev else 0.0
-        self._progress_mark = (now, u)
+        self._settle()
+        t_prev, u_prev, g_prev, b_prev = self._progress_mark
+        u, g = self.rec.num_updates, self.rec.num_rows
+        dt = now - t_prev
+        rate = (u - u_prev) / dt if dt > 0 else 0.0
+        self._progress_mark = (now, u, g, self.busy)
         lo = max(0, self.rec.num_rows - 256)
         av = self.rec.apply_version[lo:]
         pv = self.rec.column("pull_version", lo)
         stal = [a - p for a, p in zip(av, pv) if a >= 0]
         self.progress({
             "updates": u, "num_updates": self.num_updates, "time": now, "updates_per_s": rate,
+            "gradients_per_s": (g - g_prev) / dt if dt > 0 else 0.0,
+            "server_busy": min(1.0, (self.busy - b_prev) / dt) if dt > 0 else 0.0,
             "staleness_mean": float(np.mean(stal)) if stal else math.nan,
             "staleness_max": max(stal) if stal else 0,
             "clocks": list(self.state.clocks), "live": self.state.num_live, "workers": self.num_workers,
@@ -242,6 +291,7 @@ class Server:
         now = self.now()
         d = self.driver = Driver(self.policy, self.num_workers, now, state=state)
         d.rec, d.epoch = self.rec, self.epoch   # a resumed run's trace and epochs continue
+        self.rec.row_bytes = self.row_bytes
         # Resume: gradients in flight at the checkpoint are gone; those workers
         # start their iteration again on the checkpoint's version. Blocked ones
         # stay blocked; workers lost to a fault rejoin (this is a fresh start).
@@ -253,9 +303,11 @@ class Server:
     def serve(self) -> str:
         """Run until the budget is spent or the run is stopped; returns the status
         ('complete' or 'stopped'). Raises WorkerError, WorkerLostError or Diverged."""
+        perf = time.perf_counter
         try:
             while self.rec.num_updates < self.num_updates:
                 ev = self.link.poll(TICK_SECONDS)
+                t_busy, waited = perf(), getattr(self.link, "waited", 0.0)
                 self._apply_membership(self.now())  # a failure due by now comes before this push
                 if isinstance(ev, Arrival):
                     before = self.rec.num_updates
@@ -263,6 +315,7 @@ class Server:
                     if (self.on_checkpoint is not None and self.checkpoint_every
                             and self.rec.num_updates // self.checkpoint_every > before // self.checkpoint_every
                             and self.rec.num_updates < self.num_updates):
+                        self._settle()
                         self.on_checkpoint(self)
                 elif isinstance(ev, WorkerFailed):
                     raise WorkerError(ev.worker, ev.message) from ev.exception
@@ -273,41 +326,25 @@ class Server:
                     if 0 <= ev.worker < self.num_workers:
                         self._join(ev.worker, self.now())
                 self._housekeeping()
+                self.busy += perf() - t_busy - (getattr(self.link, "waited", 0.0) - waited)
                 if self.stop_event.is_set() or (self.max_time is not None and self.now() >= self.max_time):
                     self.status = "stopped" if self.stop_event.is_set() else "complete"
                     break
             else:
                 self.status = "complete"
+            finish = getattr(self.link, "finish", None)   # collectives: rounds still on the devices
+            lost = finish() if finish is not None else None
+            if lost is not None:
+                raise WorkerLostError(lost.worker, lost.reason)
         except KeyboardInterrupt:
             self.status = "stopped"
         finally:
             self.end_time = self.now()
             self.link.stop()
+            self._settle(block=False)
         return self.status
 
     # -- results ----------------------------------------------------------------------
     def pending_rows(self) -> list[int]:
         """Rows pushed and accepted but not applied (left out of the trace)."""
         return list(self.driver.buffer) if self.driver is not None else []
-
-    def evaluate_snapshots(self, evaluate: Callable, train_loss: np.ndarray, final: bool = False) -> list[dict]:
-        """Evaluate the kept snapshots into history rows (update, time, train_loss,
-        metrics); with final=True also the current version if it has no row yet."""
-        import jax
-
-        last = self.rows[-1]["update"] if self.rows else None
-        u_now = self.rec.num_updates
-        if final and (not self.snapshots or self.snapshots[-1][0] != u_now) and last != u_now:
-            self.snapshots.append((u_now, self.params))
-        for u, params in self.snapshots:
-            if self.rows and u <= self.rows[-1]["update"]:
-                continue
-            prev = self.rows[-1]["update"] if self.rows else 0
-            metrics = jax.device_get(evaluate(params))
-            seg = train_loss[prev:u]
-            row = {"update": int(u), "time": float(self.rec.update_time[u - 1]) if u > 0 else 0.0,
-                   "train_loss": float(np.mean(seg)) if len(seg) else math.nan}
-            row.update({k: float(v) for k, v in metrics.items()})
-            self.rows.append(row)
-        self.snapshots = []
-        return self.rows

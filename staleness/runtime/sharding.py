@@ -1,0 +1,62 @@
+"""Where the parameter server keeps parameters and optimizer state: sharded over devices.
+
+An asynchronous policy's server applies one small update per gradient; with
+the state on one device, that device receives every gradient and does every
+update (the bottleneck all-reduce avoids). Here each leaf of the parameters
+(and of the optimizer state, which follows the parameters' layout through
+`jit`) is split along its leading axis over a 1-D mesh of the server's
+devices when that axis divides evenly, else replicated; a gradient is put
+into the same layout by the worker that sends it, and each shard is updated
+where it lives. Elementwise optimizer steps (SGD, momentum, Adam without
+global-norm clipping) give the same bits sharded or not, so traces still
+replay bitwise on CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = ["ServerPlacement", "tree_nbytes"]
+
+AXIS = "server"
+
+
+class ServerPlacement:
+    """The server's layout over `devices` (a list of jax devices; one device: no sharding).
+
+    `of(tree)`: the pytree of shardings of `tree` (leading axis split where it divides
+    len(devices), else replicated); `scalar`: the replicated sharding of small inputs
+    (staleness, masks), so they live where the update runs."""
+
+    def __init__(self, devices):
+        devices = list(devices)
+        if not devices:
+            raise ValueError("devices = [] : the server needs at least one device")
+        self.devices = devices
+        self.mesh = Mesh(np.asarray(devices), (AXIS,))
+        self.scalar = NamedSharding(self.mesh, PartitionSpec())
+        self.sharded = len(devices) > 1
+
+    def leaf(self, x) -> NamedSharding:
+        n = len(self.devices)
+        shape = np.shape(x)
+        if n > 1 and len(shape) >= 1 and shape[0] % n == 0:
+            return NamedSharding(self.mesh, PartitionSpec(AXIS))
+        return self.scalar
+
+    def of(self, tree):
+        return jax.tree.map(self.leaf, tree)
+
+    def put(self, tree):
+        """`tree` in this layout."""
+        return jax.device_put(tree, self.of(tree))
+
+    def describe(self) -> str:
+        return f"{len(self.devices)} device(s): {', '.join(str(d) for d in self.devices)}"
+
+
+def tree_nbytes(tree) -> int:
+    """Bytes of the arrays of `tree` (dtype-aware: size x itemsize of every leaf)."""
+    return int(sum(np.size(x) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))

@@ -1,0 +1,234 @@
+"""Collective sync and the sharded parameter server (8 virtual CPU devices, tests/conftest.py).
+
+Differential checks first: collective BSP == parameter-server BSP == the
+engine's replay of the collective run's trace, within the stated tolerance
+(the collective sums the λ gradients with one psum, the server with a
+tensordot over stacked slots: float32 sums of 8 terms in another order, so
+each update may differ in the last bit; 1e-6 absolute on weights of order 0.1
+after 40 updates is ~100 ulp of headroom); the sharded server's ASP, SSP and
+DSSP traces replay bitwise. Then the choice itself (defaults, conflicts as
+clear errors), resume under collectives, bytes per gradient, and a lost
+worker under collectives (in a subprocess with 4 CPU devices set before any
+JAX op: a hung device step must not outlive the test in this process).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import staleness as st
+import staleness.runtime as rt
+from staleness import policies as P
+from staleness.cli import main
+from staleness.runtime.replay import compare_params
+from staleness.runtime.spec import make_spec
+from test_sim import check_invariants
+
+TOLERANCE = 1e-6   # collective vs server vs replay: see the module docstring
+CLUSTER = "1*4,2.6*4+jitter=0.2"
+SCALE = 0.002
+
+
+@pytest.fixture(scope="module")
+def digits8():
+    return st.tasks.get("digits-mlp", num_workers=8, batch_size=16)
+
+
+def _nbytes(tree) -> int:
+    return sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.timeout(300)
+def test_collective_bsp_matches_server_bsp_and_the_replay_of_its_trace(digits8):
+    kw = dict(num_updates=40, lr=0.05, seed=3, optimizer="momentum:0.9")
+    coll = rt.run(digits8, "bsp", None, **kw)          # the default for BSP
+    server = rt.run(digits8, "bsp", None, sync="server", **kw)
+    assert coll.config["sync"] == "collective" and coll.schedule.meta["sync"] == "collective"
+    assert server.config["sync"] == "server"
+    assert coll.status == "complete" and coll.schedule.num_updates == 40
+    check_invariants(coll.schedule, P.bsp(), 8)
+    f = coll.schedule.columns
+    assert np.all(f["pull_version"] == f["apply_version"])   # every round: all 8 workers, staleness 0
+    assert np.all(np.bincount(f["apply_version"]) == 8)
+    assert compare_params(coll.params, server.params).within(TOLERANCE)
+    rep = st.engine.replay(coll.schedule, digits8, slot_mode="map", lr=0.05, seed=3, optimizer="momentum:0.9")
+    assert compare_params(coll.params, rep.params).within(TOLERANCE)
+    np.testing.assert_allclose(coll.train_loss, rep.train_loss, rtol=1e-5)
+    np.testing.assert_allclose(coll.train_loss, server.train_loss, rtol=1e-5)
+    # the server's own trace still replays bitwise
+    rep = st.engine.replay(server.schedule, digits8, slot_mode="map", lr=0.05, seed=3, optimizer="momentum:0.9")
+    assert compare_params(server.params, rep.params).bitwise
+    assert list(coll.history["update"])[-1] == 40 and np.isfinite(coll.history["train_loss"][1:]).all()
+
+
+@pytest.mark.timeout(300)
+def test_collective_with_several_workers_per_device_and_an_lr_rule():
+    task = st.tasks.get("quadratic", num_workers=8)
+    kw = dict(num_updates=30, lr=0.05, lr_rule="per_update", devices=4, num_workers=8)
+    coll = rt.run(task, "bsp", None, sync="collective", on_worker_failure="stop", **kw)
+    assert len(coll.config["devices"]) == 4 and coll.schedule.num_workers == 8
+    server = rt.run(task, "bsp", None, sync="server", **kw)
+    assert compare_params(coll.params, server.params).within(TOLERANCE)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec, lr_rule, optimizer", [
+    ("asp", "per_gradient", "momentum:0.9"),
+    ("ssp:3", "constant", "adam"),
+    ("dssp:3:12", "constant", "sgd"),
+])
+def test_sharded_server_traces_replay_bitwise(digits8, spec, lr_rule, optimizer):
+    kw = dict(lr=0.05, lr_rule=lr_rule, optimizer=optimizer, seed=4)
+    res = rt.run(digits8, spec, CLUSTER, num_updates=60, time_scale=SCALE, server_devices=8, **kw)
+    assert res.config["sync"] == "server" and len(res.config["server_devices"]) == 8
+    check_invariants(res.schedule, P.parse(spec), 8)
+    rep = st.engine.replay(res.schedule, digits8, slot_mode="map", **kw)
+    assert compare_params(res.params, rep.params).bitwise
+
+
+def test_the_layout_of_the_sharded_server():
+    from staleness.runtime.sharding import ServerPlacement
+
+    placement = ServerPlacement(jax.local_devices())
+    params = {"w": np.zeros((64, 3), np.float32), "b": np.zeros((10,), np.float32), "s": np.float32(0)}
+    placed = placement.put(params)
+    assert len(placed["w"].sharding.device_set) == 8 and placed["w"].addressable_shards[0].data.shape == (8, 3)
+    assert placed["b"].sharding.is_fully_replicated and placed["s"].sharding.is_fully_replicated
+    with pytest.raises(ValueError, match="aggregates"):
+        rt.run("quadratic", "bsp", "1*4", num_updates=5, server_devices=2)
+
+
+@pytest.mark.parametrize("policy, cluster, failure, expected", [
+    ("bsp", None, None, ("collective", "stop")),
+    ("bsp", None, "continue", ("server", "continue")),    # worker-level fault tolerance asked for
+    ("bsp", "1*4", None, ("server", "continue")),         # injected delays need worker threads
+    ("asp", None, None, ("server", "continue")),
+    ("ssp:3", None, "stop", ("server", "stop")),
+])
+def test_default_sync(policy, cluster, failure, expected):
+    spec = make_spec("quadratic", policy, cluster, num_updates=5, num_workers=4, on_worker_failure=failure)
+    assert (spec.sync, spec.on_worker_failure) == expected
+    assert spec.config()["sync"] == expected[0]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(sync="collective", on_worker_failure="continue"), "on_worker_failure = 'continue' needs sync='server'"),
+    (dict(policy="asp", sync="collective"), "'asp' needs sync='server'"),
+    (dict(policy="backup:1", sync="collective"), "'backup:1' needs sync='server'"),
+    (dict(cluster="1*4", sync="collective"), "injected delays"),
+    (dict(sync="lockstep"), "sync = 'lockstep' must be one of"),
+])
+def test_sync_conflicts_are_value_errors_naming_them(kwargs, fragment):
+    args = dict(policy="bsp", cluster=None, num_updates=5, num_workers=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        rt.run("quadratic", args.pop("policy"), args.pop("cluster"), **args)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--sync", "collective", "--on-worker-failure", "continue"], "--on-worker-failure = 'continue'"),
+    (["--sync", "collective", "--policy", "asp"], "needs sync='server'"),
+    (["--sync", "nope"], "--sync = 'nope'"),
+])
+def test_cli_sync_conflicts_one_line_exit_2(argv, fragment, capsys):
+    code = main(["run", "--policy", "bsp", "--updates", "5", *argv])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("staleness: error:") and fragment in lines[0], lines
+
+
+@pytest.mark.timeout(300)
+def test_collective_resume_continues_bitwise(tmp_path):
+    task = st.tasks.get("quadratic", num_workers=4)
+    kw = dict(lr=0.05, optimizer="momentum:0.9", seed=2, devices=4, sync="collective")
+    whole = rt.run(task, "bsp", None, num_updates=50, **kw)
+    rt.run(task, "bsp", None, num_updates=30, checkpoint=tmp_path / "c", checkpoint_every=20, **kw)
+    res = rt.run(task, "bsp", None, num_updates=50, checkpoint=tmp_path / "c", resume=True, **kw)
+    assert res.schedule.num_updates == 50 and res.config["sync"] == "collective"
+    assert compare_params(whole.params, res.params).bitwise
+    np.testing.assert_array_equal(res.train_loss, whole.train_loss)
+
+
+@pytest.mark.timeout(300)
+def test_bytes_per_gradient_match_the_network_models_count(digits8):
+    from staleness.cluster import network
+
+    nbytes = _nbytes(digits8.init_params(jax.random.key(0)))
+    res = rt.run("quadratic", "ssp:2", "1*4+fail=1@5", num_updates=40, time_scale=0.01)
+    q = _nbytes(st.tasks.get("quadratic", num_workers=4).init_params(jax.random.key(0)))
+    f = res.schedule.columns
+    assert np.all(f["pull_bytes"] == q) and np.all(f["push_bytes"][~f["lost"]] == q)
+    assert f["lost"].any() and np.all(f["push_bytes"][f["lost"]] == 0)   # pulled, never pushed
+    coll = rt.run(digits8, "bsp", None, num_updates=4, lr=0.05)
+    cf = coll.schedule.columns
+    # a ring all-reduce: each of λ workers sends 2 (λ - 1) / λ of the gradient's bytes
+    transfer, _ = network.allreduce_parts("ring", nbytes, 8, 1.0, 0.0)   # seconds at 1 byte/s = bytes
+    assert np.all(cf["pull_bytes"] == 0) and np.all(cf["push_bytes"] == int(transfer))
+
+
+def test_progress_line_shows_gradients_per_second_and_server_busy():
+    from staleness.runtime.progress import format_progress
+
+    line = format_progress({"updates": 5, "num_updates": 10, "time": 1.0, "updates_per_s": 5.0,
+                            "gradients_per_s": 40.0, "server_busy": 0.25, "staleness_mean": 0.0,
+                            "staleness_max": 0, "live": 8, "workers": 8, "clocks": [5] * 8})
+    assert "40.0 grad/s" in line and "server busy 25%" in line
+
+
+_LOST = textwrap.dedent("""
+    import os, sys, time
+    import jax
+    jax.config.update("jax_num_cpu_devices", 4)
+    import dataclasses
+    import numpy as np
+    import staleness as st
+    import staleness.runtime as rt
+
+    task = st.tasks.get("quadratic", num_workers=4)
+
+    def hang(w, i):
+        if int(w) == 3 and int(i) >= 5:
+            time.sleep(600)
+        return np.int32(0)
+
+    def sample(data, key, w, i):
+        z = jax.experimental.io_callback(hang, jax.ShapeDtypeStruct((), np.int32), w, i)
+        batch = base(data, key, w, i)
+        return dict(batch, index=batch["index"] + z)
+
+    base = task.sample_fn
+    task = dataclasses.replace(task, sample_fn=sample)
+    t0 = time.monotonic()
+    try:
+        rt.run(task, "bsp", None, num_updates=10_000, worker_timeout=3.0, lr=0.05)
+        print("NO ERROR")
+    except rt.WorkerLostError as e:
+        print(f"ERROR {type(e).__name__}: {e}")
+        print(f"ELAPSED {time.monotonic() - t0:.1f}")
+        print(f"RESULT {e.result.status} {e.result.schedule.num_updates} {e.result.config['sync']}")
+    sys.stdout.flush()
+    os._exit(0)   # the hung device thread must not keep this process alive
+""")
+
+
+@pytest.mark.timeout(200)
+def test_a_lost_worker_under_collectives_stops_the_run_naming_it():
+    """Worker 3's step hangs at iteration 5 (an io_callback sleeps 600 s); within
+    worker_timeout (3 s) of the round's start the run stops: WorkerLostError naming
+    the round's unfinished workers, with the Result so far. In one process the other
+    devices wait for worker 3 in the all-reduce, so all four are unfinished and named."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run([sys.executable, "-c", _LOST], capture_output=True, text=True, timeout=150, env=env)
+    text = out.stdout + out.stderr
+    assert "ERROR WorkerLostError: worker 0 lost: the collective step of iteration 5 did not finish" in text, text
+    assert "on the devices of workers 0, 1, 2, 3;" in text and "worker_timeout = 3 s" in text, text
+    assert "a collective cannot go on without it" in text, text
+    assert "RESULT stopped 5 collective" in text, text   # the 5 rounds before the hung one
+    elapsed = float(text.split("ELAPSED ")[1].split()[0])
+    assert elapsed < 100, text   # far below the 600 s hang: the run did not wait for it
