@@ -40,10 +40,6 @@ def digits8():
     return st.tasks.get("digits-mlp", num_workers=8, batch_size=16)
 
 
-def _nbytes(tree) -> int:
-    return sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(tree))
-
-
 @pytest.mark.timeout(300)
 def test_collective_bsp_matches_server_bsp_and_the_replay_of_its_trace(digits8):
     kw = dict(num_updates=40, lr=0.05, seed=3, optimizer="momentum:0.9")
@@ -156,17 +152,22 @@ def test_collective_resume_continues_bitwise(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_bytes_per_gradient_match_the_network_models_count(digits8):
+    """The trace's pull/push bytes are the network model's count for the same pytree
+    (`engine.payload`, what `simulate` times): the parameters per pull, a gradient per
+    push, nothing pushed by a lost gradient; under collectives a ring all-reduce share."""
     from staleness.cluster import network
+    from staleness.engine.payload import payload_bytes, tree_bytes
 
-    nbytes = _nbytes(digits8.init_params(jax.random.key(0)))
-    res = rt.run("quadratic", "ssp:2", "1*4+fail=1@5", num_updates=40, time_scale=0.01)
-    q = _nbytes(st.tasks.get("quadratic", num_workers=4).init_params(jax.random.key(0)))
+    quad = st.tasks.get("quadratic", num_workers=4)
+    pull, push = payload_bytes(quad, P.ssp(2))
+    assert pull == push == tree_bytes(quad.init_params(jax.random.key(0))) > 0
+    res = rt.run(quad, "ssp:2", "1*4+fail=1@5", num_updates=40, time_scale=0.01)
     f = res.schedule.columns
-    assert np.all(f["pull_bytes"] == q) and np.all(f["push_bytes"][~f["lost"]] == q)
+    assert np.all(f["pull_bytes"] == pull) and np.all(f["push_bytes"][~f["lost"]] == push)
     assert f["lost"].any() and np.all(f["push_bytes"][f["lost"]] == 0)   # pulled, never pushed
     coll = rt.run(digits8, "bsp", None, num_updates=4, lr=0.05)
     cf = coll.schedule.columns
-    # a ring all-reduce: each of λ workers sends 2 (λ - 1) / λ of the gradient's bytes
+    nbytes = payload_bytes(digits8, P.bsp())[1]
     transfer, _ = network.allreduce_parts("ring", nbytes, 8, 1.0, 0.0)   # seconds at 1 byte/s = bytes
     assert np.all(cf["pull_bytes"] == 0) and np.all(cf["push_bytes"] == int(transfer))
 

@@ -31,7 +31,8 @@ from staleness.engine import core
 from staleness.runtime import checkpoint as _ckpt
 from staleness.runtime.numerics import Numerics, zeros_like
 from staleness.runtime.serve import Server
-from staleness.runtime.sharding import ServerPlacement, tree_nbytes
+from staleness.engine.payload import payload_bytes
+from staleness.runtime.sharding import ServerPlacement
 from staleness.runtime.spec import RunSpec
 from staleness.runtime.transport import LocalTransport
 from staleness.runtime.worker import worker_loop
@@ -133,10 +134,9 @@ def _build_server(spec, devs, server_device, *, server_devices, stop_event, prog
     opt_state = put(numerics.init_state(params))
     numerics.warm_up(params, worker_devices, placement if placement is not None else server_device)
     link = LocalTransport(placement.of(params) if placement is not None else server_device, worker_devices)
-    nbytes = tree_nbytes(params)
     evaluate = _evaluate(spec)
     server = _server(spec, update=numerics.update, params=params, opt_state=opt_state, zeros=zeros_like(params),
-                     link=link, config=config, evaluate=evaluate, row_bytes=(nbytes, nbytes),
+                     link=link, config=config, evaluate=evaluate, row_bytes=payload_bytes(spec.task, spec.policy),
                      stop_event=stop_event, progress=progress)
     state = _ckpt.restore(server, meta, put) if meta is not None else None
     server.membership.extend(spec.membership(after=server.t_offset))
@@ -161,7 +161,7 @@ def _build_collective(spec, devs, *, stop_event, progress) -> Built:
     evaluate = _evaluate(spec)
     # a round moves no parameters (each device holds a replica); each worker sends
     # its share of a ring all-reduce of the gradient: 2 (λ - 1) / λ of its bytes
-    nbytes = tree_nbytes(params)
+    nbytes = payload_bytes(spec.task, spec.policy)[1]
     push = 2 * (spec.num_workers - 1) * nbytes // spec.num_workers
     server = _server(spec, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
                      config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=stop_event,

@@ -117,7 +117,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     from staleness.runtime.build import Built, _checkpointer, _evaluate
     from staleness.runtime.run import JOIN_SECONDS, make_progress, serve, sigint_stops
     from staleness.runtime.serve import Server
-    from staleness.runtime.sharding import tree_nbytes
+    from staleness.engine.payload import payload_bytes
     from staleness.runtime.spec import make_spec
     from staleness.runtime.worker import worker_loop
 
@@ -145,7 +145,6 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
         meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
         params = jax.device_put(spec.task.init_params(init_key), server_device)
         callback, close_progress = make_progress(progress)
-        nbytes = tree_nbytes(params)
         numerics.place_inputs(server_device)
         server = Server(policy=spec.policy, num_workers=spec.num_workers, update=numerics.update, params=params,
                         opt_state=numerics.init_state(params), zeros=zeros_like(params),
@@ -153,7 +152,7 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
                         num_updates=spec.num_updates, max_time=spec.max_time, eval_every=spec.eval_every,
                         worker_timeout=spec.worker_timeout, on_worker_failure=spec.on_worker_failure,
                         progress=callback, on_checkpoint=_checkpointer(spec, config, evaluate),
-                        checkpoint_every=spec.checkpoint_every, stop_event=stop_event, row_bytes=(nbytes, nbytes))
+                        checkpoint_every=spec.checkpoint_every, stop_event=stop_event, row_bytes=payload_bytes(spec.task, spec.policy))
         state = (_ckpt.restore(server, meta, lambda tree: jax.device_put(tree, server_device))
                  if meta is not None else None)
         server.membership.extend(spec.membership(after=server.t_offset))

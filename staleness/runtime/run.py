@@ -129,8 +129,8 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
       sync: 'collective' (each round one jitted pmean step over the devices; BSP only;
         a lost worker stops the run), 'server' (the parameter server with a thread per
         worker; worker-level fault tolerance), or None: 'collective' for BSP unless
-        on_worker_failure='continue', a cluster (injected delays) is given; 'server'
-        otherwise. Recorded in the Result's config and schedule meta.
+        on_worker_failure='continue' or a cluster (injected delays) is given, else
+        'server'. Recorded in the Result's config and schedule meta.
       server_devices: sync='server': the devices the server's parameters and optimizer
         state are sharded over (None: all devices on accelerators for one-gradient
         policies, else server_device alone; an int: the first n devices; a list).

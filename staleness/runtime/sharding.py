@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["ServerPlacement", "tree_nbytes"]
+__all__ = ["ServerPlacement"]
 
 AXIS = "server"
 
@@ -55,8 +55,3 @@ class ServerPlacement:
 
     def describe(self) -> str:
         return f"{len(self.devices)} device(s): {', '.join(str(d) for d in self.devices)}"
-
-
-def tree_nbytes(tree) -> int:
-    """Bytes of the arrays of `tree` (dtype-aware: size x itemsize of every leaf)."""
-    return int(sum(np.size(x) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
