@@ -744,8 +744,9 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
     inner steps pass before a worker merges it with mixing factor `alpha`; outer
     gradients quantized to `bits`. The workers stay in lockstep (a synchronization
     round every H/P steps, as in the paper); the overlap is in the numerics (the merge
-    comes τ steps late). The simulated time does not yet credit the overlap with
-    hiding communication."""
+    comes τ steps late) and in the simulated time: the τ steps run while the fragment
+    is in flight, hiding up to τ steps of communication (see `staleness.sim`), and a
+    sync moves one fragment's bytes (`staleness.engine.payload`)."""
     _check_int("streaming_diloco", "steps", steps, 1)
     _check_int("streaming_diloco", "fragments", fragments, 1)
     if steps % fragments:

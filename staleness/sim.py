@@ -41,6 +41,12 @@ max(that + bandwidth part, last compute end) + latency part. Pulls never
 overlap compute (a worker needs its parameters to start), and a worker's next
 pull always waits for its gate, which opens when its push has arrived.
 
+Streaming DiLoCo with an overlap of τ inner steps (`streaming_diloco(...,
+overlap=τ)`) is credited whatever the cluster: a worker runs on for τ steps
+after each sync while its fragment is in flight, so an iteration whose
+parameters arrive at `start` ends at max(start + (H/P − τ)·t, previous end +
+(H/P)·t) for a step time t (`_overlapped_steps`).
+
 Why a bare `heapq` loop rather than SimPy: one heap entry per gradient (the
 push arrival) plus one per membership change, and no generator switching;
 the design note measured SimPy at ~300k vs ~700k events/s for a bare heap on

@@ -502,3 +502,31 @@ def test_gpus_error_lists_known_presets():
         C.gpus(["gtx9999"])
     for name in C.PRESETS:
         assert name in str(e.value)
+
+
+def test_jitter_fused_over_constant_speeds_equals_the_wrapped_path(tmp_path):
+    """The jitter layer reads the bare workers' seconds directly when it wraps them
+    (the hot path); over a trace base it calls the layer it wraps. Same seconds,
+    same stream: the same times, bitwise."""
+    path = tmp_path / "trace.csv"
+    path.write_text("worker,iteration,seconds\n0,0,1.0\n1,0,2.6\n2,0,1.3\n")
+    fused = C.heterogeneous([1.0, 2.6, 1.3]).jitter(0.3).stragglers(0.1, 3.0, 2.0)
+    wrapped = C.from_trace_csv(path).jitter(0.3).stragglers(0.1, 3.0, 2.0)
+    a, b = fused.sampler(5), wrapped.sampler(5)
+    assert a.layer.inner.inner.constant_seconds is not None and b.layer.inner.inner.constant_seconds is None
+    times = [(w, i, 0.5 * i) for w in range(3) for i in range(300)]
+    assert [a.compute_time(*x) for x in times] == [b.compute_time(*x) for x in times]
+
+
+def test_modifiers_wrap_the_layer_below():
+    """Each modifier's layer holds the one it wraps, base innermost; latencies of
+    stacked links add, bandwidths take the bottleneck."""
+    c = C.constant(2).links(1e6, 0.25).network(0.5, 0.0).links(4e6, 0.125, workers=[1]).server(2e6, 1.0)
+    s = c.sampler(0)
+    depth, layer = 0, s.layer
+    while layer.inner is not None:
+        depth, layer = depth + 1, layer.inner
+    assert depth == 4
+    assert s.bandwidth == (1e6, 1e6) and s.server == (2e6, 1.0)
+    assert [s.push_delay(w, 0) for w in (0, 1)] == [1.75, 1.875]
+    assert [s.pull_delay(w, 0) for w in (0, 1)] == [1.25, 1.375]

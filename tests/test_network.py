@@ -291,6 +291,17 @@ def network_clusters(draw, max_workers=8, allow_failures=False):
     return c
 
 
+@hst.composite
+def network_policies(draw, num_workers):
+    """test_sim's policies, and Streaming DiLoCo (whose overlap credit changes the times)."""
+    if draw(hst.integers(0, 4)) == 0:
+        p = draw(hst.integers(1, 3))
+        h = p * draw(hst.integers(1, 3))
+        return P.streaming_diloco(h, fragments=p, overlap=draw(hst.integers(0, h // p - 1)),
+                                  bits=draw(hst.sampled_from([4, 32])))
+    return draw(policies(num_workers))
+
+
 def check_bytes(sched, pull_n, push_n, collective):
     f = sched.columns
     ok = ~f["lost"]
@@ -325,7 +336,7 @@ def check_intervals(sched, failures):
 @given(data=hst.data())
 def test_schedule_invariants_with_random_networks(data):
     cluster = data.draw(network_clusters())
-    policy = data.draw(policies(cluster.num_workers))
+    policy = data.draw(network_policies(cluster.num_workers))
     pull_n = data.draw(hst.integers(0, 10**7))
     push_n = data.draw(hst.one_of(hst.none(), hst.integers(0, 10**7)))
     overlap = data.draw(hst.booleans())
@@ -351,7 +362,7 @@ def test_schedule_invariants_with_random_networks(data):
 @given(data=hst.data())
 def test_failures_with_random_networks(data):
     cluster = data.draw(network_clusters(max_workers=6, allow_failures=True))
-    policy = data.draw(policies(cluster.num_workers))
+    policy = data.draw(network_policies(cluster.num_workers))
     pull_n = data.draw(hst.integers(1, 10**7))
     overlap = data.draw(hst.booleans())
     sched = simulate_schedule(policy, cluster, num_updates=40, seed=1, payload_bytes=pull_n, overlap=overlap)

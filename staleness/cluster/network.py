@@ -12,6 +12,12 @@ Synchronous rounds can instead aggregate with an all-reduce:
     ring: 2(λ−1)/λ · B / b + 2(λ−1) · L
     tree: 2 · ceil(log2 λ) · (L + B / b)
 
+The ring is reduce-scatter then all-gather, λ−1 steps each, every step moving
+B/λ bytes per link. The tree is a binary-tree reduce to a root then a
+broadcast back down, ceil(log2 λ) levels each way, every level moving the
+whole B bytes over one link (no pipelining of chunks): latency-friendly for
+small B, bandwidth-bound for large B. One worker (λ = 1) costs nothing.
+
 Units in the spec grammar (:mod:`staleness.cluster`): bandwidth ``bps``,
 ``kbps``, ``mbps``, ``gbps`` (bits per second, decimal prefixes) or ``B/s``,
 ``kB/s``, ``MB/s``, ``GB/s`` (bytes per second, decimal); latency ``s``,
