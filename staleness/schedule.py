@@ -197,6 +197,17 @@ class Schedule:
         order = np.lexsort((delta, times))
         return float(max(0.0, np.cumsum(delta[order]).max()))
 
+    def peak_update_bytes(self) -> int:
+        """The most bytes pushed for one update: max over updates of the push bytes of
+        the gradients (or deltas) it applied. The burst a synchronization moves:
+        Streaming DiLoCo's is 1/P of DiLoCo's (one fragment, fewer bits). 0 without bytes."""
+        c = self.columns
+        ok = self.applied
+        if not ok.any():
+            return 0
+        per = np.bincount(c["apply_version"][ok], weights=c["push_bytes"][ok].astype(np.float64))
+        return int(per.max())
+
     def summary(self) -> dict:
         """Headline statistics (plain Python values, JSON-friendly)."""
         s = self.staleness[self.applied]
@@ -222,6 +233,7 @@ class Schedule:
         }
         out.update(self.bytes_totals())
         out["peak_bytes_per_s"] = self.peak_bandwidth()
+        out["peak_update_bytes"] = self.peak_update_bytes()
         out["mean_bytes_per_s"] = (float(out["bytes_sent"] / self.end_time)
                                    if math.isfinite(self.end_time) and self.end_time > 0 else math.nan)
         if self.rstar:

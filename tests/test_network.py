@@ -606,3 +606,22 @@ def test_cli_bad_network_spec_is_one_line_exit_2(spec, fragment, capsys):
     code = main(["simulate", "--task", "quadratic", "--cluster", spec, "--updates", "4", "--no-progress"])
     _, err = capsys.readouterr()
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_streaming_diloco_moves_a_fraction_of_diloco_bytes_per_sync():
+    """Peak bytes of one synchronization: DiLoCo all-reduces the whole delta, Streaming
+    DiLoCo one fragment of it (1/P), quantized (4 bits here: about 1/8 more)."""
+    import staleness as st
+    from staleness.engine.payload import payload_bytes
+
+    task = st.tasks.get("digits-mlp", num_workers=4)
+    c = C.constant(4).links("1gbps", "1ms").server("10gbps")
+    peak = {}
+    for pol in (P.diloco(8), P.streaming_diloco(8, fragments=2), P.streaming_diloco(8, fragments=2, bits=4)):
+        pull, push = payload_bytes(task, pol)
+        s = simulate_schedule(pol, c, num_updates=6, seed=0, payload_bytes=pull, push_bytes=push)
+        check_bytes(s, pull, push, collective=False)
+        peak[pol.describe()] = s.summary()["peak_update_bytes"]
+        assert peak[pol.describe()] == 4 * push
+    d, s32, s4 = peak.values()
+    assert s32 == pytest.approx(d / 2, rel=1e-3) and s4 < s32 / 7
