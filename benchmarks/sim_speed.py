@@ -119,7 +119,8 @@ def chunks_only(task, sched, kw):
         jax.block_until_ready(carry)
         t = time.perf_counter()
         for x in xs:
-            carry, _ = core.run_chunk(task, carry, x, consts, opt=opt.tx, rules=rules, slot_mode="vmap", local=None)
+            carry, _ = core.run_chunk(task, carry, x, consts, opt=opt.tx, rules=rules, slot_mode="vmap", local=None,
+                                      padded=plan.padded)
         jax.block_until_ready(carry)
         return time.perf_counter() - t
 

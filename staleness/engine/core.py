@@ -172,16 +172,23 @@ def _slots(task, local, slot_mode: str, consts, stale, worker, iteration, index,
 
 
 def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params, opt_state, inner, stale, update,
-                 x, index):
+                 x, index, padded: bool = True):
     """Gradients (or local-update deltas) of one update's C slots on their `stale`
     params ([C, ...] leaves) and minibatch indices ([C, μ], or None), then one server
-    update (`engine.update.server_update`). Returns (params, opt_state, inner, losses [C])."""
+    update (`engine.update.server_update`). padded (static): some update may have no
+    real slot (then it changes nothing); False promises every update has one, which
+    drops the per-update select of `server_update` (the same values: a select of the
+    new params and state). Returns (params, opt_state, inner, losses [C])."""
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
     losses, grads, new_inner = _slots(task, local, slot_mode, consts, stale, worker, iteration, index, inner)
     extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
-    params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask, consts["rule"],
-                                              **extra)
+    if padded:
+        params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask,
+                                                  consts["rule"], **extra)
+    else:   # = server_update with mask.any() known True
+        grad = _update.aggregate(grads, staleness, mask, rules, consts["rule"])
+        params, opt_state = _update.apply(opt, params, opt_state, grad, True, **extra)
     if new_inner is not None:   # write back the workers' states of the real slots
         keep = jax.tree.map(lambda new, old: jnp.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
                             new_inner, jax.tree.map(lambda a: a[worker], inner))
@@ -189,7 +196,7 @@ def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params,
     return params, opt_state, inner, jnp.where(mask, losses, jnp.nan)
 
 
-def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, x):
+def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, x, padded: bool = True):
     params, opt_state, ring, inner = carry
     r = jax.tree.leaves(ring)[0].shape[0]
     update, x, index = x
@@ -204,7 +211,7 @@ def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, 
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
     params, opt_state, inner, losses = _update_from(task, opt, rules, slot_mode, local, consts, params, opt_state,
-                                                    inner, stale, update, x, index)
+                                                    inner, stale, update, x, index, padded)
     return Carry(params, opt_state, ring, inner), losses
 
 
@@ -227,19 +234,22 @@ def _step_batched(task, opt, rules: tuple, local, consts, carry: Carry, x):
     return Carry(params, opt_state, ring, inner), losses
 
 
-def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None):
+def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None,
+           padded: bool = True):
     """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32,
     index [K, C, μ] int32 or None: the minibatch indices of every slot).
     opt: the optimizer's optax transformation (static). local: an `engine.local.Local`
     (static) for a local-update method, else None; its inner states are `carry.local`.
+    padded (static): False when every update of the chunk has a real slot (`Plan.padded`
+    of the whole plan, so all its chunks share one program); see `_update_from`.
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).
     Returns (carry, losses [K, C]); losses are NaN on padded slots."""
-    return lax.scan(functools.partial(_step, task, opt, rules, slot_mode, local, consts), carry, xs)
+    return lax.scan(functools.partial(_step, task, opt, rules, slot_mode, local, consts, padded=padded), carry, xs)
 
 
-run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local"), donate_argnums=(1,))
+run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local", "padded"), donate_argnums=(1,))
 
 
 def _chunk_batched(task, carry, xs, consts, *, opt, rules, local=None):

@@ -41,6 +41,12 @@ class Plan:
     def num_chunks(self) -> int:
         return self.worker.shape[0] // self.chunk
 
+    @property
+    def padded(self) -> bool:
+        """Whether some update row has no real gradient slot (the padding up to the chunk
+        grid); a replay of a plan without one skips the per-update padding select."""
+        return not bool(self.mask.any(axis=1).all())
+
     def xs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scan inputs of chunk k: (update [K] int32, packed [K, 5, C] int32) with
         rows worker, iteration, pull_version, staleness, mask (see engine.core)."""

@@ -244,8 +244,11 @@ def replay(
         start = int(meta["next_chunk"])
     hist.params = jax.device_get(carry.params)
 
+    padded = plan.padded   # static: a plan without padding updates replays without the padding select
+
     def step(carry, xs):
-        return core.run_chunk(task, carry, xs, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode, local=local)
+        return core.run_chunk(task, carry, xs, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode, local=local,
+                              padded=padded)
 
     def record(k, carry, losses, _wall):
         xs = plan.chunk_view(k)
