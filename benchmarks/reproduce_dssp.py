@@ -9,18 +9,23 @@ why (b) and (c) are there.
 
 Policies: BSP, ASP, SSP(3), SSP(15), DSSP(3, 12) with the cap and without it.
 Tasks: digits-cnn and mnist1d-mlp (plus cifar10-resnet20 with --cifar-dir).
-Every policy of a scenario gets the same simulated-time budget, learning rate
-and seeds. Seeds of the asynchronous policies (one gradient per update) are
-replayed together in one `st.sweep`, BSP's (eight gradients per update) in
-another, so padding wastes little.
+Every policy of a scenario gets the same simulated-time budget and seeds, and
+its own learning rate, tuned once per (task, policy) on a validation split of
+the training set (`staleness.compare.tune_lr` through `_report.tune`, on the
+4+4 jitter scenario). Policies that share a rate are replayed together in one
+`st.sweep` (BSP, eight gradients per update, in its own).
+
+Verdicts use `staleness.stats`: per scenario an effect (difference or ratio of
+medians over seeds) with a bootstrap interval; a scenario supports a claim only
+where the interval lies wholly on the claimed side.
 
 Prints one table per task (simulated time to a target accuracy, final accuracy,
 staleness, waiting) and a verdict, computed from these results, for each claim
 of the paper listed in PAPERS.md; writes `<out>/reproduce_dssp.md` and
 `<out>/reproduce_dssp_<task>.png`; ends with one JSON line.
 
-    python benchmarks/reproduce_dssp.py            # full: 5 seeds, about 6 min on 2 cores
-    python benchmarks/reproduce_dssp.py --quick    # smoke run (< 1 min), writes runs/reproduce_dssp_quick/
+    python benchmarks/reproduce_dssp.py            # full: 5 seeds, about 28 min on 2 cores at load ~16
+    python benchmarks/reproduce_dssp.py --quick    # smoke run (a few min on a loaded machine), writes runs/reproduce_dssp_quick/
     python benchmarks/reproduce_dssp.py --cifar-dir ~/data/cifar-10-batches-py   # adds CIFAR-10 (slow on CPU)
 """
 
@@ -64,9 +69,9 @@ HETEROGENEOUS = ("4+4", "2+6")
 
 # Per task: minibatch μ per worker, server optimizer and learning rate, simulated
 # seconds per run, target accuracy of the time-to-target column, evaluation spacing
-# (updates). Chosen once, not tuned per policy: the learning rate trains every
-# policy stably, the target is reached by ASP/SSP/DSSP well inside the budget, and
-# the budgets keep the full run near 10 minutes on 2 CPU cores.
+# (updates). `lr` is the centre of each policy's tuning grid (lr × compare.GRID_FACTORS);
+# the target is reached by ASP/SSP/DSSP well inside the budget, and the budgets are
+# sized for about 25 minutes on 2 shared CPU cores.
 TASKS = {
     "digits-cnn": dict(batch_size=8, lr=0.1, optimizer="sgd", max_time=180.0, target=0.90,
                        eval_async=50, eval_bsp=6),

@@ -1,8 +1,8 @@
 """Reproduce the Rudra findings (Gupta, Zhang, Wang, ICDM 2016; Zhang et al., IJCAI 2016).
 
-λ ∈ {1, 4, 16, 30} learners with μλ about constant: μ = round(128 / λ), i.e.
-μ = 128, 32, 8, 4 (μλ = 128, 128, 128, 120, as in the paper's CIFAR-10 runs:
-μ = 128 with one learner, μ = 4 with 30). Protocols: hardsync (`bsp`),
+λ ∈ {1, 16, 30} learners (4 as well with --quick) with μλ about constant:
+μ = round(128 / λ), i.e. μ = 128, 8, 4 (μλ = 128, 128, 120, as in the paper's
+CIFAR-10 runs: μ = 128 with one learner, μ = 4 with 30). Protocols: hardsync (`bsp`),
 1-softsync, (λ/2)-softsync and λ-softsync; learning-rate rules: α0
 (`constant`), α0/τ per gradient (`per_gradient`, α0 at τ = 0) and α0/⟨τ⟩ per
 update (`per_update`). The server runs momentum SGD (0.9) like the paper.
@@ -12,7 +12,7 @@ Learning rates: α0 is tuned on a validation split of the training set
 (`staleness.compare.tune_lr`, through `_report.tune`) in two ways, both
 reported: (a) the paper's protocol, one α0 for every configuration, tuned on
 the single-learner hardsync baseline; (b) each configuration (λ, protocol, lr
-rule) at its own tuned α0, the fair comparison.
+rule) at its own tuned α0, the fair comparison (at λ ∈ TUNED_LAMBDAS).
 
 Task: mnist1d-cnn (three strided 1-D convolutions and a linear head: the
 paper's "3 conv + FC" network, on MNIST-1D instead of CIFAR-10, which cannot
@@ -29,8 +29,8 @@ claim of PAPERS.md section 2, computed from these results; writes
 `<out>/reproduce_rudra.md`, `<out>/reproduce_rudra_staleness.png` and
 `<out>/reproduce_rudra_curves.png`; ends with one JSON line.
 
-    python benchmarks/reproduce_rudra.py           # full: 5 seeds, about 20 min on 2 loaded cores
-    python benchmarks/reproduce_rudra.py --quick   # smoke run (< 1 min), writes runs/reproduce_rudra_quick/
+    python benchmarks/reproduce_rudra.py           # full: 5 seeds, about 15 min on 2 cores at load ~17
+    python benchmarks/reproduce_rudra.py --quick   # smoke run (a few min on a loaded machine), writes runs/reproduce_rudra_quick/
 """
 
 from __future__ import annotations
