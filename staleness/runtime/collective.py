@@ -37,10 +37,10 @@ finished (the serve loop then stops the run naming them: `on_worker_failure`
 is 'stop' under collectives). Inside one process the devices that wait in the
 all-reduce for a hung one have not finished either, so every worker of the
 round is named; a per-worker host callback in the step would tell them apart
-but takes the GIL on every device each round (measured: 5x slower, and it
-deadlocked the all-reduce's rendezvous when the dispatching thread held the
-GIL). XLA's CPU all-reduce aborts the process after 40 s in a rendezvous, so
-keep worker_timeout below that under collectives.
+but takes the GIL on every device each round (tried: several times slower on
+the benchmark). Across processes (not built yet) the heartbeat names the lost
+process. XLA's CPU all-reduce aborts the process after 40 s in a rendezvous,
+so keep worker_timeout below that under collectives on CPU.
 """
 
 from __future__ import annotations
@@ -121,9 +121,9 @@ class _Round:
 
 
 def _waiter(rounds: "queue.SimpleQueue", clock) -> None:
-    """Block on each dispatched round in turn and mark it done (a daemon thread: the
-    serve loop waits on `done` with a timeout; polling `Array.is_ready()` from the
-    dispatching thread instead was seen to hang XLA's CPU all-reduce rendezvous)."""
+    """Block on each dispatched round in turn and mark it done: `block_until_ready`
+    takes no timeout, so it runs here (a daemon thread, abandoned if a round hangs)
+    and the serve loop waits on `done` with one."""
     while True:
         rnd = rounds.get()
         if rnd is None:
