@@ -3,10 +3,15 @@
     staleness pipeline --schedule dsp --delays 1,1,0 --batches 500
     staleness pipeline --schedule gpipe --microbatches 4 --stages 4 --cluster 1,1,2,1
     staleness pipeline --schedule ddg --stages 4 --devices --out runs/ddg
+    staleness pipeline --schedule dsp --launch-local 4 --out runs/dsp4   # one stage per local process
+    staleness pipeline ... --coordinator host0:1234 --num-processes 4 --process-id I   # one per host
 
 Trains a pipeline task with the schedule, simulated on one device (default;
 time from the cluster model) or with stage k on device k (--devices; time is
-wall-clock), prints the evaluation history and a summary (batches per
+wall-clock), or with stage k in process k (--launch-local K, or --coordinator
+with --num-processes/--process-id on every host; `staleness.pipeline.multiprocess`:
+the same program as --devices over a global mesh of one device per process,
+so the same numbers), prints the evaluation history and a summary (batches per
 simulated second, per-stage staleness, idle fraction), and with --out writes a
 Result directory (`Result.save`): history.csv, schedule.json (one row per
 stage backward: worker = stage, iteration = micro-batch, staleness in that
@@ -60,6 +65,17 @@ def add(sub) -> None:
     p.add_argument("--recompute-cost", type=nonnegative, default=1.0,
                    help="cost of a stale backward's recomputed forward, in forwards (default 1; 0 = overlapped)")
     p.add_argument("--devices", action="store_true", help="run stage k on device k (shard_map + ppermute)")
+    p.add_argument("--launch-local", type=count, default=None, metavar="K",
+                   help="run the K stages in K local processes (jax.distributed on 127.0.0.1; CPU transfers via "
+                   "gloo); a stage process that dies is reported and the others stopped")
+    p.add_argument("--coordinator", default=None, help="host:port of process 0: run this process's stage of a job "
+                   "with one stage per process (with --num-processes and --process-id)")
+    p.add_argument("--num-processes", type=count, default=None, help="processes of the job (= stages)")
+    p.add_argument("--process-id", type=natural, default=None, help="this process's id = its stage (0..K-1)")
+    p.add_argument("--heartbeat-timeout", type=count, default=None,
+                   help="seconds without a heartbeat after which a stage process counts as dead (default 10)")
+    p.add_argument("--launch-timeout", type=positive, default=None,
+                   help="--launch-local: seconds before every stage process is killed (default: no limit)")
     p.add_argument("--seed", type=natural, default=0)
     p.add_argument("--eval-every", type=count, default=None, help="batches between evaluations (default batches/10)")
     p.add_argument("--data-dir", default=None, help="CIFAR-10 directory (cifar10-resnet20)")
@@ -91,11 +107,59 @@ def _want_cpu_devices(k: int) -> None:
         pass
 
 
+# options every stage process of --launch-local gets, as given (dest -> flag)
+_FORWARDED = {"schedule": "--schedule", "delays": "--delays", "microbatches": "--microbatches", "task": "--task",
+              "stages": "--stages", "blocks": "--blocks", "batches": "--batches", "batch_size": "--batch-size",
+              "lr": "--lr", "optimizer": "--optimizer", "cluster": "--cluster", "backward_ratio": "--backward-ratio",
+              "recompute_cost": "--recompute-cost", "seed": "--seed", "eval_every": "--eval-every",
+              "data_dir": "--data-dir", "out": "--out"}
+_FORWARDED_FLAGS = {"stash": "--stash", "overwrite": "--overwrite"}
+
+
+def _launch(args, k: int) -> int:
+    from staleness.pipeline import multiprocess as mp
+
+    if args.devices or args.coordinator is not None:
+        raise UsageError("--launch-local starts its own processes; drop --devices / --coordinator")
+    if args.stages is not None and args.stages != args.launch_local:
+        raise UsageError(f"--launch-local {args.launch_local} runs one stage per process but --stages is "
+                         f"{args.stages}; give the same number (or only --launch-local)")
+    if k != args.launch_local:
+        raise UsageError(f"--launch-local {args.launch_local}: the schedule has {k} stages; give one process per stage")
+    check_out(args)
+    argv = ["--stages", str(k)]
+    for dest, flag in _FORWARDED.items():
+        v = getattr(args, dest)
+        if v is not None and dest != "stages":
+            argv += [flag, str(v)]
+    argv += [flag for dest, flag in _FORWARDED_FLAGS.items() if getattr(args, dest)]
+    argv.append("--no-progress")
+    return mp.launch_local(k, argv, timeout=args.launch_timeout,
+                           heartbeat_timeout=args.heartbeat_timeout or mp.DEFAULT_HEARTBEAT_S)
+
+
 def _cmd(args) -> int:
+    if args.launch_local is not None and args.stages is None and not args.delays:
+        args.stages = args.launch_local
     k = _num_stages(args)
     if k < 1:
         raise UsageError(f"--stages = {k} must be >= 1")
-    if args.devices:
+    if args.launch_local is not None:
+        return _launch(args, k)
+    job = (args.coordinator, args.num_processes, args.process_id)
+    if any(v is not None for v in job):
+        if any(v is None for v in job):
+            raise UsageError("a stage process needs --coordinator, --num-processes and --process-id together")
+        if args.devices:
+            raise UsageError("--coordinator runs one stage per process; drop --devices")
+        if args.num_processes != k:
+            raise UsageError(f"--num-processes {args.num_processes} but the schedule has {k} stages; run one "
+                             "process per stage")
+        from staleness.pipeline import multiprocess as mp
+
+        mp.connect(args.coordinator, args.num_processes, args.process_id,
+                   heartbeat_timeout=args.heartbeat_timeout or mp.DEFAULT_HEARTBEAT_S)
+    elif args.devices:
         _want_cpu_devices(k)
     import staleness.pipeline as pp
     from staleness.results import DivergenceError
@@ -105,20 +169,32 @@ def _cmd(args) -> int:
         delays = ",".join(["1"] * (k - 1) + ["0"])
     sched = pp.parse(args.schedule, delays=delays, microbatches=args.microbatches, stash=args.stash)
     sched.resolve(k)  # delays of the wrong length: one clear line before any data is loaded
-    out = check_out(args)
+    staged = args.coordinator is not None
+    out = check_out(args) if not staged or args.process_id == 0 else None
     ptask = pp.tasks.get(args.task, num_stages=k, batch_size=args.batch_size, blocks=args.blocks,
                          data_dir=args.data_dir, seed=args.seed)
     t0 = time.perf_counter()
+    kw = dict(cluster=args.cluster, seed=args.seed, lr=args.lr, optimizer=args.optimizer, eval_every=args.eval_every,
+              backward_ratio=args.backward_ratio, recompute_cost=args.recompute_cost)
     try:
-        result = pp.train(ptask, sched, args.batches, devices=args.devices, cluster=args.cluster, seed=args.seed,
-                          lr=args.lr, optimizer=args.optimizer, eval_every=args.eval_every,
-                          backward_ratio=args.backward_ratio, recompute_cost=args.recompute_cost,
-                          progress=not args.no_progress)
+        if staged:
+            from staleness.pipeline import multiprocess as mp
+
+            result = mp.train_distributed(ptask, sched, args.batches, **kw,
+                                          log=lambda line: print(line, file=sys.stderr, flush=True))
+        else:
+            result = pp.train(ptask, sched, args.batches, devices=args.devices, progress=not args.no_progress, **kw)
     except DivergenceError as e:
         result = e.result
         print(f"staleness: diverged: {e}", file=sys.stderr)
+        if result is None:   # a stage process other than 0: process 0 reports and writes
+            return 1
+    if result is None:
+        print(f"stage {args.process_id}: done", file=sys.stderr)
+        return 0
     cfg = result.config
-    where = f"{k} devices" if args.devices else "1 device (simulated)"
+    where = (f"{k} processes (one stage each)" if staged else f"{k} devices" if args.devices
+             else "1 device (simulated)")
     print(f"{sched.describe()} on {k} stages (lags m = {cfg['lags']}), {args.task}, {args.batches} batches of "
           f"{args.batch_size}, {where}: {time.perf_counter() - t0:.1f} s wall ({cfg['compile_s']:.1f} s compile)")
     print_table(result.history.to_dict("records"))

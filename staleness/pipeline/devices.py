@@ -41,7 +41,7 @@ from staleness.pipeline import packing, sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.plan import Plan
 
-__all__ = ["AXIS", "DeviceCarry", "DeviceEngine", "check_devices"]
+__all__ = ["AXIS", "DeviceCarry", "DeviceEngine", "check_devices", "put"]
 
 AXIS = "stage"
 
@@ -56,6 +56,24 @@ def check_devices(num_stages: int, devices=None) -> list:
             f"XLA_FLAGS=--xla_force_host_platform_device_count={num_stages} (or "
             f"jax.config.update('jax_num_cpu_devices', {num_stages}) before JAX starts)")
     return devs[:num_stages]
+
+
+def put(tree, sharding):
+    """`jax.device_put(tree, sharding)`, also for a mesh spanning several processes
+    (`staleness.pipeline.multiprocess`): there every process holds the same host
+    values and places the shards of its own devices (`make_array_from_callback`);
+    PRNG key arrays travel as their key data."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+
+    def one(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = one(jax.random.key_data(x))
+            return jax.jit(lambda d: jax.random.wrap_key_data(d, impl=jax.random.key_impl(x)),
+                           out_shardings=sharding)(data)
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+    return jax.tree.map(one, tree)
 
 
 def _first(buffers: dict):
@@ -91,7 +109,7 @@ class DeviceEngine:
         sh = sim.shapes(ptask, plan, params)
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P(AXIS))
-        self.ctx = jax.device_put(ctx, self.replicated)
+        self.ctx = put(ctx, self.replicated)
         self.in_layouts = [packing.Layout.of(sh[j]) for j in range(k)]      # input of stage j
         self.out_layouts = [packing.Layout.of(sh[j + 1]) for j in range(k)]  # output of stage j
         self.msg_sizes = packing.union_sizes([self.out_layouts[j] for j in range(max(k - 1, 1))])
@@ -120,7 +138,7 @@ class DeviceEngine:
         head_sizes = packing.union_sizes(self.head_layouts)
         packed = {d: jnp.stack([lay.pack(h, head_sizes)[d] for lay, h in zip(self.head_layouts, self._heads)])
                   for d in head_sizes}
-        packed = jax.device_put(packed, self.sharded)
+        packed = put(packed, self.sharded)
         states, pends = [None] * self.num_stages, [None] * self.num_stages
 
         def probe(ctx, packed):
@@ -154,7 +172,7 @@ class DeviceEngine:
         k = self.num_stages
         fifo_f = packing.zeros(self.msg_sizes, (k, self.depth_f))
         fifo_b = packing.zeros(self.msg_sizes, (k, self.depth_b))
-        return jax.device_put(DeviceCarry(state, fifo_f, fifo_b), self.sharded)
+        return put(DeviceCarry(state, fifo_f, fifo_b), self.sharded)
 
     def stage_params(self, carry: DeviceCarry) -> tuple:
         """Per-stage params (NumPy) of a carry."""
@@ -164,8 +182,7 @@ class DeviceEngine:
 
     def _put_xs(self, xs):
         cols = NamedSharding(self.mesh, P(None, AXIS))
-        return {"tick": jax.device_put(xs["tick"], self.replicated),
-                **{n: jax.device_put(xs[n], cols) for n in ("fwd", "bwd", "update")}}
+        return {"tick": put(xs["tick"], self.replicated), **{n: put(xs[n], cols) for n in ("fwd", "bwd", "update")}}
 
     def run_chunk(self, carry: DeviceCarry, xs: dict[str, np.ndarray]):
         """Run the ticks in `xs` (from `plan.xs`); returns (carry, loss per tick [L], NaN where none)."""
