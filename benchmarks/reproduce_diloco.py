@@ -20,13 +20,15 @@ Sections (each a claim; every number is computed here, from this run):
 5. `side`: BSP, ASP, SSP, DSSP, softsync and the local-update methods on one cluster
    and network (parameter server, shared server link), each at its tuned learning
    rate: time to a target loss vs bytes sent until then.
+6. `h_tuned`: section 1 again on the task with a validation split (digits-mlp), DiLoCo's outer
+   learning rate tuned per H; the claim of section 1 is judged on these where they exist.
 
 Every section writes its results into `<out>/reproduce_diloco.json` (atomically) as
 soon as it ends; `--resume` skips the sections found there. Then a markdown report
 with a verdict per claim and the plots.
 
-    python benchmarks/reproduce_diloco.py            # full: 5 seeds, about 25 min on a loaded 2-core CPU
-    python benchmarks/reproduce_diloco.py --quick    # smoke run (about 1-2 min), writes runs/reproduce_diloco_quick/
+    python benchmarks/reproduce_diloco.py            # full: 5 seeds; 48 min of section time at load average 16-19 on 2 cores
+    python benchmarks/reproduce_diloco.py --quick    # smoke run on digits-mlp: 3 min at load 13 (63 s of CPU), runs/reproduce_diloco_quick/
     python benchmarks/reproduce_diloco.py --sections h,async --resume
 """
 
@@ -827,7 +829,7 @@ def write_markdown(path: Path, res: dict, verdicts: list, settings: dict, seeds,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run (about 1-2 min), 2 seeds, tiny budgets")
+    ap.add_argument("--quick", action="store_true", help="smoke run on digits-mlp (about 1 min of CPU), 2 seeds, tiny budgets")
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick: 2)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     ap.add_argument("--resume", action="store_true", help="skip the sections already in <out>/reproduce_diloco.json")
