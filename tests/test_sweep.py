@@ -27,7 +27,7 @@ import staleness as st
 from staleness import cluster as C
 from staleness import policies as P
 from staleness.cli import main
-from staleness.engine import core, sweeps
+from staleness.engine import sweeps
 from staleness.results import Result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,25 +79,29 @@ from staleness.engine import sweeps
 task = st.tasks.get("digits-mlp", batch_size=8, num_workers=4)
 grid = sweeps.prepare(task, ["asp", "softsync:2", "ssp:1"], C.heterogeneous([1.0, 1.3, 2.0, 2.6]).jitter(0.1),
                       seeds=[0, 1], lr_rules=["constant", "per_gradient"], lrs=[0.1], num_updates=30, eval_every=10)
-one = sweeps.replay_grid(grid)
-many = sweeps.replay_grid(grid, devices=int(sys.argv[1]))
+one = sweeps.replay_grid(grid, block=2)
+many = sweeps.replay_grid(grid, devices=int(sys.argv[1]), block=2)
+sub = sweeps.replay_grid(grid, [5, 4], block=2)   # a process's share: whole blocks, in any order
 def same(a, b):
     return (all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
             and a.history.equals(b.history) and np.array_equal(a.train_loss, b.train_loss, equal_nan=True))
 print(json.dumps({"devices": len(jax.devices()), "configs": len(one), "used": many[0].config["devices"],
-                  "same": [bool(same(a, b)) for a, b in zip(one, many)]}))
+                  "same": [bool(same(a, b)) for a, b in zip(one, many)],
+                  "share": [bool(same(one[5], sub[0])), bool(same(one[4], sub[1]))]}))
 """
 
 
 @pytest.mark.parametrize("n", [4, 8])
 def test_sharded_sweep_is_bitwise_the_single_device_sweep(n):
-    """12 configurations on n virtual devices (padded to 2 per device where needed)."""
+    """12 configurations in blocks of 2 on n virtual devices (6 blocks: 2 rounds on 4
+    devices, 1 round with 2 padding blocks on 8)."""
     out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], cwd=ROOT, env=_env(devices_flag=False),
                          capture_output=True, text=True, timeout=DEADLINE)   # timeout: SIGKILL
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["devices"] == n and len(got["used"]) == n and got["configs"] == 12
     assert all(got["same"]), f"configurations that differ from the one-device sweep: {got}"
+    assert all(got["share"]), f"a share of whole blocks differs from the whole grid: {got}"
 
 
 def test_sharded_sweep_in_process_equals_sweep(digits4):
@@ -118,15 +122,18 @@ def test_bad_devices(digits4):
 
 # -- pinned padding, compile time ---------------------------------------------------------
 def test_pinned_ring_and_slots_compile_once_for_two_grids(digits4):
-    kw = dict(seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, ring=16, slots=2)
+    kw = dict(seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, ring=16, slots=2, block=2)
+    from staleness.engine import core
+
     a = st.sweep(digits4, ["asp"], CLUSTER, **kw)
-    traces = core.run_chunk_batched._cache_size()
+    traces = core.run_chunk_batched._cache_size()   # one device: the engine's batched replay
     b = st.sweep(digits4, ["ssp:2", "softsync:2"], CLUSTER, **kw)
     assert core.run_chunk_batched._cache_size() == traces, "a grid with the same pins recompiled"
     assert {r.config["ring"] for r in a + b} == {16} and {r.config["slots"] for r in a + b} == {2}
     assert all(r.config["compile_s"] >= 0 and r.config["sweep_s"] > 0 for r in a + b)
     # pinning does not change the numbers: the ring's size only changes where versions live
-    free = st.sweep(digits4, ["ssp:2"], CLUSTER, seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, slots=2)
+    free = st.sweep(digits4, ["ssp:2"], CLUSTER, seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, slots=2,
+                    block=2)
     assert free[0].config["ring"] != 16 and _same(free[0], b[0])
 
 
@@ -144,8 +151,13 @@ def test_grid_shares_are_contiguous_and_cover_the_grid():
 
     for b in (1, 5, 12):
         for n in (1, 2, 3, 4):
-            parts = [share(b, n, p) for p in range(n)]
-            assert sum(parts, []) == list(range(b))
+            for block in (1, 2, 8):
+                parts = [share(b, n, p, block) for p in range(n)]
+                assert sum(parts, []) == list(range(b))
+                assert all(not part or part[0] % block == 0 for part in parts), "shares are whole blocks"
+    with pytest.raises(ValueError, match="block = 0"):
+        sweeps.grid_block(sweeps.prepare(st.tasks.get("quadratic", num_workers=4), ["asp"], CLUSTER,
+                                         num_updates=4), 0)
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -200,19 +212,20 @@ def test_two_processes_gather_the_single_process_sweep(tmp_path, digits4):
     procs = Procs()
     try:
         for i in range(2):
-            procs.spawn([sys.executable, "-m", "staleness", "sweep", *ARGS, "--out", str(tmp_path / "two"),
+            procs.spawn([sys.executable, "-m", "staleness", "sweep", *ARGS, "--block", "4", "--out", str(tmp_path / "two"),
                          "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)])
         procs.finish()
     finally:
         procs.kill()
     assert [p.returncode for p in procs.procs] == [0, 0], procs.text()
     single = st.sweep(digits4, GRID, C.parse("1,1.3,2,2.6"), seeds=[0, 1], lr_rules=["constant", "per_gradient"],
-                      lrs=[0.1], num_updates=40, eval_every=10)
+                      lrs=[0.1], num_updates=40, eval_every=10, block=4)
     table = (tmp_path / "two" / "table.csv").read_text().splitlines()
     assert len(table) == 1 + len(single)
     for i, r in enumerate(single):
         got = Result.load(tmp_path / "two" / "results" / str(i))
         assert got.config["processes"] == 2 and got.config["process"] == (0 if i < 4 else 1)
+        assert got.config["block"] == 4
         assert _equal_tree(got.params, r.params), f"configuration {i}: params differ from one process"
         np.testing.assert_array_equal(got.history.to_numpy(float), r.history.to_numpy(float))
         np.testing.assert_array_equal(got.train_loss, r.train_loss)
@@ -267,3 +280,11 @@ def test_cli_sweep_checks_out_before_computing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sweeps, "replay_grid", lambda *a, **k: pytest.fail("computed before checking --out"))
     assert main(["sweep", "--out", str(tmp_path / "file")]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_sweep_schedules_carry_the_task_payload_as_simulate_does(digits4):
+    cluster = "1,1.3,2,2.6+net=10mbps:1ms"
+    swept = st.sweep(digits4, ["asp"], cluster, seeds=[0], lrs=[0.1], num_updates=12, eval_every=6)[0]
+    single = st.simulate(digits4, "asp", cluster, seed=0, lr=0.1, num_updates=12, eval_every=6)
+    assert swept.schedule.equals(single.schedule)
+    assert swept.schedule.columns["push_bytes"].max() > 0

@@ -72,6 +72,8 @@ def add(sub) -> None:
     p.add_argument("--slots", type=count, default=None, help="gradient slots per update (>= the largest update)")
     p.add_argument("--devices", type=count, default=None, help="shard the configurations over this process's "
                    "first N local devices")
+    p.add_argument("--block", type=count, default=None, help="configurations per device per compiled call "
+                   "(default min(8, grid size)); the numbers depend on it, not on devices or processes")
     p.add_argument("--cpu-devices", type=count, default=None, help="make N virtual CPU devices (per process) "
                    "before JAX starts")
     p.add_argument("--metric", default=None, help="metric for time-to-target (default: the task's)")
@@ -203,11 +205,13 @@ def _cmd(args) -> int:
         from staleness.engine.distributed import sweep_process
 
         results = sweep_process(make_grid, coordinator=args.coordinator, num_processes=args.num_processes,
-                                process_id=args.process_id, devices=args.devices, progress=not args.no_progress)
+                                process_id=args.process_id, devices=args.devices, block=args.block,
+                                progress=not args.no_progress)
         if results is None:
             return 0
     else:
-        results = sweeps.replay_grid(make_grid(), devices=args.devices, progress=not args.no_progress)
+        results = sweeps.replay_grid(make_grid(), devices=args.devices, progress=not args.no_progress,
+                                     block=args.block)
     wall = time.perf_counter() - t0
     rows, metric, target = _table(results, args)
     where = (f"{args.num_processes} processes" if multi else
@@ -219,7 +223,8 @@ def _cmd(args) -> int:
     meta = {"configurations": len(results), "policies": [p.describe() for p in pols], "seeds": seeds,
             "lr_rules": rules, "lrs": lrs, "task": args.task, "cluster": cluster.describe(), "updates": updates,
             "max_time": args.max_time, "ring": results[0].config["ring"], "slots": results[0].config["slots"],
-            "processes": args.num_processes if multi else 1, "devices": results[0].config["devices"],
+            "block": results[0].config["block"], "processes": args.num_processes if multi else 1,
+            "devices": results[0].config["devices"],
             "wall_s": wall, "compile_s": compile_s, "metric": metric, "target": target}
     _write(out, results, rows, meta, args.overwrite)
     print(f"wrote {out}/table.csv, sweep.json, results/")
@@ -318,7 +323,7 @@ def _rebuild(args, out) -> list[str]:
                        ("--updates", "updates"), ("--max-time", "max_time"), ("--optimizer", "optimizer"),
                        ("--inner-optimizer", "inner_optimizer"), ("--batch-size", "batch_size"),
                        ("--partition", "partition"), ("--data-dir", "data_dir"), ("--eval-every", "eval_every"),
-                       ("--ring", "ring"), ("--slots", "slots"), ("--devices", "devices"),
+                       ("--ring", "ring"), ("--slots", "slots"), ("--devices", "devices"), ("--block", "block"),
                        ("--cpu-devices", "cpu_devices"), ("--metric", "metric"), ("--target", "target")):
         value = getattr(args, dest)
         if value is not None:

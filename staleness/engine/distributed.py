@@ -4,12 +4,12 @@ replays its share of the grid on its local devices; process 0 gathers the Result
     results = sweep_process(lambda: prepare(...), coordinator="10.0.0.1:8476", num_processes=2, process_id=i)
 
 Every process prepares the same grid (schedules are deterministic from their
-seeds, so the padding agrees without a message), takes the contiguous block
-`share(len(grid), num_processes, process_id)` of configurations, replays it
+seeds, so the padding agrees without a message), takes its contiguous share of
+the grid's blocks (`share(len(grid), num_processes, process_id, block)`), replays it
 (`sweeps.replay_grid`, sharded over its local devices) and sends its Results
 to process 0 through the job's key-value store. Configurations are
-independent and each is computed by the same per-configuration program, so
-the gathered Results are bitwise those of a one-device sweep.
+independent and every block of configurations is computed by the same
+compiled program, so the gathered Results are bitwise those of a one-device sweep.
 
 A process that dies stops the job: JAX's coordination service sees its
 heartbeat stop and fails the others (after `heartbeat_timeout` seconds);
@@ -33,9 +33,12 @@ class GatherError(RuntimeError):
     """Process 0 did not receive every process's Results in time."""
 
 
-def share(num_configs: int, num_processes: int, process_id: int) -> list[int]:
-    """Configuration indices of process `process_id`: a contiguous block, the blocks in order."""
-    return [int(i) for i in np.array_split(np.arange(num_configs), num_processes)[process_id]]
+def share(num_configs: int, num_processes: int, process_id: int, block: int = 1) -> list[int]:
+    """Configuration indices of process `process_id`: contiguous whole blocks of `block`
+    configurations (the grid's blocks, so each is computed exactly as on one process)."""
+    nb = -(-num_configs // block)
+    mine = np.array_split(np.arange(nb), num_processes)[process_id]
+    return [i for b in mine for i in range(int(b) * block, min((int(b) + 1) * block, num_configs))]
 
 
 def _check(coordinator, num_processes, process_id) -> None:
@@ -56,7 +59,7 @@ def _pack(results) -> bytes:
 
 
 def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id: int, devices=None,
-                  progress: bool = False, init_timeout: float = 120.0, heartbeat_timeout: int = 60,
+                  block: int | None = None, progress: bool = False, init_timeout: float = 120.0, heartbeat_timeout: int = 60,
                   gather_timeout: float = 3600.0):
     """Run one process of a multi-process sweep (call before any other JAX operation).
 
@@ -65,6 +68,7 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
         `jax.distributed` is initialized: no JAX operation may run before).
       coordinator: HOST:PORT of process 0; num_processes, process_id: the job.
       devices: this process's local devices for its share (see `sweeps.resolve_devices`).
+      block: configurations per device per call (`sweeps.replay_grid`; the same on every process).
       init_timeout: seconds for every process to join.
       heartbeat_timeout: seconds without a heartbeat after which JAX fails the job.
       gather_timeout: seconds process 0 waits for the other processes' Results
@@ -85,9 +89,10 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
 
         client = distributed.global_state.client
         grid = make_grid()
-        mine = share(len(grid), num_processes, process_id)
+        block = sweeps.grid_block(grid, block)
+        mine = share(len(grid), num_processes, process_id, block)
         t0 = time.perf_counter()
-        results = sweeps.replay_grid(grid, mine, devices=devices, progress=progress)
+        results = sweeps.replay_grid(grid, mine, devices=devices, progress=progress, block=block)
         for r in results:
             r.config.update(processes=num_processes, process=process_id)
         if process_id != 0:
@@ -103,7 +108,7 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
                 raise GatherError(f"sweep: process 0 has no Results from process {p} after "
                                   f"{time.perf_counter() - t0:.0f} s ({str(e).splitlines()[0][:200]}); is it "
                                   "running, with the same arguments?") from None
-            idx = share(len(grid), num_processes, p)
+            idx = share(len(grid), num_processes, p, block)
             for i, (history, params, config, train_loss, status) in zip(idx, pickle.loads(blob)):
                 pol, seed, _, _ = grid.configs[i]
                 out.append(Result(history, grid.schedules[(pol, seed)], params, config, train_loss, status))

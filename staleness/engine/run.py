@@ -306,7 +306,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
           num_updates: int | None = None, max_time: float | None = None, optimizer=None,
           inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
           batch_size: int | None = None, progress: bool = False, ring: int | None = None,
-          slots: int | None = None, devices=None) -> list[Result]:
+          slots: int | None = None, devices=None, block: int | None = None) -> list[Result]:
     """Replay many configurations in one compiled, vmapped call per chunk (policies × seeds ×
     lr_rules × lrs), optionally sharded over local `devices`: `staleness.engine.sweeps.sweep`."""
     from staleness.engine import sweeps
@@ -314,7 +314,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     return sweeps.sweep(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
                         max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer,
                         eval_every=eval_every, num_evals=num_evals, batch_size=batch_size, progress=progress,
-                        ring=ring, slots=slots, devices=devices)
+                        ring=ring, slots=slots, devices=devices, block=block)
 
 
 # -- checkpoints -------------------------------------------------------------------

@@ -6,11 +6,11 @@
 A sweep is prepared once on the host (`prepare`: every schedule, the padding
 shared by all configurations, the optimizer) and replayed by
 `replay_grid(grid, indices, devices)`: the configurations `indices` (default:
-all) batched under `vmap`, the batch sharded over `devices` with
-`jax.shard_map` (each device runs the unchanged batched replay on its slice;
-no collective inside). Configurations are independent, so any split of the
-grid (over devices here, over processes in `staleness.engine.distributed`)
-computes every configuration with the same per-configuration program.
+all) in blocks of `block` configurations batched under `vmap`, one block per
+device per call (`jax.shard_map` over the devices; no collective inside).
+Every block, wherever it runs, is the same compiled program on the same
+shapes, so any split of the grid (over devices here, over processes in
+`staleness.engine.distributed`) gives every configuration the same bits.
 
 Padding is pinned up front: `ring=` (parameter versions kept, >= the largest
 staleness + 1) and `slots=` (gradients per update, >= the largest update) fix
@@ -135,11 +135,19 @@ def prepare(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=
     seeds = [int(s) for s in seeds]
     if not pols or not seeds or not rules_in or not lrs:
         raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
-    schedules = {(p, s): simulate_schedule(p, cluster, num_updates=num_updates, max_time=max_time, seed=s)
+    from staleness import cluster as _cluster
+    from staleness.engine import payload as _payload
+
+    if isinstance(cluster, str):
+        cluster = _cluster.parse(cluster)
+    task = _run.resolve_task(task, cluster.num_workers, batch_size)
+    # as `simulate` does: transfers carry the bytes of the task's pytree (the method's payload)
+    payload = {p: _payload.payload_bytes(task, p) for p in pols}
+    schedules = {(p, s): simulate_schedule(p, cluster, num_updates=num_updates, max_time=max_time, seed=s,
+                                           payload_bytes=payload[p][0], push_bytes=payload[p][1])
                  for p in pols for s in seeds}
     configs = list(itertools.product(pols, seeds, rules_in, lrs))
     first = next(iter(schedules.values()))
-    task = _run.resolve_task(task, first.num_workers, batch_size)
     u_max = max(s.num_updates for s in schedules.values())
     chunk = _chunks.chunk_length(u_max, eval_every, num_evals)
     need = [needs(s) for s in schedules.values()]
@@ -186,13 +194,6 @@ def resolve_devices(devices) -> list | None:
     return devs if len(devs) > 1 else None
 
 
-def _specs(carry, consts, xs_index):
-    carry_spec = core.Carry(P(AXIS), P(AXIS), P(None, AXIS), P(AXIS))
-    consts_spec = {k: P(AXIS) for k in consts}
-    xs_spec = (P(), P(None, AXIS), None if xs_index is None else P(None, AXIS))
-    return carry_spec, consts_spec, xs_spec
-
-
 @functools.lru_cache(maxsize=32)
 def _sharded_fns(mesh: Mesh, opt, rules, local, has_index: bool, const_keys: tuple):
     """(chunk, evaluate) of the batched replay under `shard_map` over `mesh`'s configuration axis."""
@@ -212,11 +213,16 @@ def _sharded_fns(mesh: Mesh, opt, rules, local, has_index: bool, const_keys: tup
 
 def _evaluate_each(task, params):
     """Metrics of each configuration's params (leaves [B, ...]), one after the other: a
-    batched evaluation's rounding depends on B, this one's does not."""
+    vmapped evaluation over the test set rounded differently on 1 and on 4 devices
+    (observed on CPU); one evaluation per configuration does not."""
     return jax.lax.map(task.evaluate, params)
 
 
 _evaluate_each_jit = jax.jit(_evaluate_each)
+
+
+def _one_device_chunk(task, carry, xs, consts, *, opt, rules, local):
+    return core.run_chunk_batched(task, carry, xs, consts, opt=opt, rules=rules, local=local)
 
 
 def _place(tree, mesh, spec_tree):
@@ -225,10 +231,23 @@ def _place(tree, mesh, spec_tree):
 
 
 # -- the replay of a grid --------------------------------------------------------------
-def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = False) -> list:
-    """Replay configurations `indices` of `grid` (default: all) in one batched, compiled
-    call per chunk, sharded over `devices` (see `resolve_devices`). Returns their Results
-    in the order of `indices`."""
+DEFAULT_BLOCK = 8   # configurations per device per compiled call
+
+
+def blocks_of(num: int, block: int) -> int:
+    return -(-num // block)
+
+
+def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = False, block: int | None = None) -> list:
+    """Replay configurations `indices` of `grid` (default: all), `block` configurations per
+    device per compiled call, over `devices` (see `resolve_devices`). Returns their Results
+    in the order of `indices`.
+
+    Every device runs the same program on a block of exactly `block` configurations
+    (the last block padded by repeating its last configuration), so a configuration's
+    numbers do not depend on the device count, the process count or the grid's size
+    beyond the block: XLA picks other kernels, with other rounding, for other batch
+    sizes, and a fixed block makes every placement one compiled program."""
     from tqdm.auto import tqdm
 
     from staleness.engine import run as _run
@@ -236,64 +255,73 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
     indices = list(range(len(grid))) if indices is None else [int(i) for i in indices]
     if not indices:
         return []
-    devs = resolve_devices(devices)
-    n_dev = len(devs) if devs else 1
-    # Pad the batch by repeating the last configuration: to a multiple of the device count,
-    # and to at least 2 per device (XLA compiles a batch of one as other ops, with other
-    # rounding; from 2 on, a configuration's numbers do not depend on the batch it is in).
-    per_device = max(2, -(-len(indices) // n_dev))
-    padded = indices + [indices[-1]] * (per_device * n_dev - len(indices))
+    block = grid_block(grid, block)
+    devs = resolve_devices(devices) or [jax.local_devices()[0]]
+    n_dev = len(devs)
+    nb = blocks_of(len(indices), block)
+    rounds = blocks_of(nb, n_dev)   # calls per chunk: each puts one block on every device
+    width = n_dev * block
+    padded = indices + [indices[-1]] * (rounds * width - len(indices))
     compile0 = compile_seconds()
     t_start = time.perf_counter()
     configs = [grid.configs[i] for i in padded]
     plans = [grid.plans[i] for i in padded]
     task, chunk = grid.task, grid.chunk
-    seed_arr = jnp.asarray([s for _, s, _, _ in configs], jnp.int32)
-    consts = {"data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
-              "rule": jnp.asarray([grid.rules.index(r) for _, _, r, _ in configs], jnp.int32)}
-    if grid.local is not None:
-        consts["steps"] = jnp.asarray(grid.steps[padded])        # [B, λ]
-    carry = core.init_carry_batched(task, [s for _, s, _, _ in configs], grid.opt, grid.ring,
-                                    lrs=[v for *_, v in configs], inner=grid.inner_opt,
-                                    num_workers=grid.num_workers,
-                                    streaming=grid.local is not None and grid.local.streaming)
-    rates = [v if v is not None else _run.learning_rate(grid.opt, jax.tree.map(lambda a, i=i: a[i], carry.opt_state))
-             for i, (*_, v) in enumerate(configs)]
+    mesh = Mesh(np.asarray(devs), (AXIS,))
     data_keys = [core.keys(s)[1] for _, s, _, _ in configs]
 
-    def inputs(k):
-        parts = [_run.chunk_inputs(task, p, k, key) for p, key in zip(plans, data_keys)]
-        index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, B, C, μ]
-        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, B, 5, C]
+    def inputs_of(sel):
+        def inputs(k):
+            parts = [_run.chunk_inputs(task, plans[i], k, data_keys[i]) for i in sel]
+            index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, W, C, μ]
+            return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, W, 5, C]
+        return inputs
 
-    if devs is None:
-        def step(carry, xs):
-            return core.run_chunk_batched(task, carry, xs, consts, opt=grid.opt.tx, rules=grid.rules,
-                                          local=grid.local)
-
-        def evaluate(params):
-            return _evaluate_each_jit(task, params)
-        mesh_names = [str(jax.local_devices()[0])]
-    else:
-        mesh = Mesh(np.asarray(devs), (AXIS,))
-        first = inputs(0)
-        chunk_fn, eval_fn = _sharded_fns(mesh, grid.opt.tx, grid.rules, grid.local, first[2] is not None,
-                                         tuple(sorted(consts)))
-        carry_spec, consts_spec, _ = _specs(carry, consts, first[2])
-        carry = _place(carry, mesh, carry_spec)
-        consts = _place(consts, mesh, consts_spec)
+    spans = [list(range(r * width, (r + 1) * width)) for r in range(rounds)]
+    feeds = [inputs_of(sel) for sel in spans]
+    has_index = task.indexed
+    const_keys = ("data_key", "rule") + (("steps",) if grid.local is not None else ())
+    if n_dev > 1:
+        chunk_fn, eval_fn = _sharded_fns(mesh, grid.opt.tx, grid.rules, grid.local, has_index, const_keys)
         task_rep = jax.device_put(task, NamedSharding(mesh, P()))
+    else:   # one device: the engine's own batched replay (the per-device program of the sharded one)
+        chunk_fn = functools.partial(_one_device_chunk, opt=grid.opt.tx, rules=grid.rules, local=grid.local)
+        eval_fn, task_rep = _evaluate_each_jit, jax.device_put(task, devs[0])
+    carry_spec = core.Carry(P(AXIS), P(AXIS), P(None, AXIS), P(AXIS))
+    carries, consts, rates = [], [], []
+    for sel in spans:
+        cfgs = [configs[i] for i in sel]
+        seed_arr = jnp.asarray([s for _, s, _, _ in cfgs], jnp.int32)
+        cs = {"data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
+              "rule": jnp.asarray([grid.rules.index(r) for _, _, r, _ in cfgs], jnp.int32)}
+        if grid.local is not None:
+            cs["steps"] = jnp.asarray(grid.steps[[padded[i] for i in sel]])        # [W, λ]
+        c = core.init_carry_batched(task, [s for _, s, _, _ in cfgs], grid.opt, grid.ring,
+                                    lrs=[v for *_, v in cfgs], inner=grid.inner_opt, num_workers=grid.num_workers,
+                                    streaming=grid.local is not None and grid.local.streaming)
+        rates += [v if v is not None else _run.learning_rate(grid.opt, jax.tree.map(lambda a, i=i: a[i], c.opt_state))
+                  for i, (*_, v) in enumerate(cfgs)]
+        carries.append(_place(c, mesh, carry_spec))
+        consts.append(_place(cs, mesh, {k: P(AXIS) for k in cs}))
 
-        def step(carry, xs):
-            return chunk_fn(task_rep, carry, xs, consts)
+    def step(carries, xs):
+        outs = [chunk_fn(task_rep, c, x, k) for c, x, k in zip(carries, xs, consts)]
+        return [o[0] for o in outs], [o[1] for o in outs]
 
-        def evaluate(params):
-            return eval_fn(task_rep, params)
-        mesh_names = [str(d) for d in devs]
+    def inputs(k):
+        return [f(k) for f in feeds]
+
+    def evaluate(carries):
+        parts = jax.device_get([eval_fn(task_rep, c.params) for c in carries])
+        return {m: np.concatenate([p[m] for p in parts]) for m in parts[0]}
+
+    def host_params(carries):
+        parts = jax.device_get([c.params for c in carries])
+        return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
     n = len(indices)
-    metrics0 = jax.device_get(evaluate(carry.params))
-    params0 = jax.device_get(carry.params)
+    metrics0 = evaluate(carries)
+    params0 = host_params(carries)
     hists = []
     for i in range(n):
         h = _chunks.History(plans[i].num_updates,
@@ -301,10 +329,10 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
         h.params = jax.tree.map(lambda a, i=i: a[i], params0)
         hists.append(h)
 
-    def record(k, carry, losses, _wall):
-        losses = np.swapaxes(losses, 0, 1)     # [B, K, C]
-        metrics = jax.device_get(evaluate(carry.params))
-        params_host = jax.device_get(carry.params)
+    def record(k, carries, losses, _wall):
+        losses = np.swapaxes(np.concatenate(losses, axis=1), 0, 1)     # [B, K, C]
+        metrics = evaluate(carries)
+        params_host = host_params(carries)
         lo = k * chunk
         for i, (p, h) in enumerate(zip(plans[:n], hists)):
             if not h.active or lo >= p.num_updates:
@@ -326,10 +354,11 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
 
     bar = tqdm(total=plans[0].num_chunks * chunk, unit="upd", disable=not progress, desc=f"sweep x{n}",
                leave=False)
-    _, status, wall = _chunks.run(step, carry, num_chunks=plans[0].num_chunks, inputs=inputs, record=record,
-                                  histories=hists, bar=bar, bar_step=lambda k: chunk)
+    _chunks.run(step, carries, num_chunks=plans[0].num_chunks, inputs=inputs, record=record, histories=hists,
+                bar=bar, bar_step=lambda k: chunk)
     compile_s = compile_seconds() - compile0
     total_s = time.perf_counter() - t_start
+    mesh_names = [str(d) for d in devs]
     results = []
     task_config = task.config()
     for i, idx in enumerate(indices):
@@ -338,18 +367,27 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
         cfg = dict(task_config, lr=rates[i], lr_rule=rule.describe(), optimizer=grid.opt.describe(), seed=s,
                    policy=sched.policy, cluster=sched.cluster, workers=sched.num_workers, eval_every=chunk,
                    sweep=True, sweep_index=idx, sweep_size=len(grid), ring=grid.ring, slots=grid.slots,
-                   devices=mesh_names, compile_s=compile_s, sweep_s=total_s)
+                   block=block, devices=mesh_names, compile_s=compile_s, sweep_s=total_s)
         if grid.local is not None:
             cfg.update(inner_optimizer=grid.inner_opt.describe(), local_steps=[int(h) for h in grid.steps[idx]])
         results.append(hists[i].result(sched, cfg))
     return results
 
 
+def grid_block(grid: Grid, block: int | None) -> int:
+    """Configurations per device per call: `block`, else min(DEFAULT_BLOCK, grid size)."""
+    if block is None:
+        return min(DEFAULT_BLOCK, len(grid))
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block = {block!r} must be an integer >= 1 (configurations per device per call)")
+    return int(block)
+
+
 def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
           num_updates: int | None = None, max_time: float | None = None, optimizer=None,
           inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
           batch_size: int | None = None, progress: bool = False, ring: int | None = None,
-          slots: int | None = None, devices=None) -> list:
+          slots: int | None = None, devices=None, block: int | None = None) -> list:
     """Replay many configurations in one compiled, vmapped call per chunk.
 
     Configurations are the product policies × seeds × lr_rules × lrs (in that
@@ -366,10 +404,12 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
         update). Pin both to compile once for several grids.
       devices: shard the configuration axis over local devices: True (all), a
         count, or a list of devices; the Results are bitwise those of one device.
+      block: configurations per device per compiled call (default min(8, grid size));
+        the Results depend on it (in the last bits), not on the devices or processes.
     Each Result's config holds ring, slots, devices, compile_s (seconds spent
     compiling during the sweep) and sweep_s (the sweep's wall time).
     """
     grid = prepare(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
                    max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, eval_every=eval_every,
                    num_evals=num_evals, batch_size=batch_size, ring=ring, slots=slots)
-    return replay_grid(grid, devices=devices, progress=progress)
+    return replay_grid(grid, devices=devices, progress=progress, block=block)
