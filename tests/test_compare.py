@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -173,8 +174,27 @@ def test_tuning_uses_a_validation_split_disjoint_from_the_test_set():
     kept = {tuple(np.asarray(x).ravel()) for x in np.asarray(val.data["x_train"])}
     assert held <= tr and not (held & kept) and val.train_size + val.test_size == task.train_size
     assert not (held - test) or (held & test) == (tr & test) & held      # only duplicate images overlap
-    with pytest.raises(ValueError, match="no validation split"):
-        st.tasks.get("stdlib-lm", num_workers=2, num_layers=1, d_model=32, context=16, corpus_bytes=50_000).holdout()
+
+
+def test_the_language_model_holds_out_the_tail_of_its_training_stream():
+    task = st.tasks.get("stdlib-lm", num_workers=2, num_layers=1, d_model=32, context=16, corpus_bytes=50_000)
+    val = task.holdout(0.2)
+    train, kept = np.asarray(task.data["train"]), np.asarray(val.data["train"])
+    cut = kept.size
+    assert cut == round(train.size * 0.8) and np.array_equal(kept, train[:cut])
+    assert val.train_size == cut - 16 and val.test_size == task.test_size and val.name == "stdlib-lm[validation]"
+    # every validation window lies in the held-out tail, none in the test files
+    x = np.asarray(val.data["x_test"]).reshape(-1, 16)[:val.test_size]
+    tail = train[cut:].tobytes()
+    assert all(bytes(w.astype(np.uint8)) in tail for w in x[:: max(1, len(x) // 16)])
+    assert not np.array_equal(x, np.asarray(task.data["x_test"]).reshape(-1, 16)[:task.test_size])
+    assert np.isfinite(float(val.evaluate(val.init_params(jax.random.key(0)))["loss"]))
+    b = val.minibatch(jax.random.key(1), 1, 3)
+    assert int(np.asarray(b["index"]).max()) < val.train_size
+    with pytest.raises(ValueError, match="too short"):
+        task.holdout(0.9999)
+    with pytest.raises(ValueError, match="fraction"):
+        task.holdout(1.5)
 
 
 def test_a_given_lr_is_not_tuned():

@@ -86,6 +86,9 @@ class Task:
         optimizer spec string or an optax transformation); None: 'sgd'.
       options: ((key, value), ...) the task-specific options a built-in task was
         built with (`tasks.get(name, **options)`), so a Result can rebuild it.
+      holdout_fn: (task, fraction, seed) -> Task, the validation split of a task
+        whose data are not x_train/y_train arrays (the language model's byte
+        stream); None: `holdout` splits x_train/y_train itself.
     """
 
     name: str
@@ -107,6 +110,7 @@ class Task:
     gather_fn: Callable[[PyTree, jax.Array, jax.Array, Any, Any], Batch] | None = None
     optimizer: Any = None
     options: tuple = ()
+    holdout_fn: Callable[["Task", float, int], "Task"] | None = None
 
     def __post_init__(self):
         # Directions of the metrics: declared (staleness.metrics.Metric values) or
@@ -237,17 +241,20 @@ class Task:
         (drawn with `seed`) becomes its held-out set, the rest its training set; the test
         set is not used at all. The task itself is returned for tasks without data
         (the quadratic: its objective is the held-out metric). Raises ValueError for
-        tasks whose data layout has no such split (e.g. the language model)."""
+        tasks whose data layout has no such split; a task with its own `holdout_fn`
+        (the language model: the tail of its training stream) splits itself."""
         from staleness.tasks import data as _data
 
         if self.train_size == 0:
             return self
+        if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
+            raise ValueError(f"holdout: fraction = {fraction!r} must be a float in (0, 1)")
+        if self.holdout_fn is not None:
+            return self.holdout_fn(self, fraction, seed)
         d = self.data if isinstance(self.data, dict) else {}
         if not (self.indexed and {"x_train", "y_train", "x_test", "mask_test"} <= set(d)):
             raise ValueError(f"task {self.name!r} has no validation split (its data are not x_train/y_train "
                              "arrays); give a learning rate instead of tuning it")
-        if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
-            raise ValueError(f"holdout: fraction = {fraction!r} must be a float in (0, 1)")
         n = self.train_size
         k = max(1, round(fraction * n))
         if n - k < self.num_workers:
@@ -289,7 +296,7 @@ jax.tree_util.register_dataclass(
     meta_fields=[
         "name", "batch_size", "num_workers", "partition", "metric_names",
         "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics", "gather_fn",
-        "optimizer", "options",
+        "optimizer", "options", "holdout_fn",
     ],
 )
 

@@ -57,6 +57,7 @@ reaches 2.6 held-out bits/byte, ASP with 4 workers 4.3 and with 8 workers 4.8
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -332,39 +333,55 @@ def lm_task(name: str, model: nn.Module, *, context: int, batch_size: int, num_w
     eval_windows = _check_int("eval_windows", eval_windows, 1, "held-out windows per evaluation")
     eval_chunk = _check_int("eval_chunk", eval_chunk, 1, "held-out windows per evaluation step")
     c = corpus(corpus_bytes)
-    if c.heldout.size < context + 1:
-        raise ValueError(f"the held-out stream has {c.heldout.size} bytes, fewer than context + 1 = {context + 1}")
-    train_size = int(c.train.size) - context
-    if train_size < 1:
-        raise ValueError(f"the training stream has {c.train.size} bytes; it needs more than context = {context}")
+    init_fn, loss_fn, per_example = _lm_fns(model, context)
+    task = Task(
+        name=name, batch_size=batch_size, num_workers=num_workers, partition=partition,
+        metric_names=("loss", "bits_per_byte"), train_size=0, test_size=0, seed=seed,
+        init_fn=init_fn, loss_fn=loss_fn, sample_fn=None, gather_fn=make_gather_fn(context), eval_fn=None,
+        optimizer=DEFAULT_OPTIMIZER,
+        holdout_fn=functools.partial(_holdout, c.train, context, eval_windows, eval_chunk, per_example))
+    data = _data.device_data(_fingerprint_arrays(c))
+    return _on_streams(task, c.train, c.heldout, context, eval_windows, eval_chunk, per_example, data)
 
-    starts = np.linspace(0, c.heldout.size - (context + 1), eval_windows).round().astype(np.int64)
-    windows = c.heldout[starts[:, None] + np.arange(context + 1)].astype(np.int32)   # [eval_windows, T + 1]
-    arrays: dict[str, Any] = {"train": c.train, **_data.chunked_test_data(windows[:, :-1], windows[:, 1:], eval_chunk)}
+
+def _on_streams(task: Task, train: np.ndarray, heldout: np.ndarray, context: int, eval_windows: int,
+                eval_chunk: int, per_example, fingerprint) -> Task:
+    """`task` training on windows of byte stream `train`, evaluated on `eval_windows` fixed
+    windows of `heldout` (the data layout and functions that depend on the streams)."""
+    if heldout.size < context + 1:
+        raise ValueError(f"the held-out stream has {heldout.size} bytes, fewer than context + 1 = {context + 1}")
+    train_size = int(train.size) - context
+    if train_size < 1:
+        raise ValueError(f"the training stream has {train.size} bytes; it needs more than context = {context}")
+    starts = np.linspace(0, heldout.size - (context + 1), eval_windows).round().astype(np.int64)
+    windows = heldout[starts[:, None] + np.arange(context + 1)].astype(np.int32)   # [eval_windows, T + 1]
+    arrays: dict[str, Any] = {"train": train, **_data.chunked_test_data(windows[:, :-1], windows[:, 1:], eval_chunk)}
+    part = _partitions.parse(task.partition)
     if part.kind != "iid":
-        arrays["order"], arrays["shard_bounds"] = region_layout(int(c.train.size), num_workers, context,
+        arrays["order"], arrays["shard_bounds"] = region_layout(int(train.size), task.num_workers, context,
                                                                 part.sizes)
     task_data = _data.device_data(arrays)
-    task_data["fingerprint"] = _data.device_data(_fingerprint_arrays(c))
+    task_data["fingerprint"] = fingerprint
+    return dataclasses.replace(
+        task, train_size=train_size, test_size=eval_windows, data=task_data,
+        sample_fn=make_sample_fn(task.batch_size, task.partition, train_size, context),
+        eval_fn=_data.make_eval_fn(per_example, eval_windows))
 
-    init_fn, loss_fn, per_example = _lm_fns(model, context)
-    return Task(
-        name=name,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        partition=partition,
-        metric_names=("loss", "bits_per_byte"),
-        train_size=train_size,
-        test_size=eval_windows,
-        seed=seed,
-        init_fn=init_fn,
-        loss_fn=loss_fn,
-        sample_fn=make_sample_fn(batch_size, partition, train_size, context),
-        gather_fn=make_gather_fn(context),
-        eval_fn=_data.make_eval_fn(per_example, eval_windows),
-        data=task_data,
-        optimizer=DEFAULT_OPTIMIZER,
-    )
+
+def _holdout(train: np.ndarray, context: int, eval_windows: int, eval_chunk: int, per_example,
+             task: Task, fraction: float, seed: int) -> Task:
+    """The validation task of an LM: the last `fraction` of the training stream becomes the
+    held-out stream (windows never straddle the cut: the two streams are disjoint bytes),
+    the rest the training stream; the test files are not used. The split is contiguous, so
+    `seed` is not used (a random choice of windows would share bytes between the two)."""
+    del seed
+    cut = int(round(train.size * (1.0 - fraction)))
+    if cut - context < task.num_workers or train.size - cut < context + 1:
+        raise ValueError(f"holdout: a training stream of {train.size} bytes is too short to hold out "
+                         f"fraction = {fraction} with context = {context}")
+    return _on_streams(dataclasses.replace(task, name=f"{task.name}[validation]", holdout_fn=None),
+                       train[:cut], train[cut:], context, eval_windows, eval_chunk, per_example,
+                       task.data["fingerprint"])
 
 
 def check_model_options(num_layers: Any, d_model: Any, num_heads: Any, context: Any) -> None:
