@@ -28,8 +28,8 @@ Writes `<out>/reproduce_dsp.md`, `<out>/reproduce_dsp_<task>.png` and
 every verdict that changed against the results file it replaces; ends with one
 JSON line.
 
-    python benchmarks/reproduce_dsp.py --jobs 2   # full: digits + MNIST-1D, one process per task
-    python benchmarks/reproduce_dsp.py --quick    # smoke run (~3 min), writes runs/reproduce_dsp_quick/
+    python benchmarks/reproduce_dsp.py --jobs 2   # full: digits + MNIST-1D, one process per task (~14 min)
+    python benchmarks/reproduce_dsp.py --quick    # smoke run (~5 min on 2 loaded cores), writes runs/reproduce_dsp_quick/
 """
 
 from __future__ import annotations
@@ -844,7 +844,7 @@ def effect_summary(v: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run (~3 min): digits, 300 batches, 3-value grid, "
+    ap.add_argument("--quick", action="store_true", help="smoke run (~5 min): digits, 300 batches, 3-value grid, "
                                                          "one tuning seed, 5 seeds")
     ap.add_argument("--seeds", type=int, default=None, help="test seeds per task (default 5)")
     ap.add_argument("--tasks", default=None, help="comma-separated subset of " + ",".join(TASKS))
