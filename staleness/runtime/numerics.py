@@ -35,8 +35,13 @@ def _stack(*grads):
 
 
 def _server_update(params, opt_state, grads, staleness, mask, fragment, *, tx, rule):
+    # `server_update` without its padding select: every update of a real run has a
+    # real gradient, and the engine's replay of a trace whose plan has no padding
+    # update compiles these very ops (`engine.core._update_from`, padded=False); the
+    # select changes how XLA fuses Adam's step (last-bit differences, multi-slot).
     extra = {} if fragment is None else {"fragment": fragment}
-    return _update.server_update(tx, (rule,), params, opt_state, grads, staleness, mask, **extra)
+    grad = _update.aggregate(grads, staleness, mask, (rule,))
+    return _update.apply(tx, params, opt_state, grad, True, **extra)
 
 
 def _local_delta(task, params, inner_state, data_key, worker, round_, steps, *, local):
