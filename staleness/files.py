@@ -25,8 +25,8 @@ from pathlib import Path
 
 __all__ = ["OutputError", "MARKERS", "check_out", "is_output", "write_text", "write_with", "write_dir"]
 
-MARKERS = ("result.json", "compare.json")
-"""A directory holding one of these files is staleness output (a Result, a comparison)."""
+MARKERS = ("result.json", "compare.json", "sweep.json")
+"""A directory holding one of these files is staleness output (a Result, a comparison, a sweep)."""
 
 
 class OutputError(ValueError):

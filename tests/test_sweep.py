@@ -246,6 +246,11 @@ def test_cli_sweep_writes_one_row_per_configuration(tmp_path, capsys):
     r = Result.load(out / "results" / "05")
     assert r.config["sweep_index"] == 5 and r.config["lr"] == table["lr"][5]
     assert "compilation" in capsys.readouterr().out
+    # an existing sweep output is refused, and replaced with --overwrite
+    again = ["sweep", *ARGS[:-1], "--lrs", "0.1", "--out", str(out), "--no-progress"]
+    assert main(again) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main([*again, "--overwrite"]) == 0
+    assert len(pd.read_csv(out / "table.csv")) == 8 and not (out / "results" / "08").exists()
 
 
 def test_cli_sweep_local_steps_expand_local_methods(tmp_path):
