@@ -25,12 +25,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from staleness.cli.common import UsageError, check_out, count, natural, positive, print_table
+from staleness.procs import kill_groups
 
 __all__ = ["add"]
 
@@ -296,19 +296,19 @@ def _launch(args, out) -> int:
     try:
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline:
-                _kill(procs)
+                kill_groups(procs)
                 print(f"staleness: error: --launch-local: the sweep did not finish within {timeout:g} s; killed "
                       f"its {n} processes", file=sys.stderr)
                 return 124
             bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
             if bad:   # one failed: the others would wait for it until their timeouts
-                _kill(procs)
+                kill_groups(procs)
                 print(f"staleness: error: --launch-local: process {bad[0]} exited with status "
                       f"{procs[bad[0]].returncode}; stopped the others", file=sys.stderr)
                 return procs[bad[0]].returncode or 1
             time.sleep(0.1)
     except KeyboardInterrupt:
-        _kill(procs)
+        kill_groups(procs)
         raise
     return procs[0].returncode
 
@@ -334,16 +334,3 @@ def _rebuild(args, out) -> list[str]:
             argv.append(flag)
     return argv
 
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)   # a hung JAX process ignores SIGTERM
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass

@@ -17,10 +17,12 @@ devices (`run_devices`), with simulated time from the cluster models
 Modules: schedules (the schedule values), plan (tick tables), stage (the
 per-stage forward/backward/update), sim (one-device scan), devices (K-device
 shard_map), timing (simulated time), model (Staged models, split), tasks,
-packing, run (drivers producing `Result`s).
+packing, run (drivers producing `Result`s), multiprocess (one stage per
+process: `train_distributed`, `launch_local`), sweep (a grid of lr × seed runs
+in one program: `sweep.sweep`, `sweep.tune_lr`).
 """
 
-from staleness.pipeline import model, tasks
+from staleness.pipeline import model, multiprocess, sweep, tasks
 from staleness.pipeline.model import Staged, join_params, split, stage_params
 from staleness.pipeline.plan import IDLE, Plan, make_plan
 from staleness.pipeline.run import run_devices, simulate, train
@@ -29,6 +31,6 @@ from staleness.pipeline.timing import Timeline, simulate_timing
 
 __all__ = [
     "IDLE", "PipelineSchedule", "Plan", "Staged", "Timeline", "backprop", "ddg", "dsp", "gpipe",
-    "join_params", "make_plan", "model", "parse", "run_devices", "simulate", "simulate_timing", "split",
-    "stage_params", "tasks", "train",
+    "join_params", "make_plan", "model", "multiprocess", "parse", "run_devices", "simulate", "simulate_timing",
+    "split", "stage_params", "sweep", "tasks", "train",
 ]

@@ -9,9 +9,11 @@ global mesh of K devices, one per process (on CPU the cross-process
 SPMD program, the same per-stage code and the same tick tables as the
 single-process device run, so the numbers are those of `run_devices` on K
 local devices (bitwise on CPU in `tests/test_pipeline_multiprocess.py`).
-After every evaluation chunk the stages' states are gathered to every process
-(`process_allgather`); process 0 evaluates the model, keeps the history and
-returns the `Result`, the others return None.
+The setup and the chunk loop are `staleness.pipeline.run`'s (`_setup`, `_drive`);
+after every evaluation chunk the loss and the stages' states are gathered to
+every process (`process_allgather`, a collective every process enters); process 0
+evaluates the model, keeps the history and returns the `Result`, the others
+return None.
 
 Liveness: `jax.distributed`'s coordination service drops a job whose process
 stops sending heartbeats for `heartbeat_timeout` seconds, and a peer blocked
@@ -22,7 +24,6 @@ once, then stops the others.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -88,21 +89,12 @@ def train_distributed(ptask, schedule, num_batches: int, *, cluster=None, seed: 
 def _train(ptask, schedule, num_batches, *, process_id, cluster, seed, lr, optimizer, eval_every, num_evals,
            backward_ratio, recompute_cost, log):
     import jax
-    import pandas as pd
     from jax.experimental import multihost_utils
 
-    from staleness import cluster as _cluster
     from staleness.engine import core
-    from staleness.engine import optim as _optim
-    from staleness.engine.run import _check_lr
     from staleness.pipeline import stage as S
     from staleness.pipeline.devices import DeviceEngine
-    from staleness.pipeline.model import join_params
-    from staleness.pipeline.plan import IDLE, make_plan
-    from staleness.pipeline.run import _check_positive_int, _losses_per_batch
-    from staleness.pipeline.schedules import PipelineSchedule, parse
-    from staleness.pipeline.timing import simulate_timing
-    from staleness.results import DivergenceError, Result
+    from staleness.pipeline.run import _drive, _setup
 
     k = ptask.num_stages
     local = jax.local_devices()
@@ -114,93 +106,33 @@ def _train(ptask, schedule, num_batches, *, process_id, cluster, seed, lr, optim
     if devices[process_id] != local[0]:
         raise ValueError(f"process {process_id}'s device {local[0]} is not the job's device {process_id}; "
                          "give process ids 0..K-1 to the K processes")
-    num_batches = _check_positive_int("num_batches", num_batches)
-    lr = _check_lr(lr, allow_none=True)
-    sched = parse(schedule) if isinstance(schedule, str) else schedule
-    if not isinstance(sched, PipelineSchedule):
-        raise ValueError(f"schedule = {schedule!r} must be a PipelineSchedule or a spec like 'dsp:1,1,0'")
-    sched = sched.resolve(k)
-    plan = make_plan(sched, k, num_batches)
-    cluster = _cluster.constant(k) if cluster is None else (_cluster.parse(cluster) if isinstance(cluster, str)
-                                                            else cluster)
-    timeline = simulate_timing(plan, cluster, seed, backward_ratio=backward_ratio, recompute_cost=recompute_cost)
-    opt = _optim.resolve(optimizer, lr, num_batches, jax.eval_shape(ptask.init_stage_params, jax.random.key(0))
-                         if lr is not None else None)
-    if eval_every is None:
-        eval_every = max(1, -(-num_batches // _check_positive_int("num_evals", num_evals)))
-    eval_every = _check_positive_int("eval_every", eval_every)
-    ticks_per_batch = (plan.microbatches + plan.lags[0]) if sched.flush else 1
-    chunk = min(eval_every * ticks_per_batch, plan.num_ticks)
-
+    setup = _setup(ptask, schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
+                   eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
+                   recompute_cost=recompute_cost)
+    plan = setup.plan
     init_key, data_key = core.keys(seed)
     params = ptask.init_stage_params(init_key)
-    engine = DeviceEngine(ptask, plan, opt, params, S.Context(ptask, data_key), devices)
+    engine = DeviceEngine(ptask, plan, setup.opt, params, S.Context(ptask, data_key), devices)
     carry = engine.init_carry()
     t0 = time.perf_counter()
-    compiled = engine._run.lower(engine.ctx, carry, engine._put_xs(plan.xs(0, chunk))).compile()
+    compiled = engine._run.lower(engine.ctx, carry, engine._put_xs(plan.xs(0, setup.chunk))).compile()
     compile_s = time.perf_counter() - t0
     log(f"stage {process_id}: compiled in {compile_s:.1f} s; running {plan.num_ticks} ticks")
 
+    # Both are collectives (every process enters them, once per chunk): the loss and the
+    # stages' states live one stage per process.
+    def step(carry, xs):
+        carry, loss = compiled(engine.ctx, carry, engine._put_xs(xs))
+        return carry, np.asarray(multihost_utils.process_allgather(loss, tiled=True))[:, -1]   # the last stage's
+
     def gathered_params(carry):
-        host = multihost_utils.process_allgather(carry.state, tiled=True)   # collective: every process
+        host = multihost_utils.process_allgather(carry.state, tiled=True)
         return tuple(engine.head_layouts[j].unpack({d: np.asarray(v[j]) for d, v in host.items()})[0]
                      for j in range(k))
 
-    lead = process_id == 0
-    evaluate = jax.jit(lambda task, p: task.evaluate(p)) if lead else None
-    tick_end_time = timeline.tick_end()
-
-    def metrics_of(per_stage):
-        return jax.device_get(evaluate(ptask.task, join_params(per_stage))) if lead else {}
-
-    def row(tick_end, wall, train_loss, metrics):
-        sim_t = float(tick_end_time[tick_end - 1]) if tick_end > 0 else 0.0
-        r = {"update": plan.batches_done(tick_end), "tick": tick_end, "time": wall, "sim_time": sim_t,
-             "wall_time": wall, "train_loss": train_loss}
-        r.update({name: float(v) for name, v in metrics.items()})
-        return r
-
-    cfg = dict(task=ptask.name, schedule=sched.describe(), stages=k, batches=num_batches,
-               microbatches=plan.microbatches, batch_size=ptask.batch_size, lags=list(plan.lags),
-               forward_delays=list(plan.forward_delays), backward_delays=list(plan.backward_delays),
-               backward=sched.backward, lr=opt.lr, optimizer=opt.describe(), seed=seed, cluster=cluster.describe(),
-               engine="processes", devices=[str(d) for d in devices], processes=k, ticks=plan.num_ticks,
-               eval_every=eval_every, backward_ratio=backward_ratio, recompute_cost=recompute_cost,
-               sim_throughput=timeline.throughput, policy=sched.describe(), workers=k, compile_s=compile_s,
-               **{n: v for n, v in ptask.task.config().items() if n not in ("task", "batch_size")})
-    rows = [row(0, 0.0, math.nan, metrics_of(params))]
-    tick_loss = np.full(plan.num_ticks, np.nan)
-    wall, last = 0.0, params
-    for start in range(0, plan.num_ticks, chunk):
-        t1 = time.perf_counter()
-        carry, loss = compiled(engine.ctx, carry, engine._put_xs(plan.xs(start, chunk)))
-        loss = np.asarray(multihost_utils.process_allgather(loss, tiled=True))[:, -1]   # the last stage's
-        wall += time.perf_counter() - t1
-        end = min(start + chunk, plan.num_ticks)
-        tick_loss[start:end] = loss[: end - start]
-        valid = plan.fwd[start:end, -1] != IDLE
-        chunk_losses = tick_loss[start:end][valid]
-        cur = gathered_params(carry)
-        metrics = metrics_of(cur)
-        log(f"stage {process_id}: ticks {end}/{plan.num_ticks}")
-        if len(chunk_losses) and not np.all(np.isfinite(chunk_losses)):
-            bad = start + int(np.flatnonzero(valid)[np.flatnonzero(~np.isfinite(chunk_losses))[0]])
-            rows.append(row(end, wall, math.nan, metrics))
-            result = (Result(pd.DataFrame(rows), timeline.to_schedule(), join_params(last), cfg,
-                             _losses_per_batch(plan, tick_loss), "diverged") if lead else None)
-            raise DivergenceError(f"non-finite loss at tick {bad} (batch {int(plan.fwd[bad, -1]) // plan.microbatches}"
-                                  f" of {sched.describe()}, stage lags {list(plan.lags)}); try a smaller lr "
-                                  f"(now {opt.lr:g})", result)
-        rows.append(row(end, wall, float(np.mean(chunk_losses)) if len(chunk_losses) else math.nan, metrics))
-        last = cur
-    if not lead:
-        return None
-    ticks_run = -(-plan.num_ticks // chunk) * chunk
-    cfg.update(wall_s=wall, ticks_per_s=ticks_run / wall if wall > 0 else math.nan)
-    events = timeline.to_schedule()
-    events.meta.update(engine="processes", wall_s=wall, ticks_per_s=cfg["ticks_per_s"],
-                       time_axis="simulated (cluster model); history 'wall_time' is measured")
-    return Result(pd.DataFrame(rows), events, join_params(last), cfg, _losses_per_batch(plan, tick_loss), "complete")
+    return _drive(ptask, setup, params, (step, gathered_params, carry, [str(d) for d in devices], compile_s),
+                  engine_name="processes", wall_time=True, seed=seed, config={"processes": k},
+                  lead=process_id == 0, log=lambda line: log(f"stage {process_id}: {line}"))
 
 
 def _describe_exit(code: int) -> str:
@@ -230,6 +162,7 @@ def launch_local(num_processes: int, stage_args: list[str], *, timeout: float | 
     given `heartbeat_timeout` seconds to fail on their own, then killed.
     Returns 0 when every stage finished, 1 when one died, 124 on the timeout.
     """
+    from staleness.procs import kill_groups
     from staleness.runtime.multiprocess import free_port
 
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
@@ -256,33 +189,17 @@ def launch_local(num_processes: int, stage_args: list[str], *, timeout: float | 
                 i = dead[0]
                 print(f"staleness pipeline: stage {i} (process {procs[i].pid}) died: {_describe_exit(codes[i])}; "
                       f"stopping the other stages", file=stream, flush=True)
-                _wait_then_kill(procs, heartbeat_timeout)
+                kill_groups(procs, heartbeat_timeout)
                 return 1
             if all(c == 0 for c in codes):
                 return 0
             if deadline is not None and time.monotonic() > deadline:
                 print(f"staleness pipeline: the stages did not finish within {timeout:g} s; killing them",
                       file=stream, flush=True)
-                _wait_then_kill(procs, 0)
+                kill_groups(procs, 0)
                 return 124
             time.sleep(0.1)
     except KeyboardInterrupt:
-        _wait_then_kill(procs, 0)
+        kill_groups(procs, 0)
         return 130
 
-
-def _wait_then_kill(procs, grace: float) -> None:
-    end = time.monotonic() + grace
-    while time.monotonic() < end and any(p.poll() is None for p in procs):
-        time.sleep(0.1)
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass

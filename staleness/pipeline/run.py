@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -86,8 +87,39 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       Raises `DivergenceError` (with `.result`) on a non-finite loss, naming the
       batch, the stage that computed the loss, its lag and the tick.
     """
-    from tqdm.auto import tqdm
+    setup = _setup(ptask, schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
+                   eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
+                   recompute_cost=recompute_cost)
+    init_key, data_key = core.keys(seed)
+    params = ptask.init_stage_params(init_key)
+    ctx = S.Context(ptask, data_key)
+    on_devices = devices is not False and devices is not None
+    engine = _engine(ptask, setup.plan, setup.opt, params, ctx, devices, setup.chunk)
+    return _drive(ptask, setup, params, engine, engine_name="devices" if on_devices else "sim",
+                  wall_time=on_devices, seed=seed, config=config, progress=progress, checkpoint=checkpoint,
+                  resume=resume, stop_after=stop_after)
 
+
+class Setup(NamedTuple):
+    """What a pipeline run is, before any engine: the resolved schedule, its tick tables,
+    the simulated timeline, the optimizer and the evaluation chunk."""
+
+    num_batches: int
+    sched: PipelineSchedule   # resolved for the task's K stages
+    plan: Plan
+    cluster: Any              # the speed model (one worker per stage)
+    timeline: Any             # `simulate_timing` of the plan on the cluster
+    opt: Any                  # the per-stage `Optimizer`
+    eval_every: int           # batches between evaluations
+    chunk: int                # ticks per compiled chunk
+    backward_ratio: float     # the cost model of the timeline
+    recompute_cost: float
+
+
+def _setup(ptask, schedule, num_batches, *, cluster, seed, lr, optimizer, eval_every, num_evals, backward_ratio,
+           recompute_cost) -> Setup:
+    """Check `train`'s arguments and build its `Setup` (arguments as `train`); every driver
+    (one device, K devices, K processes) starts here."""
     num_batches = _check_positive_int("num_batches", num_batches)
     lr = _check_lr(lr, allow_none=True)
     sched = parse(schedule) if isinstance(schedule, str) else schedule
@@ -108,35 +140,56 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
     eval_every = _check_positive_int("eval_every", eval_every)
     ticks_per_batch = (plan.microbatches + plan.lags[0]) if sched.flush else 1
     chunk = min(eval_every * ticks_per_batch, plan.num_ticks)
+    return Setup(num_batches, sched, plan, cluster, timeline, opt, eval_every, chunk, backward_ratio, recompute_cost)
 
-    init_key, data_key = core.keys(seed)
-    params = ptask.init_stage_params(init_key)
-    ctx = S.Context(ptask, data_key)
-    on_devices = devices is not False and devices is not None
-    step, get_params, carry, device_names, compile_s = _engine(ptask, plan, opt, params, ctx, devices, chunk)
 
+def _drive(ptask, setup: Setup, params, engine, *, engine_name: str, wall_time: bool, seed: int,
+           config: dict | None = None, progress: bool = False, checkpoint=None, resume: bool = False,
+           stop_after: int | None = None, lead: bool = True, log=None) -> Result | None:
+    """Run `engine` chunk by chunk (`staleness.engine.chunks.run`): evaluate, record, check, checkpoint.
+
+    Args:
+      params: the initial per-stage params (evaluated for the first row).
+      engine: (step, get_params, carry, device names, compile seconds), as `_engine`;
+        get_params(carry) is called once after every chunk, in every process (it may be
+        a collective).
+      engine_name: config['engine']; wall_time: history 'time' is wall-clock seconds
+        (else simulated seconds).
+      lead: this process evaluates, records and returns the `Result` (the others
+        return None and raise `DivergenceError` without one).
+      log: a callable taking one line after every chunk (None: quiet).
+    Other arguments as `train`.
+    """
+    from tqdm.auto import tqdm
+
+    sched, plan, timeline, opt, chunk = setup.sched, setup.plan, setup.timeline, setup.opt, setup.chunk
+    k = ptask.num_stages
+    step, get_params, carry, device_names, compile_s = engine
     tick_end_time = timeline.tick_end()
-    evaluate = jax.jit(lambda task, p: task.evaluate(p))
+    jit_evaluate = jax.jit(lambda task, p: task.evaluate(p))
+
+    def evaluate(per_stage) -> dict:
+        return jax.device_get(jit_evaluate(ptask.task, join_params(per_stage))) if lead else {}
+
     cfg = dict(config or {})
-    cfg.update(task=ptask.name, schedule=sched.describe(), stages=k, batches=num_batches,
+    cfg.update(task=ptask.name, schedule=sched.describe(), stages=k, batches=setup.num_batches,
                microbatches=plan.microbatches, batch_size=ptask.batch_size, lags=list(plan.lags),
                forward_delays=list(plan.forward_delays), backward_delays=list(plan.backward_delays),
-               backward=sched.backward, lr=opt.lr, optimizer=opt.describe(), seed=seed, cluster=cluster.describe(),
-               engine="devices" if on_devices else "sim", devices=device_names, ticks=plan.num_ticks,
-               eval_every=eval_every, backward_ratio=backward_ratio, recompute_cost=recompute_cost,
+               backward=sched.backward, lr=opt.lr, optimizer=opt.describe(), seed=seed,
+               cluster=setup.cluster.describe(), engine=engine_name, devices=device_names, ticks=plan.num_ticks,
+               eval_every=setup.eval_every, backward_ratio=setup.backward_ratio, recompute_cost=setup.recompute_cost,
                sim_throughput=timeline.throughput, policy=sched.describe(), workers=k,
                **{k: v for k, v in ptask.task.config().items() if k not in ("task", "batch_size")})
 
     def row(tick_end: int, wall: float, train_loss: float, metrics: dict) -> dict:
         sim_t = float(tick_end_time[tick_end - 1]) if tick_end > 0 else 0.0
         r = {"update": plan.batches_done(tick_end), "tick": tick_end,
-             "time": wall if on_devices else sim_t, "sim_time": sim_t, "wall_time": wall,
+             "time": wall if wall_time else sim_t, "sim_time": sim_t, "wall_time": wall,
              "train_loss": train_loss}
         r.update({name: float(v) for name, v in metrics.items()})
         return r
 
-    hist = _chunks.History(plan.num_ticks, row(0, 0.0, math.nan,
-                                               jax.device_get(evaluate(ptask.task, join_params(params)))))
+    hist = _chunks.History(plan.num_ticks, row(0, 0.0, math.nan, evaluate(params)))
     hist.params = params
     clock = {"wall": 0.0}
     start = 0
@@ -160,7 +213,9 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
         valid = plan.fwd[lo:end, -1] != IDLE
         chunk_losses = hist.train_loss[lo:end][valid]
         cur = get_params(carry)
-        metrics = jax.device_get(evaluate(ptask.task, join_params(cur)))
+        metrics = evaluate(cur)
+        if log is not None:
+            log(f"ticks {end}/{plan.num_ticks}")
         if len(chunk_losses) and not np.all(np.isfinite(chunk_losses)):
             bad = lo + int(np.flatnonzero(valid)[np.flatnonzero(~np.isfinite(chunk_losses))[0]])
             mb = int(plan.fwd[bad, -1])
@@ -180,6 +235,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
                              match=identity, name="pipeline")
 
     def _result(hist, status):
+        if not lead:
+            return None
         ticks_run = -(-plan.num_ticks // chunk) * chunk  # the last chunk is padded with idle ticks
         wall = clock["wall"]
         out_cfg = dict(cfg, wall_s=wall, compile_s=compile_s, ticks_per_s=ticks_run / wall if wall > 0 else math.nan)
