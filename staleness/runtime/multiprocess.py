@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+from staleness.procs import kill_groups
+
 __all__ = ["run_process", "launch_local", "free_port", "worker_placement"]
 
 SHUTDOWN_SECONDS = 15.0   # how long process 0 waits for the others to leave at the end
@@ -253,21 +255,7 @@ def launch_local(num_processes: int, run_args: list[str], *, devices_per_process
                 else:
                     raise
     except (KeyboardInterrupt, TimeoutError):
-        _kill_all(procs)
+        kill_groups(procs)
         return 124 if interrupted == 0 else 130
     codes = [p.returncode for p in procs]
     return codes[0] if codes[0] != 0 else next((c for c in codes if c != 0), 0)
-
-
-def _kill_all(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
