@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _report import versions
+from _report import previous_verdicts, versions
 import staleness.pipeline as pp
 from staleness import cluster as C
 from staleness import compare as _compare
@@ -669,22 +669,6 @@ def plot_throughput(tls: dict, seeds: int, n: int, path: Path) -> Path:
     return path
 
 
-def previous_verdicts(text: str) -> dict:
-    """{claim: verdict} from the verdict table of an earlier results file ('' -> {})."""
-    out, inside = {}, False
-    for line in text.splitlines():
-        if line.startswith("| claim "):
-            inside = True
-            continue
-        if inside:
-            if not line.startswith("|"):
-                break
-            cols = [c.strip() for c in line.strip().strip("|").split(" | ")]
-            if len(cols) >= 2 and not set(cols[0]) <= {"-"}:
-                out[cols[0]] = cols[1]
-    return out
-
-
 # why a verdict may differ from the committed results (what changed in the method, per claim)
 def _counts(v: dict) -> str:
     j = v["judgement"]
@@ -884,7 +868,7 @@ def main(argv=None):
     prev_path = Path(args.previous) if args.previous else md_path
     if args.previous and not prev_path.is_file():
         ap.error(f"--previous {args.previous}: no such file")
-    previous = previous_verdicts(prev_path.read_text()) if prev_path.is_file() else {}
+    previous = previous_verdicts(prev_path)
 
     from tqdm.auto import tqdm
 
