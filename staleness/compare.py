@@ -294,7 +294,8 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
       EXTEND times while the best value is at an edge) by a validation split of
       the training set, disjoint from the test set (`Task.holdout`): one `st.sweep`
       (one compiled call) per policy over the grid × `tune_seeds` (seeds of their own),
-      scored by the median final validation `metric`. The table reports the chosen
+      scored by the mean validation `metric` over each run's evaluation points (the
+      median over the tuning seeds; see `tune_lr`). The table reports the chosen
       value and whether it lies at the edge of the grid. A given `lr`, or tune=False,
       runs every policy at that (or the optimizer's own) learning rate.
     default_lr: the learning rate of an optimizer spec that names none (the CLI's).
