@@ -195,7 +195,11 @@ class Schedule:
         delta = np.concatenate([rate, -rate])
         # ends before starts at equal times: back-to-back transfers do not overlap
         order = np.lexsort((delta, times))
-        return float(max(0.0, np.cumsum(delta[order]).max()))
+        with np.errstate(over="ignore", invalid="ignore"):
+            level = np.cumsum(delta[order])
+        if not np.isfinite(level).all():
+            return math.inf   # finite rates whose sum overflows
+        return float(max(0.0, level.max()))
 
     def peak_update_bytes(self) -> int:
         """The most bytes pushed for one update: max over updates of the push bytes of
