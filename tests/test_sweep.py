@@ -11,17 +11,13 @@ Nothing here asserts on timings.
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from _jobs import ROOT, Procs, child_env
 
 import staleness as st
 from staleness import cluster as C
@@ -30,7 +26,6 @@ from staleness.cli import main
 from staleness.engine import sweeps
 from staleness.results import Result
 
-ROOT = Path(__file__).resolve().parents[1]
 DEADLINE = 300   # seconds: hard limit for the child processes of one test
 
 GRID = ("asp", "softsync:2")
@@ -46,17 +41,6 @@ def _equal_tree(a, b):
 def _same(a: Result, b: Result) -> bool:
     return (_equal_tree(a.params, b.params) and a.history.equals(b.history)
             and np.array_equal(a.train_loss, b.train_loss, equal_nan=True) and a.status == b.status)
-
-
-def _env(devices_flag=True):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    if devices_flag:
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +79,7 @@ print(json.dumps({"devices": len(jax.devices()), "configs": len(one), "used": ma
 def test_sharded_sweep_is_bitwise_the_single_device_sweep(n):
     """12 configurations in blocks of 2 on n virtual devices (6 blocks: 2 rounds on 4
     devices, 1 round with 2 padding blocks on 8)."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], cwd=ROOT, env=_env(devices_flag=False),
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], cwd=ROOT, env=child_env(None),
                          capture_output=True, text=True, timeout=DEADLINE)   # timeout: SIGKILL
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -146,6 +130,15 @@ def test_pins_too_small_are_refused(digits4):
         st.sweep(digits4, ["asp"], CLUSTER, num_updates=20, ring=0)
 
 
+def test_every_swept_lr_must_agree_with_the_optimizers_own(digits4):
+    """An optimizer spec naming lr= and a sweep over other rates is refused for every
+    rate, not only the first (the second rate was applied while the Result recorded
+    the spec's lr, and replaying that Result was then refused)."""
+    for lrs in ([1e-3, 1e-2], [1e-2, 1e-3]):
+        with pytest.raises(ValueError, match=r"names lr=0.001 and lr = 0.01 was given too"):
+            st.sweep(digits4, ["asp"], CLUSTER, num_updates=20, optimizer="adam:lr=1e-3", lrs=lrs)
+
+
 def test_grid_shares_are_contiguous_and_cover_the_grid():
     from staleness.engine.distributed import share
 
@@ -161,55 +154,11 @@ def test_grid_shares_are_contiguous_and_cover_the_grid():
 
 
 # -- processes -----------------------------------------------------------------------------
-class Procs:
-    """Child processes of one test in their own sessions, one deadline, output collected."""
-
-    def __init__(self):
-        self.procs, self.out, self.readers = [], [], []
-        self.deadline = time.monotonic() + DEADLINE
-
-    def spawn(self, argv):
-        p = subprocess.Popen(argv, cwd=ROOT, env=_env(), start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        lines = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
-        reader.start()
-        self.procs.append(p)
-        self.out.append(lines)
-        self.readers.append(reader)
-
-    def finish(self):
-        try:
-            for p in self.procs:
-                p.wait(timeout=max(0.1, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail("the sweep processes did not finish before the deadline:\n" + self.text())
-        for r in self.readers:
-            r.join(timeout=10)
-
-    def kill(self):
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def text(self):
-        return "\n".join(f"--- process {i} ---\n" + "".join(o)[-3000:] for i, o in enumerate(self.out))
-
-
 def test_two_processes_gather_the_single_process_sweep(tmp_path, digits4):
     from staleness.runtime.multiprocess import free_port
 
     port = free_port()
-    procs = Procs()
+    procs = Procs(DEADLINE)
     try:
         for i in range(2):
             procs.spawn([sys.executable, "-m", "staleness", "sweep", *ARGS, "--block", "4", "--out", str(tmp_path / "two"),

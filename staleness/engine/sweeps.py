@@ -164,8 +164,10 @@ def prepare(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=
             raise ValueError(f"sweep: the policies are defined with different optimizers {sorted(map(str, own))}; "
                              "pass optimizer= to compare them with one")
         optimizer = own.pop()
-    set_lrs = [v for v in lrs if v is not None]
+    set_lrs = list(dict.fromkeys(v for v in lrs if v is not None))
     opt = _run.resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, u_max, task)
+    for v in set_lrs[1:]:   # every rate, not only the first, must agree with an lr= the optimizer names
+        _run.resolve_optimizer(optimizer, v, u_max, task)
     local, inner_opt, steps = _run.local_setup([schedules[(p, s)] for p, s, _, _ in configs], task,
                                                inner_optimizer)
     opt = _run.streaming_outer(opt, local)

@@ -203,7 +203,19 @@ def make_sample_fn(
 
 @functools.lru_cache(maxsize=128)
 def _sample_fn(batch_size: int, iid: bool, train_size: int, transform, source):
-    gather = make_gather_fn(transform, source)
+    return _sampler(make_gather_fn(transform, source), batch_size, iid, train_size)
+
+
+@functools.lru_cache(maxsize=128)
+def sample_fn_for(gather_fn, batch_size: int, partition: str, train_size: int):
+    """A `sample_fn` drawing `train_size` examples by `staleness.tasks.sampling` and
+    gathering them with an existing task's `gather_fn` (for `Task.holdout`)."""
+    return _sampler(gather_fn, batch_size, partition == "iid", train_size)
+
+
+def _sampler(gather, batch_size: int, iid: bool, train_size: int):
+    """The jitted sample_fn: `batch_size` positions by `staleness.tasks.sampling` (from
+    the worker's shard unless iid), gathered by `gather`."""
 
     def sample_fn(data: PyTree, key: jax.Array, worker: Any, iteration: Any) -> Batch:
         d = sampling.draws(jnp, jax.random.key_data(key), worker, iteration, batch_size)
@@ -212,23 +224,6 @@ def _sample_fn(batch_size: int, iid: bool, train_size: int, transform, source):
         else:
             index = sampling.positions(jnp, d, worker, train_size, data["order"], data["shard_bounds"])
         return gather(data, index, key, worker, iteration)
-
-    return jax.jit(sample_fn)
-
-
-@functools.lru_cache(maxsize=128)
-def sample_fn_for(gather_fn, batch_size: int, partition: str, train_size: int):
-    """A `sample_fn` drawing `train_size` examples by `staleness.tasks.sampling` and
-    gathering them with an existing task's `gather_fn` (for `Task.holdout`)."""
-    iid = partition == "iid"
-
-    def sample_fn(data: PyTree, key: jax.Array, worker: Any, iteration: Any) -> Batch:
-        d = sampling.draws(jnp, jax.random.key_data(key), worker, iteration, batch_size)
-        if iid:
-            index = sampling.positions(jnp, d, worker, train_size)
-        else:
-            index = sampling.positions(jnp, d, worker, train_size, data["order"], data["shard_bounds"])
-        return gather_fn(data, index, key, worker, iteration)
 
     return jax.jit(sample_fn)
 
