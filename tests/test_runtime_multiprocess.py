@@ -376,22 +376,30 @@ def test_the_recorder_holds_floats_only():
 
 
 def _child_dies_mid_transfer(port, pid, out):
-    """A process of a 2-process job whose worker 1 (process 1) is SIGKILLed right
-    after it offered its third gradient and announced it: the server's pull of
-    that gradient returns (lazily, as pulls do) and its arrays fail afterwards."""
+    """A process of a 2-process job whose worker 1 (process 1) announces its third
+    gradient without ever offering its arrays and is SIGKILLed right after: the
+    server's pull of that gradient returns (lazily, as pulls do) and can only fail,
+    however the two processes happen to be scheduled. (Offering the arrays before the
+    kill let a loaded machine finish the transfer first: then nothing failed, and the
+    run could end before the heartbeat noticed the dead process.)"""
+    import dataclasses
+
     from staleness.runtime import coordination, run_process
 
     if pid == 1:
         push = coordination.DistributedWorkerLink.push
 
         def push_then_die(self, msg, loss, grad):
-            push(self, msg, loss, grad)
-            if msg.iteration >= 2:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if msg.iteration < 2:
+                return push(self, msg, loss, grad)
+            self._send(dataclasses.replace(msg, handle=self.coord.new_id()))
+            os.kill(os.getpid(), signal.SIGKILL)
 
         coordination.DistributedWorkerLink.push = push_then_die
+    # time_scale 0.05: worker 0 still has more than 2 s of iterations to run when worker 1
+    # dies (the loss is recorded on the failed pull, well within that)
     result = run_process(_padded_quadratic, "asp", "1,4", coordinator=f"127.0.0.1:{port}", num_processes=2,
-                         process_id=pid, num_updates=60, time_scale=0.01, lr=0.05, worker_timeout=20,
+                         process_id=pid, num_updates=60, time_scale=0.05, lr=0.05, worker_timeout=20,
                          init_timeout=60)
     if pid == 0:
         result.save(out)
