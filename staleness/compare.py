@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from staleness import files
+from staleness import files, interrupts
 from staleness import policies as _policies
 from staleness import stats
 from staleness.results import DivergenceError, Result
@@ -381,6 +381,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     bar = tqdm(todo, desc="compare", unit="run", disable=not progress)
     try:  # Ctrl-C anywhere in the loop (scheduling, saving) stops it; what finished is kept
         for pol, seed in bar:
+            interrupts.check()   # a Ctrl-C that a callback swallowed stops here
             key = (pol.describe(), seed)
             if key in done:
                 results.append(done[key])

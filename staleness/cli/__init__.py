@@ -7,9 +7,9 @@ one line (`staleness: error: ...`) and exits with status 2, no traceback.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
+from staleness import interrupts
 from staleness.cli.common import UsageError, _Parser
 from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
 
@@ -32,12 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    # A process started in the background by a non-interactive shell inherits
-    # SIGINT as ignored, and Python then never raises KeyboardInterrupt. Our
-    # commands promise that Ctrl-C (SIGINT) stops the run and keeps what was
-    # recorded, so restore the default handler.
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Our commands promise that Ctrl-C (SIGINT) stops the run and keeps what was
+    # recorded. A process started in the background by a non-interactive shell
+    # inherits SIGINT as ignored (Python then never raises KeyboardInterrupt), and an
+    # interrupt raised inside a callback Python ignores exceptions from is lost:
+    # `interrupts` installs a handler that records it for the loops to re-raise.
+    interrupts.install()
     parser = build_parser()
     try:
         args = parser.parse_args(_attach_dash_values(parser, sys.argv[1:] if argv is None else list(argv)))

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from staleness import interrupts
 from staleness.results import DivergenceError, Result
 
 __all__ = ["Divergence", "History", "run", "first_nonfinite", "update_losses", "chunk_length"]
@@ -180,6 +181,7 @@ def run(step: Callable, carry: Any, *, num_chunks: int, inputs: Callable[[int], 
     nxt = inputs(start) if start < num_chunks else None
     try:
         for k in range(start, num_chunks):
+            interrupts.check()   # a Ctrl-C that a callback swallowed stops here
             t0 = time.perf_counter()
             carry, out = step(carry, nxt)
             if k + 1 < num_chunks:   # host work for the next chunk while this one runs

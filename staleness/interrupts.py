@@ -1,0 +1,44 @@
+"""Ctrl-C that is never lost.
+
+Python's SIGINT handler raises KeyboardInterrupt in whatever Python code runs
+next. When that code is a callback whose exceptions Python ignores (JAX's
+garbage-collection callback, a weakref finalizer), the interrupt is printed as
+"Exception ignored in ..." and lost: `staleness compare` interrupted under load
+went on and exited 0. The command line installs `handler`, which also records the
+signal, and the loops that promise to stop on Ctrl-C call `check()` at their
+checkpoints (before each chunk, before each run), which raises the KeyboardInterrupt
+again if it was swallowed. Without `install()` (the Python API) nothing changes.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+__all__ = ["install", "check", "clear", "handler"]
+
+_pending = threading.Event()
+
+
+def handler(signum, frame) -> None:
+    """The SIGINT handler: record the interrupt, then raise KeyboardInterrupt."""
+    _pending.set()
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Make `handler` the SIGINT handler (from the main thread; elsewhere a no-op, as
+    only the main thread receives signals)."""
+    _pending.clear()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+
+
+def check() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C arrived since `install()` or `clear()`."""
+    if _pending.is_set():
+        raise KeyboardInterrupt
+
+
+def clear() -> None:
+    _pending.clear()

@@ -1,0 +1,82 @@
+"""A Ctrl-C swallowed by a callback still stops the run (staleness.interrupts).
+
+Observed under load: SIGINT to `staleness compare` arrived while JAX's
+garbage-collection callback ran; Python printed "Exception ignored in
+_xla_gc_callback ... KeyboardInterrupt" and the command went on to exit 0. Here the
+handler runs inside a weakref finalizer (whose exceptions Python also ignores),
+which swallows its KeyboardInterrupt the same way."""
+
+import gc
+import signal
+import weakref
+
+import pytest
+
+import staleness as st
+from staleness import interrupts
+from staleness.compare import compare
+from staleness.engine import chunks
+from staleness.engine import run as engine_run
+
+# the finalizer's ignored KeyboardInterrupt is reported by pytest as an unraisable exception
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+class _Obj:
+    pass
+
+
+def _swallowed_ctrl_c():
+    """Run the SIGINT handler where Python ignores its exception (a finalizer)."""
+    obj = _Obj()
+    weakref.finalize(obj, interrupts.handler, signal.SIGINT, None)
+    del obj
+    gc.collect()
+
+
+@pytest.fixture
+def installed():
+    old = signal.getsignal(signal.SIGINT)
+    interrupts.install()
+    yield
+    interrupts.clear()
+    signal.signal(signal.SIGINT, old)
+
+
+def test_the_finalizer_really_swallows_the_interrupt(installed):
+    _swallowed_ctrl_c()   # no KeyboardInterrupt here: that is the problem being fixed
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.check()
+
+
+def test_the_chunk_loop_stops_at_the_next_chunk(installed):
+    done = []
+
+    def step(carry, xs):
+        done.append(xs)
+        if xs == 1:
+            _swallowed_ctrl_c()
+        return carry, {}
+
+    _, status, _ = chunks.run(step, 0, num_chunks=5, inputs=lambda k: k, record=lambda *a: True)
+    assert status == "stopped" and done == [0, 1]
+
+
+def test_compare_stops_after_a_swallowed_ctrl_c(installed, tmp_path, monkeypatch):
+    real, count = engine_run.core.run_chunk, []
+
+    def chunk(*args, **kwargs):
+        count.append(1)
+        if len(count) == 2:   # the first run's second chunk
+            _swallowed_ctrl_c()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_run.core, "run_chunk", chunk)
+    cmp = compare(st.tasks.get("quadratic", num_workers=4), ["asp"], st.cluster.parse("1,1,2,2"), seeds=[0, 1, 2],
+                  num_updates=12, lr=0.05, num_evals=4, out=tmp_path / "cmp")
+    assert cmp.interrupted and [r.status for r in cmp.results] == ["stopped"]
+
+
+def test_without_install_nothing_is_recorded():
+    interrupts.clear()
+    interrupts.check()   # the Python API: no handler installed, nothing pending
