@@ -7,12 +7,15 @@ garbage-collection callback, a weakref finalizer), the interrupt is printed as
 went on and exited 0. The command line installs `handler`, which also records the
 signal, and the loops that promise to stop on Ctrl-C call `check()` at their
 checkpoints (before each chunk, before each run), which raises the KeyboardInterrupt
-again if it was swallowed. Without `install()` (the Python API) nothing changes.
+again if it was swallowed. The swallowed one is not printed (Python reports it through
+`sys.unraisablehook`, which `install` wraps): a command's Ctrl-C stays one line.
+Without `install()` (the Python API) nothing changes.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 __all__ = ["install", "check", "clear", "handler"]
@@ -28,10 +31,23 @@ def handler(signum, frame) -> None:
 
 def install() -> None:
     """Make `handler` the SIGINT handler (from the main thread; elsewhere a no-op, as
-    only the main thread receives signals)."""
+    only the main thread receives signals), and keep the interrupts it records from
+    being printed when a callback swallows them."""
     _pending.clear()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, handler)
+        if not getattr(sys.unraisablehook, "_staleness", False):
+            sys.unraisablehook = _quiet_hook(sys.unraisablehook)
+
+
+def _quiet_hook(previous):
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _pending.is_set():
+            return   # recorded: `check` raises it again
+        previous(unraisable)
+
+    hook._staleness = True
+    return hook
 
 
 def check() -> None:

@@ -8,6 +8,7 @@ which swallows its KeyboardInterrupt the same way."""
 
 import gc
 import signal
+import sys
 import weakref
 
 import pytest
@@ -36,11 +37,12 @@ def _swallowed_ctrl_c():
 
 @pytest.fixture
 def installed():
-    old = signal.getsignal(signal.SIGINT)
+    old, old_hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
     interrupts.install()
     yield
     interrupts.clear()
     signal.signal(signal.SIGINT, old)
+    sys.unraisablehook = old_hook
 
 
 def test_the_finalizer_really_swallows_the_interrupt(installed):
@@ -75,6 +77,20 @@ def test_compare_stops_after_a_swallowed_ctrl_c(installed, tmp_path, monkeypatch
     cmp = compare(st.tasks.get("quadratic", num_workers=4), ["asp"], st.cluster.parse("1,1,2,2"), seeds=[0, 1, 2],
                   num_updates=12, lr=0.05, num_evals=4, out=tmp_path / "cmp")
     assert cmp.interrupted and [r.status for r in cmp.results] == ["stopped"]
+
+
+def test_the_swallowed_interrupt_is_not_printed(installed, capsys):
+    """The CLI's Ctrl-C is one line: the swallowed KeyboardInterrupt's report is dropped
+    (other unraisable exceptions still reach the previous hook)."""
+    seen = []
+    sys.unraisablehook = interrupts._quiet_hook(seen.append)
+    _swallowed_ctrl_c()
+    obj = _Obj()
+    weakref.finalize(obj, lambda: 1 / 0)
+    del obj
+    gc.collect()
+    assert [type(u.exc_value) for u in seen] == [ZeroDivisionError]
+    assert "KeyboardInterrupt" not in capsys.readouterr().err
 
 
 def test_without_install_nothing_is_recorded():
