@@ -46,6 +46,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from staleness.procs import descendants  # noqa: E402
 
 POLICIES = ("bsp", "asp", "ssp:3", "dssp:3:12", "softsync:2", "backup:1")
 KINDS = ("kill_worker", "pause_worker", "raise_worker", "ctrl_c", "kill_server", "restart_worker")
@@ -189,22 +192,6 @@ def _env() -> dict:
     return env
 
 
-def _descendants(pid: int) -> list[int]:
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
@@ -236,7 +223,7 @@ class Job:
     def note_descendants(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                self.extra_pids.update(_descendants(p.pid))
+                self.extra_pids.update(descendants(p.pid))
 
     def progress(self, i: int) -> int:
         """The largest update count in process i's progress lines so far."""
@@ -253,7 +240,7 @@ class Job:
     def kill(self) -> None:
         pids = set(self.extra_pids)
         for p in self.procs:
-            pids.update(_descendants(p.pid))
+            pids.update(descendants(p.pid))
             pids.add(p.pid)
         for pid in pids:
             try:

@@ -11,8 +11,9 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
-__all__ = ["kill_groups"]
+__all__ = ["descendants", "kill_groups"]
 
 
 def kill_groups(procs, grace: float = 0.0, wait: float = 10.0) -> None:
@@ -37,3 +38,21 @@ def kill_groups(procs, grace: float = 0.0, wait: float = 10.0) -> None:
             p.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             pass
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, their children, ...), read from /proc;
+    e.g. the coordination service a process 0 starts, or a launcher's processes."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from staleness.procs import descendants  # noqa: F401 - the tests import it from here
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,23 +32,6 @@ def child_env(devices: int | None = 1) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def descendants(pid: int) -> list[int]:
-    """Child processes of `pid` (from /proc), e.g. the processes a launcher started."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 class Procs:
