@@ -111,6 +111,89 @@ def test_killed_worker_process_is_detected_and_handled_as_configured(procs, tmp_
         assert st.Result.load(out).status == "stopped"
 
 
+@pytest.mark.timeout(DEADLINE + 30)
+def test_collective_bsp_across_processes_equals_the_one_process_run_and_replays(procs, tmp_path):
+    """sync='collective' over 2 processes x 2 CPU devices (gloo all-reduce across the
+    processes) == the one-process collective run on 4 devices, within float32
+    rounding (gloo adds in another order; observed max |diff| 3e-8 on digits-mlp),
+    and its trace, recorded by process 0, replays within the same tolerance."""
+    import jax
+
+    import staleness as st
+    from _jobs import child_env
+
+    procs.env = child_env(None)   # --cpu-devices decides
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["--task", "quadratic", "--policy", "bsp", "--sync", "collective", "--updates", "40", "--lr", "0.01",
+            "--lr-rule", "per_gradient", *SLACK, "--no-progress"]
+    procs.spawn([sys.executable, "-m", "staleness", "run", "--cpu-devices", "4", *args, "--out", str(one)])
+    _job(procs, 2, [*args, "--cpu-devices", "2", "--out", str(two)])
+    codes = procs.finish()
+    assert codes == [0, 0, 0], procs.text()
+    a, b = st.Result.load(one), st.Result.load(two)
+    assert b.status == "complete" and b.schedule.num_updates == 40
+    assert b.config["processes"] == 2 and b.config["sync"] == "collective"
+    assert [d.split(":")[0] for d in b.config["devices"]] == ["p0", "p0", "p1", "p1"], b.config["devices"]
+    for col in ("worker", "iteration", "pull_version", "apply_version"):
+        assert np.array_equal(a.schedule.columns[col], b.schedule.columns[col]), col
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.train_loss, a.train_loss, rtol=1e-5, atol=1e-6)
+    task = st.tasks.get("quadratic", num_workers=4, batch_size=b.config["batch_size"])
+    rep = st.engine.replay(b.schedule, task, slot_mode="map", lr=b.config["lr"], seed=b.config["seed"],
+                           lr_rule=b.config["lr_rule"], optimizer=b.config["optimizer"])
+    for x, y in zip(jax.tree.leaves(rep.params), jax.tree.leaves(b.params)):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(DEADLINE + 30)
+def test_a_collective_job_stops_in_every_process_after_the_same_round_at_max_time(procs, tmp_path):
+    """--max-time under collectives across processes: process 0 flags the round it
+    starts after its budget and every process stops after that round (none waits in
+    a round the others never start): all exit 0 and the Result is complete."""
+    import staleness as st
+
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    _job(procs, 2, ["--task", "quadratic", "--policy", "bsp", "--sync", "collective", "--updates", "1000000",
+                    "--max-time", "2", "--lr", "0.01", *SLACK, "--no-progress", "--out", str(out)])
+    codes = procs.finish()
+    assert codes == [0, 0], procs.text()
+    assert not [line for line in procs.text(1).splitlines() if "error" in line.lower()], procs.text(1)[-3000:]
+    res = st.Result.load(out)
+    assert res.status == "complete" and 0 < res.schedule.num_updates < 1000000
+    assert res.schedule.end_time >= 2.0
+    print(f"{res.schedule.num_updates} updates in {res.schedule.end_time:.2f} s; job {time.monotonic() - t0:.1f} s")
+
+
+@pytest.mark.timeout(DEADLINE + 30)
+def test_a_killed_process_stops_a_collective_job_naming_its_workers(procs, tmp_path):
+    """Process 1 of 3 (worker 1) is SIGKILLed during a collective job: the others'
+    all-reduce fails with it, liveness names it within the heartbeat timeout (3 s),
+    and both print one line naming its worker and exit 1; process 0 writes the Result
+    recorded so far (status 'stopped')."""
+    import staleness as st
+
+    out = tmp_path / "out"
+    _job(procs, 3, ["--task", "quadratic", "--policy", "bsp", "--sync", "collective", "--updates", "1000000",
+                    "--lr", "0.01", *SLACK, "--out", str(out)])
+    procs.wait_for(0, _progress_at_least(60))
+    os.killpg(procs.procs[1].pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    codes = procs.finish()
+    detected = time.monotonic() - t_kill
+    assert codes == [1, -signal.SIGKILL, 1], procs.text()
+    for i in (0, 2):
+        text = procs.text(i)
+        errors = [line for line in text.splitlines() if line.startswith("staleness: error:")]
+        assert len(errors) == 1 and errors[0].startswith("staleness: error: worker 1 lost: process 1 is gone"), \
+            text[-3000:]
+    res = st.Result.load(out)
+    assert res.status == "stopped" and res.schedule.num_updates >= 60
+    assert detected < 3 + 20, detected   # the heartbeat timeout, with margin for a loaded machine
+    print(f"process 1 killed: the others exited {detected:.1f} s later")
+
+
 def _progress_at_least(n):
     """A predicate on output lines: the live progress line shows >= n updates."""
     def ok(line):

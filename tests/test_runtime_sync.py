@@ -74,6 +74,27 @@ def test_collective_with_several_workers_per_device_and_an_lr_rule():
 
 
 @pytest.mark.timeout(300)
+def test_collective_rounds_last_as_long_as_the_slowest_injected_worker():
+    """A cluster's delays under sync='collective': 2 fast workers (1 s) and 2 slow ones
+    (4 s) at time_scale 0.01, so every round lasts at least the slow workers' 40 ms
+    and each worker's recorded span is its own; the numbers are those of the same run
+    without delays (bitwise: the same steps on the same inputs)."""
+    task = st.tasks.get("quadratic", num_workers=4)
+    kw = dict(num_updates=20, lr=0.05, devices=4, num_workers=4, sync="collective", time_scale=0.01)
+    slow = rt.run(task, "bsp", "1*2,4*2", **kw)
+    plain = rt.run(task, "bsp", None, **kw)
+    assert slow.config["sync"] == "collective" and slow.config["cluster"] == "1*2,4*2"
+    assert compare_params(slow.params, plain.params).bitwise
+    rounds = np.diff(np.concatenate([[0.0], slow.schedule.update_time]))
+    assert rounds.min() >= 0.04 * 0.95, rounds                       # the slowest worker's injected time
+    assert rounds.mean() <= 0.04 * 3, rounds                         # and not much more (margin for load)
+    f = slow.schedule.columns
+    span = f["end"] - f["start"]
+    fast_span, slow_span = np.median(span[f["worker"] < 2]), np.median(span[f["worker"] >= 2])
+    assert slow_span >= 0.04 * 0.95 and slow_span > 2 * fast_span, (fast_span, slow_span)
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("spec, lr_rule, optimizer", [
     ("asp", "per_gradient", "momentum:0.9"),
     ("ssp:3", "constant", "adam"),
@@ -113,11 +134,37 @@ def test_default_sync(policy, cluster, failure, expected):
     assert spec.config()["sync"] == expected[0]
 
 
+def test_several_processes_default_to_the_server_and_take_collectives_when_asked(tmp_path):
+    spec = make_spec("quadratic", "bsp", None, num_updates=5, num_workers=4, processes=2)
+    assert (spec.sync, spec.on_worker_failure) == ("server", "continue")   # rejoins and fault tolerance
+    spec = make_spec("quadratic", "bsp", None, num_updates=5, num_workers=4, processes=2, sync="collective")
+    assert (spec.sync, spec.on_worker_failure) == ("collective", "stop")
+    with pytest.raises(ValueError, match="resume=True with sync='collective' across processes is not built yet"):
+        make_spec("quadratic", "bsp", None, num_updates=5, num_workers=4, processes=2, sync="collective",
+                  checkpoint=str(tmp_path), resume=True)
+
+
+def test_the_collective_mesh_takes_as_many_devices_of_every_process():
+    from types import SimpleNamespace
+
+    from staleness.runtime.collective import mesh_devices
+
+    devs = [SimpleNamespace(process_index=p, id=10 * p + i) for p in range(2) for i in range(4)]
+    ids = lambda ds: [d.id for d in ds]  # noqa: E731
+    assert ids(mesh_devices(8, devs)) == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert ids(mesh_devices(4, devs)) == [0, 1, 10, 11]
+    assert ids(mesh_devices(6, devs)) == [0, 1, 2, 10, 11, 12]
+    assert ids(mesh_devices(2, devs)) == [0, 10]
+    with pytest.raises(ValueError, match="num_workers = 3 must be a multiple of the 2 processes"):
+        mesh_devices(3, devs)
+    assert ids(mesh_devices(6, devs[:4])) == [0, 1, 2]    # one process: the most that divide λ
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(sync="collective", on_worker_failure="continue"), "on_worker_failure = 'continue' needs sync='server'"),
     (dict(policy="asp", sync="collective"), "'asp' needs sync='server'"),
     (dict(policy="backup:1", sync="collective"), "'backup:1' needs sync='server'"),
-    (dict(cluster="1*4", sync="collective"), "injected delays"),
+    (dict(cluster="1*4+fail=2@5", sync="collective"), "the failure model of cluster"),
     (dict(sync="lockstep"), "sync = 'lockstep' must be one of"),
 ])
 def test_sync_conflicts_are_value_errors_naming_them(kwargs, fragment):
@@ -131,6 +178,7 @@ def test_sync_conflicts_are_value_errors_naming_them(kwargs, fragment):
     (["--sync", "collective", "--on-worker-failure", "continue"], "--on-worker-failure = 'continue'"),
     (["--sync", "collective", "--policy", "asp"], "needs sync='server'"),
     (["--sync", "nope"], "--sync = 'nope'"),
+    (["--sync", "collective", "--cluster", "1*4+fail=1@3-9"], "the failure model of cluster"),
 ])
 def test_cli_sync_conflicts_one_line_exit_2(argv, fragment, capsys):
     code = main(["run", "--policy", "bsp", "--updates", "5", *argv])

@@ -48,7 +48,8 @@ _RUN_OPTIONS = [
      "(default: stop under --sync collective, continue under --sync server)"),
     ("--sync", "sync", str, None, "collective (each round one jitted pmean step over the devices; bsp; a lost "
      "worker stops the run) or server (the parameter server, a thread per worker; worker-level fault "
-     "tolerance). Default: collective for bsp without --cluster or --on-worker-failure continue, else server"),
+     "tolerance). Default: collective for bsp without --cluster or --on-worker-failure continue in one "
+     "process, else server (several processes: collective when asked for)"),
     ("--server-devices", "server_devices", count, None, "--sync server: shard the server's parameters and "
      "optimizer state over the first N devices (default: all on accelerators for asp/ssp/dssp, one on CPU)"),
     ("--heartbeat-timeout", "heartbeat_timeout", count, None, "multi-process: heartbeat timeout in seconds "
@@ -168,7 +169,7 @@ def _check_sync(args, processes: int) -> None:
     cluster = _cluster.parse(args.cluster) if args.cluster is not None else None
     try:
         _resolve_sync(args.sync, _policies.parse(args.policy), cluster, args.on_worker_failure,
-                      processes)
+                      processes, args.seed)
     except ValueError as e:
         raise UsageError(str(e).replace("sync = ", "--sync = ").replace("on_worker_failure = ",
                                                                           "--on-worker-failure = ")) from None

@@ -144,30 +144,51 @@ def _build_server(spec, devs, server_device, *, server_devices, stop_event, prog
     return Built(server, state, workers, config, evaluate)
 
 
-def _build_collective(spec, devs, *, stop_event, progress) -> Built:
+def _build_collective(spec, devs, *, stop_event, progress, coord=None, liveness_wait: float = 5.0) -> Built:
+    """The collective builder; `coord` (a multi-process job's Coordination): `devs` are
+    every process's devices and this process builds its part of the global mesh."""
     from staleness.runtime.collective import CollectiveLink, mesh_devices
 
     mesh = mesh_devices(spec.num_workers, devs)
-    config = spec.config(devices=[str(d) for d in mesh], server_device="collective", processes=1,
-                         transport="collective")
+    across = len({d.process_index for d in mesh}) > 1
+    me = jax.process_index()
+    names = [f"p{d.process_index}:{d}" if across else str(d) for d in mesh]
+    config = spec.config(devices=names, server_device="collective",
+                         processes=len({d.process_index for d in mesh}), transport="collective")
     meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
     init_key, data_key = core.keys(spec.seed)
     params = spec.task.init_params(init_key)
     opt_state = spec.opt.init(params)
     link = CollectiveLink(spec.task, spec.opt.tx, spec.rule, spec.num_workers, mesh, data_key, opt_state,
-                          worker_timeout=spec.worker_timeout)
-    params, opt_state = link.place(params), link.opt_state
+                          worker_timeout=spec.worker_timeout, coord=coord, liveness_wait=liveness_wait)
+    params = link.place(params)
     link.warm_up(params)
+    params, opt_state = link.set_state(params, link.opt_state)
     evaluate = _evaluate(spec)
     # a round moves no parameters (each device holds a replica); each worker sends
     # its share of a ring all-reduce of the gradient: 2 (λ - 1) / λ of its bytes
     nbytes = payload_bytes(spec.task, spec.policy)[1]
     push = 2 * (spec.num_workers - 1) * nbytes // spec.num_workers
-    server = _server(spec, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
-                     config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=stop_event,
-                     progress=progress)
+    if across:
+        # every process stops after the same round: the one dispatched after a stop request
+        # (any process's) or process 0's max_time carries the flag (`CollectiveLink`)
+        spec_here = dataclasses.replace(spec, max_time=None, checkpoint_every=spec.checkpoint_every if me == 0
+                                        else None)
+        server = _server(spec_here, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
+                         config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=threading.Event(),
+                         progress=progress if me == 0 else None)
+        max_time = spec.max_time if me == 0 else None
+        link.should_stop = lambda: ("stopped" if stop_event.is_set() else
+                                    "complete" if max_time is not None and server.now() >= max_time else None)
+    else:
+        server = _server(spec, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
+                         config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=stop_event,
+                         progress=progress)
+    link.max_iteration = spec.num_updates   # BSP: round i makes update i + 1; none after the last is needed
+    if spec.cluster is not None:   # injected delays: each round lasts as long as its slowest worker's
+        link.delays = lambda: spec.delays(server.t0 - server.t_offset)
     state = None
     if meta is not None:
         state = _ckpt.restore(server, meta, link.place)
-        link.opt_state = server.opt_state
+        server.params, server.opt_state = link.set_state(server.params, server.opt_state)
     return Built(server, state, [], config, evaluate)

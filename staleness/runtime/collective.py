@@ -23,24 +23,48 @@ server's and with the engine's replay of the recorded trace within float32
 rounding (tests state the tolerance), not bitwise.
 
 Times: a waiter thread blocks on each dispatched round and notes when it
-finished; the round's pushes reach the driver then (start = its dispatch,
-end = its completion, on the serve loop's clock), so one round is on the
-devices at a time, as the policy says (its next round is released by the
-update this one makes; many un-awaited collective programs in a row can also
-hang XLA's CPU all-reduce rendezvous, DESIGN.md). Losses stay on the devices
-and are fetched in batches (`Server._settle`), never one scalar at a time.
+finished; the round's pushes reach the driver then (start = its release by
+the policy, end = its completion, on the serve loop's clock). Losses stay on
+the devices and are fetched in batches (`Server._settle`), never one scalar
+at a time.
+
+One round is on the devices at a time, as the policy says (its next round is
+released by the update this one makes; many un-awaited collective programs in
+a row can also hang XLA's CPU all-reduce rendezvous, DESIGN.md), and none past
+the run's last update (`max_iteration`). (Starting BSP's only possible next
+round before the policy released it, on the finished round's outputs, was
+tried: no measurable gain on the 2-core CPU, and a dispatch whose inputs are
+not ready can block the serve loop that must time a hung round out.)
+
+Injected delays (a cluster model, `runtime.worker.Delays`): each worker's pull
+delay and compute time run from the round's dispatch, and the round's
+gradients reach the serve loop once the slowest worker's push delay has
+passed (`injected_round`), so a round lasts max(real, the slowest worker's
+injected time), as a BSP round on the parameter server does; the trace
+records each worker's own span. (A cluster's failure model needs sync='server'.)
 
 Lost workers: a collective cannot go on without one of its members. A round
 not complete `worker_timeout` seconds after its dispatch turns into
-`WorkerLost` for the workers of the devices whose part of the step has not
-finished (the serve loop then stops the run naming them: `on_worker_failure`
-is 'stop' under collectives). Inside one process the devices that wait in the
-all-reduce for a hung one have not finished either, so every worker of the
-round is named; a per-worker host callback in the step would tell them apart
-but takes the GIL on every device each round (tried: several times slower on
-the benchmark). Across processes (not built yet) the heartbeat names the lost
-process. XLA's CPU all-reduce aborts the process after 40 s in a rendezvous,
-so keep worker_timeout below that under collectives on CPU.
+`WorkerLost` for every worker of the round (the serve loop then stops the run
+naming them: `on_worker_failure` is 'stop' under collectives): inside one
+process the devices that wait in the all-reduce for a hung one have not
+finished either, so they cannot be told apart; a per-worker host callback in
+the step would tell them apart but takes the GIL on every device each round
+(tried: several times slower on the benchmark). XLA's CPU all-reduce aborts the process after 40 s in a
+rendezvous, so keep worker_timeout below that under collectives on CPU.
+
+Across processes (`jax.distributed`; on CPU the all-reduce goes through
+gloo): every process runs the same serve loop, policy and link over one
+global mesh, and dispatches the same rounds (BSP's decisions do not depend
+on time). The step then also returns every worker's loss and a stop flag to
+every process: process 0 raises the flag in the round it dispatches after a
+stop request or its `max_time`, and every process stops after that round
+(`agreed_stop`), so no process waits in a round the others never start. A
+process that dies is named by liveness (`lost_process`, within the heartbeat
+timeout; its peers' all-reduce fails at once): the round turns into
+`WorkerLost` for its workers. The serve loop's parameters are then this
+process's replica (`local`), so evaluation and checkpoints never enter a
+collective.
 """
 
 from __future__ import annotations
@@ -66,11 +90,28 @@ __all__ = ["CollectiveLink", "collective_step", "mesh_devices", "AXIS", "WAIT_SE
 
 AXIS = "workers"
 WAIT_SECONDS = 2e-4   # shortest wait for a round on the devices
+FETCH_GROUP = 64      # rounds' losses stacked per device call in `CollectiveLink.fetch`
+_stack = jax.jit(lambda arrays: jnp.stack(arrays))
 
 
 def mesh_devices(num_workers: int, devices) -> list:
     """The devices of the collective mesh: the most of `devices` (at most λ) that
-    divide λ evenly, so every device computes λ / d workers' gradients."""
+    divide λ evenly, so every device computes λ / d workers' gradients. Devices of
+    several processes: the same number k of each process's devices (in process
+    order), the largest k with λ divisible by k · processes; every process takes
+    part in every round."""
+    by_process: dict[int, list] = {}
+    for dev in devices:
+        by_process.setdefault(dev.process_index, []).append(dev)
+    if len(by_process) > 1:
+        n = len(by_process)
+        if num_workers % n:
+            raise ValueError(f"num_workers = {num_workers} must be a multiple of the {n} processes under "
+                             "sync='collective' (every process computes the same number of workers' gradients)")
+        k = min(min(len(v) for v in by_process.values()), num_workers // n)
+        while num_workers % (k * n):
+            k -= 1
+        return [dev for p in sorted(by_process) for dev in by_process[p][:k]]
     d = min(num_workers, len(devices))
     while num_workers % d:
         d -= 1
@@ -78,18 +119,20 @@ def mesh_devices(num_workers: int, devices) -> list:
 
 
 @functools.lru_cache(maxsize=32)
-def collective_step(tx, rule, num_workers: int, mesh: Mesh):
+def collective_step(tx, rule, num_workers: int, mesh: Mesh, across: bool = False):
     """The jitted step of one round: (params, opt_state, task, data_key, iteration,
     workers) -> (params, opt_state, iteration + 1, losses [λ]) with params and
     opt_state replicated and the workers split over `mesh` (λ / d per device, worker
-    w on device w // (λ/d)). Cached: runs with the same optimizer, rule, λ and mesh
-    share one compiled step."""
+    w on device w // (λ/d)). across (a mesh over several processes): the step takes a
+    stop flag per device too, (..., workers, stop [d]) -> (..., losses, Σ stop), and
+    the losses come back replicated (every process records every worker's). Cached:
+    runs with the same optimizer, rule, λ and mesh share one compiled step."""
     d = mesh.devices.size
     k = num_workers // d
     scale = None if isinstance(rule, _lr.Constant) else rule.scale(
         jnp.zeros(num_workers, jnp.int32), jnp.ones(num_workers, bool)).astype(jnp.float32)
 
-    def body(params, opt_state, task, data_key, iteration, workers):
+    def body(params, opt_state, task, data_key, iteration, workers, *stop):
         # workers: [k] the ids of this device's workers
         total, losses = None, []
         for j in range(k):
@@ -101,23 +144,46 @@ def collective_step(tx, rule, num_workers: int, mesh: Mesh):
             losses.append(loss)
         mean = jax.tree.map(lambda x: jax.lax.psum(x, AXIS) / num_workers, total)
         params, opt_state = _update.apply(tx, params, opt_state, mean)
-        return params, opt_state, iteration + 1, jnp.stack(losses)
+        if not across:
+            return params, opt_state, iteration + 1, jnp.stack(losses)
+        # across processes every process records every worker's loss, and the stop flags
+        # ride along (one more small collective)
+        every = jax.lax.all_gather(jnp.stack(losses), AXIS, tiled=True)
+        return params, opt_state, iteration + 1, every, jax.lax.psum(stop[0], AXIS)
 
     rep, split = PartitionSpec(), PartitionSpec(AXIS)
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(rep, rep, rep, rep, rep, split),
-                       out_specs=(rep, rep, rep, split), check_vma=False)
+    extra = (split,) if across else ()
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(rep, rep, rep, rep, rep, split) + extra,
+                       out_specs=(rep, rep, rep, rep if across else split) + (rep,) * across, check_vma=False)
     return jax.jit(fn)
 
 
 class _Round:
-    __slots__ = ("index", "releases", "version", "outputs", "dispatched", "done", "error", "finished")
+    __slots__ = ("index", "releases", "version", "outputs", "dispatched", "done", "error", "finished", "spans",
+                 "hold", "iteration")
 
-    def __init__(self, index, releases, version, outputs, dispatched):
-        self.index, self.releases, self.version = index, releases, version
+    def __init__(self, index, releases, version, outputs, dispatched, spans=None, hold=None, iteration=None):
+        self.index, self.releases, self.version, self.iteration = index, releases, version, iteration
         self.outputs, self.dispatched = outputs, dispatched
         self.done = threading.Event()   # set by the waiter thread once the round finished
         self.error: BaseException | None = None
         self.finished = dispatched       # when it finished (the waiter's clock reading)
+        self.spans = spans               # injected delays: [(start, end)] of each worker's computation
+        self.hold = hold                 # injected delays: its gradients reach the serve loop at this time
+
+
+def injected_round(delays, iteration: int, num_workers: int, now: float):
+    """([(start, end)] per worker, hold) of a round dispatched at `now` under injected
+    delays (`runtime.worker.Delays`): worker w computes from now + its pull delay for
+    its compute time, then its push delay passes; the all-reduce completes once the
+    last worker's push has, as the parameter server's BSP update does."""
+    spans, hold = [], now
+    for w in range(num_workers):
+        start = now + delays.pull(w, iteration)
+        end = start + delays.compute(w, iteration, start)
+        spans.append((start, end))
+        hold = max(hold, end + delays.push(w, iteration))
+    return spans, hold
 
 
 def _waiter(rounds: "queue.SimpleQueue", clock) -> None:
@@ -141,27 +207,41 @@ class CollectiveLink(ServerLink):
 
     Args:
       task, tx, rule, num_workers, devices: the run's task, optimizer transformation,
-        lr rule, λ and the mesh's devices (`mesh_devices`).
+        lr rule, λ and the mesh's devices (`mesh_devices`; across processes: the
+        global mesh, the same list in every process).
       data_key: the run's minibatch key.
       opt_state: the optimizer state of version 0 (or the checkpoint's).
       worker_timeout: seconds after its dispatch at which an unfinished round
-        loses the workers of its unfinished devices.
+        loses every worker of the round.
       clock: the serve loop's clock (seconds).
+      coord: across processes, this process's `runtime.coordination.Coordination`
+        (its liveness names a process that died); None within one process.
+      liveness_wait: across processes, how long a failed round waits for liveness
+        to name the process that died (seconds; about the heartbeat timeout).
+
+    Across processes the builder sets `should_stop` (() -> None, 'stopped' or
+    'complete': this process's stop request, or process 0's max_time); the round
+    dispatched after it answers carries the flag and `agreed_stop` is set, in every
+    process, once that round's gradients were handed to the serve loop.
     """
 
+    times_rounds = True   # the serve loop leaves worker deadlines to the link (a round's, from its dispatch)
+
     def __init__(self, task, tx, rule, num_workers: int, devices, data_key, opt_state, *,
-                 worker_timeout: float = 30.0, clock=time.monotonic):
+                 worker_timeout: float = 30.0, clock=time.monotonic, coord=None, liveness_wait: float = 5.0):
         self.num_workers = num_workers
         self.mesh = Mesh(np.asarray(devices), (AXIS,))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.worker_timeout = float(worker_timeout)
         self.clock = clock
         self._per_device = num_workers // len(devices)
-        self._step = collective_step(tx, rule, num_workers, self.mesh)
-        self._task, self._key = jax.device_put((task, data_key), self.replicated)
-        self._workers = jax.device_put(np.arange(num_workers, dtype=np.int32),
-                                       NamedSharding(self.mesh, PartitionSpec(AXIS)))
-        self.opt_state = jax.device_put(opt_state, self.replicated)
+        self.across = len({d.process_index for d in devices}) > 1
+        self._step = collective_step(tx, rule, num_workers, self.mesh, self.across)
+        self._task, self._key = self.place((task, data_key))
+        split = NamedSharding(self.mesh, PartitionSpec(AXIS))
+        self._workers = _split_array(np.arange(num_workers, dtype=np.int32), split)
+        self.opt_state = self.place(opt_state)
+        self.params = None                 # the global parameters the next round reads (`set_state`)
         self._iteration = None            # (host value, device scalar) of the next round's iteration
         self._pending: dict[int, object] = {}   # worker -> Release of the round being released
         self._inflight: collections.deque[_Round] = collections.deque()
@@ -170,20 +250,94 @@ class CollectiveLink(ServerLink):
         self._done: dict[int, tuple] = {}   # round index -> (params, opt_state) applied by update
         self._rounds = 0
         self.waited = 0.0                  # seconds spent waiting for the devices (not busy)
+        # across processes: the stop flags this process can send, who hosts which worker, who died
+        self.should_stop = lambda: None
+        self.agreed_stop: str | None = None   # every process stops after the flagged round: its status
+        self._flagged = False                 # the flagged round is dispatched: no round after it
+        self._last_round: str | None = None   # the flagged round finished: the status to stop with
+        self.liveness_wait = float(liveness_wait)
+        self.delays = None                    # () -> runtime.worker.Delays: injected delays (the builder's)
+        self._delays = None
+        self.max_iteration: int | None = None  # rounds of this iteration and later are never needed (the builder's)
+        self._gone: dict[int, str] = {}       # process -> why liveness dropped it
+        self._named: set[int] = set()
+        self.process_of = [devices[w // self._per_device].process_index for w in range(num_workers)]
+        if self.across:
+            me = jax.process_index()
+            first = next(i for i, d in enumerate(devices) if d.process_index == me)
+
+            def flag(code):
+                host = np.zeros(len(devices), np.int32)
+                host[first] = code
+                return _split_array(host, split)
+
+            self._flags = {code: flag(code) for code in (0, 1, 2)}
+            if coord is not None:
+                coord.on_lost(self._on_lost)
         self._to_wait: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=_waiter, args=(self._to_wait, clock), name="staleness-collective-waiter",
                          daemon=True).start()
         self.stopped = threading.Event()
 
-    def place(self, params):
-        """`params` replicated over the mesh (where the step reads them)."""
-        return jax.device_put(params, self.replicated)
+    def place(self, tree):
+        """`tree` replicated over the mesh (where the step reads it); across processes
+        from this process's copy (every process holds the same values)."""
+        if not self.across:
+            return jax.device_put(tree, self.replicated)
+        sharding = self.replicated
+        me = jax.process_index()
+        mine = [d for d in self.mesh.devices.flat if d.process_index == me]   # in the mesh's order
+
+        def one(x):
+            if isinstance(x, jax.Array) and x.sharding == sharding:
+                return x
+            x = jnp.asarray(x)
+            return jax.make_array_from_single_device_arrays(x.shape, sharding, [jax.device_put(x, d) for d in mine])
+
+        return jax.tree.map(one, tree)
+
+    def local(self, tree):
+        """This process's replica of a replicated `tree` (the tree itself within one
+        process): what the serve loop keeps, evaluates and checkpoints, so none of
+        that enters a collective."""
+        if not self.across:
+            return tree
+        return jax.tree.map(lambda a: a.addressable_shards[0].data, tree)
+
+    def set_state(self, params, opt_state):
+        """Make replicated `params`, `opt_state` the state the next round reads;
+        returns this process's replicas of them (for the serve loop)."""
+        self.params, self.opt_state = params, opt_state
+        return self.local(params), self.local(opt_state)
+
+    def _args(self, params, iteration):
+        args = (params, self.opt_state, self._task, self._key, iteration, self._workers)
+        return args + (self._flags[0],) if self.across else args
 
     def warm_up(self, params) -> None:
-        """Compile the step before the clock starts (its outputs are discarded)."""
-        it = jax.device_put(np.int32(0), self.replicated)
-        out = self._step(self.place(params), self.opt_state, self._task, self._key, it, self._workers)
+        """Compile the step (and `fetch`) before the clock starts (outputs discarded);
+        across processes every process must call it."""
+        it = self.place(np.int32(0))
+        out = self._step(*self._args(self.place(params), it))
         jax.block_until_ready(out)
+        self.fetch([out[3]])
+
+    def fetch(self, arrays: list) -> list:
+        """Host copies of finished rounds' loss arrays (the serve loop's `_settle`):
+        stacked on the devices FETCH_GROUP at a time by one compiled call, then one
+        transfer each group (a transfer per array and device costs ~8x more). Only while
+        no round is on the devices: a program queued behind a hung round would never
+        run, and the serve loop must stay free to time that round out; then each array
+        is copied as it is."""
+        if self._inflight:
+            return jax.device_get(arrays)
+        out = []
+        for lo in range(0, len(arrays), FETCH_GROUP):
+            group = arrays[lo:lo + FETCH_GROUP]
+            n = len(group)
+            host = np.asarray(_stack(group + [group[-1]] * (FETCH_GROUP - n)))
+            out.extend(host[:n])
+        return out
 
     # -- transport (server end) ------------------------------------------------------
     def release(self, msg, params) -> None:
@@ -197,22 +351,50 @@ class CollectiveLink(ServerLink):
         if len(its) != 1 or len(versions) != 1:
             raise RuntimeError(f"collective sync: the policy released the workers on iterations {sorted(its)} and "
                                f"versions {sorted(versions)}; a collective round needs one of each")
-        it = its.pop()
+        it, version = its.pop(), versions.pop()
+        if self._flagged or (self.max_iteration is not None and it >= self.max_iteration):
+            return   # the job stops after the flagged round / no update needs this round
         if self._iteration is None or self._iteration[0] != it:
-            self._iteration = (it, jax.device_put(np.int32(it), self.replicated))
-        params, opt_state, nxt, losses = self._step(params, self.opt_state, self._task, self._key,
-                                                    self._iteration[1], self._workers)
-        self._iteration = (it + 1, nxt)
-        rnd = _Round(self._rounds, rels, versions.pop(), (params, opt_state, losses), self.clock())
-        self._to_wait.put(rnd)
+            self._iteration = (it, self.place(np.int32(it)))
+        rnd = self._dispatch(self.params, self.opt_state, self._iteration[1], it, version)
+        if rnd is None:
+            return
+        rnd.releases = rels
+        if self.delays is not None:
+            if self._delays is None:
+                self._delays = self.delays()
+            rnd.spans, rnd.hold = injected_round(self._delays, it, self.num_workers, rnd.dispatched)
         self._inflight.append(rnd)
+
+    def _dispatch(self, params, opt_state, iteration, it: int, version: int) -> "_Round | None":
+        """Start the step of iteration `it` on version `version`; None if a process died."""
+        args = (params, opt_state, self._task, self._key, iteration, self._workers)
+        t_dispatch = self.clock()   # the step's call can take a while on the CPU: it is part of the round
+        if self.across:
+            code = {None: 0, "stopped": 1, "complete": 2}[self.should_stop()]
+            args += (self._flags[code],)
+            if code:
+                self._flagged = True
+        try:
+            outputs = self._step(*args)
+        except Exception:  # noqa: BLE001 - across processes: the all-reduce failed with a process that died
+            if self.across and self._name_lost(self.clock() + self.liveness_wait):
+                self._flagged = True   # the job is over: the serve loop reads the lost workers next
+                return None
+            raise
+        self._iteration = (it + 1, outputs[2])
+        rnd = _Round(self._rounds, None, version, outputs, t_dispatch, iteration=it)
         self._rounds += 1
+        self._to_wait.put(rnd)
+        return rnd
 
     def _ready(self, rnd: _Round, deadline: float) -> bool:
         """Wait (bounded by `deadline` on the clock) until `rnd` finished on the devices."""
         if not rnd.done.wait(max(0.0, deadline - self.clock())):
             return False
         if rnd.error is not None:
+            if self.across and self._name_lost(self.clock() + self.liveness_wait):
+                return False   # a process died: its workers are lost (the all-reduce failed with it)
             from staleness.runtime.errors import RunFailure
             from staleness.runtime.worker import summary
 
@@ -221,10 +403,12 @@ class CollectiveLink(ServerLink):
         return True
 
     def poll(self, timeout: float):
+        if self.across:
+            self._name_lost(0.0)
         if self._lost:
             return self._lost.popleft()
         if self._events:
-            return self._events.popleft()
+            return self._next_event()
         if not self._inflight:
             if timeout > 0:
                 self.stopped.wait(timeout)
@@ -233,30 +417,68 @@ class CollectiveLink(ServerLink):
         rnd = self._inflight[0]
         if not self._wait_round(rnd, timeout):
             return self._lost.popleft() if self._lost else None
+        if rnd.hold is not None and self.clock() < rnd.hold:   # injected delays: not over yet
+            self.stopped.wait(min(rnd.hold - self.clock(), max(timeout, 0.0)))
+            if self.clock() < rnd.hold:
+                return None
         self._inflight.popleft()
+        if self.across:
+            code = int(np.asarray(rnd.outputs[4])[0])   # finished: no wait
+            if code:   # every process stops after this round: none starts another
+                self._flagged = True
+                self._last_round = {1: "stopped"}.get(code, "complete")
         now = self.clock()
-        since_start = max(0.0, now - rnd.dispatched)
-        since_end = min(since_start, max(0.0, now - rnd.finished))
-        losses = rnd.outputs[2]
+        since_recv = max(0.0, now - rnd.dispatched)
+        losses = rnd.outputs[3]
         for k, rel in enumerate(rnd.releases):
-            self._events.append(Arrival(Push(rel.worker, rel.iteration, rel.version, rel.epoch, since_start,
+            start, end = rnd.spans[k] if rnd.spans is not None else (rnd.dispatched, rnd.finished)
+            end = max(end, rnd.finished)
+            since_start = min(since_recv, max(0.0, now - start))
+            since_end = min(since_start, max(0.0, now - end))
+            self._events.append(Arrival(Push(rel.worker, rel.iteration, rel.version, rel.epoch, since_recv,
                                              since_start, since_end), (losses, k), rnd.index))
         self._done[rnd.index] = rnd.outputs[:2]
-        return self._events.popleft()
+        return self._next_event()
+
+    def _next_event(self):
+        ev = self._events.popleft()
+        if not self._events and self._last_round is not None:   # the flagged round's last gradient
+            self.agreed_stop = self._last_round
+        return ev
+
+    def _on_lost(self, process: int, reason: str, _incarnation=None) -> None:
+        """Liveness dropped `process` (called on the coordination's monitor thread)."""
+        self._gone.setdefault(process, reason)
+
+    def _name_lost(self, until: float) -> bool:
+        """Turn processes that liveness dropped into WorkerLost events for their
+        workers, waiting until `until` (clock) for one; True if one was named."""
+        while True:
+            new = [p for p in list(self._gone) if p not in self._named and p in self.process_of]
+            for p in new:
+                self._named.add(p)
+                reason = (f"process {p} is gone ({self._gone[p]}); a collective cannot go on without its workers "
+                          "(sync='server' with on_worker_failure='continue' tolerates lost workers)")
+                self._lost.extend(WorkerLost(w, reason) for w, q in enumerate(self.process_of) if q == p)
+            if new or self._named:
+                return True
+            if self.clock() >= until:
+                return False
+            time.sleep(0.05)
 
     def _wait_round(self, rnd: _Round, timeout: float) -> bool:
         """True once `rnd` finished; False after `timeout` seconds, or after its deadline
-        (then the workers of its unfinished devices are lost)."""
+        (then every worker of the round is lost)."""
         deadline = rnd.dispatched + self.worker_timeout
         if self._ready(rnd, min(deadline, self.clock() + max(timeout, WAIT_SECONDS))):
             return True
+        if self._lost:
+            return False
         if self.clock() >= deadline:
-            # the workers of the devices whose part of the step did not finish (a device
-            # that waits in the all-reduce for a hung one has not finished either)
-            k = self._per_device
-            shards = sorted(rnd.outputs[2].addressable_shards, key=lambda sh: sh.index[0].start or 0)
-            missing = [w for i, sh in enumerate(shards) if not sh.data.is_ready() for w in range(i * k, i * k + k)]
-            missing = missing or list(range(self.num_workers))
+            # every worker of the round: the devices that wait in the all-reduce for a
+            # hung one have not finished either (within one process; across processes
+            # liveness names a process that died)
+            missing = list(range(self.num_workers))
             names = ", ".join(str(w) for w in missing)
             reason = (f"the collective step of iteration {rnd.releases[0].iteration} did not finish "
                       f"{self.clock() - rnd.dispatched:.1f} s after it started (worker_timeout = "
@@ -277,16 +499,15 @@ class CollectiveLink(ServerLink):
 
     # -- the serve loop's update ------------------------------------------------------
     def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None):
-        """The parameters the round's step computed: `grads` are the round's tokens (one
-        per worker), all of one round, every worker's, staleness 0."""
+        """The parameters the round's step computed (this process's replicas): `grads`
+        are the round's tokens (one per worker), all of one round, every worker's,
+        staleness 0."""
         rounds = set(grads)
         if len(rounds) != 1 or len(grads) != self.num_workers or any(staleness):
             raise RuntimeError(f"collective sync: update {update} of {len(grads)} gradients of rounds "
                                f"{sorted(rounds)} with staleness {sorted(set(staleness))}; a collective update "
                                f"averages all {self.num_workers} workers' gradients of one round, staleness 0")
-        new_params, new_state = self._done.pop(rounds.pop())
-        self.opt_state = new_state
-        return new_params, new_state
+        return self.set_state(*self._done.pop(rounds.pop()))
 
     def finish(self) -> WorkerLost | None:
         """Wait (each round bounded by `worker_timeout`) for the rounds still on the
@@ -296,3 +517,9 @@ class CollectiveLink(ServerLink):
                 if self._lost:
                     return self._lost.popleft()
         return None
+
+
+def _split_array(host: np.ndarray, sharding):
+    """A global array split over `sharding`'s mesh from the full `host` array (every
+    process passes the same shape; each fills its own devices' parts)."""
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

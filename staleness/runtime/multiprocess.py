@@ -15,12 +15,19 @@ others raise `ServerLostError` (`staleness run` prints one line and exits 1);
 process 0 itself cannot rejoin (the server's state died with it: restart the
 job, with --resume from a checkpoint to continue).
 
-Every policy, BSP included, runs through the parameter-server transport of
-`staleness.runtime.coordination` (sync='server'; collectives across processes
-are not built yet, so sync='collective' is a ValueError here): the server's
+By default every policy, BSP included, runs through the parameter-server
+transport of `staleness.runtime.coordination` (sync='server'): the server's
 jitted `combine` + `server_update` is then the only place gradients are
 summed, which keeps traces replayable bitwise (a `pmean` would sum in another
 order) and lets BSP survive a lost worker like the other policies.
+
+With sync='collective' (BSP, asked for explicitly) the job is one SPMD
+program instead: every process runs the serve loop over one global mesh
+(`runtime.collective`; on CPU the all-reduce goes through gloo), worker w on
+mesh device w // (λ / d) (the same number of devices in every process). A
+process that dies stops the job: the others name it (liveness) within the
+heartbeat timeout; a restarted process cannot rejoin (every round needs every
+process).
 """
 
 from __future__ import annotations
@@ -94,20 +101,31 @@ def run_process(task, policy, cluster=None, *, coordinator: str, num_processes: 
     if isinstance(heartbeat_timeout, bool) or not isinstance(heartbeat_timeout, int) or heartbeat_timeout < 1:
         raise ValueError(f"heartbeat_timeout = {heartbeat_timeout!r} must be an integer number of seconds >= 1")
 
+    import jax
+
     from staleness.runtime import coordination
 
+    if kwargs.get("sync") == "collective":   # CPU collectives across processes (before the backend starts)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     coord = coordination.initialize(coordinator, num_processes, process_id,
                                     heartbeat_timeout=heartbeat_timeout, init_timeout=int(init_timeout))
+    done = False
     try:
-        return _run_process(coord, task, policy, cluster, num_updates=num_updates, num_workers=num_workers,
-                            init_timeout=init_timeout, progress=progress, **kwargs)
+        result = _run_process(coord, task, policy, cluster, num_updates=num_updates, num_workers=num_workers,
+                              init_timeout=init_timeout, progress=progress, heartbeat_timeout=heartbeat_timeout,
+                              **kwargs)
+        done = True
+        return result
     finally:
-        if process_id == 0:
+        # a collective job that failed: the others may wait in a round with process 0 that
+        # only ends (with an error) once it has left, so it leaves at once
+        if process_id == 0 and (done or kwargs.get("sync") != "collective"):
             coord.wait_others_left(SHUTDOWN_SECONDS)
         coord.shutdown()
 
 
-def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init_timeout, progress, **kwargs):
+def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init_timeout, progress,
+                 heartbeat_timeout, **kwargs):
     import jax
     import numpy as np
 
@@ -130,6 +148,9 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
     spec = make_spec(task, policy, cluster, num_updates=num_updates,
                      num_workers=num_workers if num_workers is not None or cluster is not None else n * len(local),
                      processes=n, **kwargs)
+    if spec.sync == "collective":
+        return _run_collective(coord, spec, init_timeout=init_timeout, progress=progress,
+                               liveness_wait=heartbeat_timeout + 2.0)
     placement = {w: local[i] for w, i in worker_placement(spec.num_workers, n, len(local), pid).items()}
     worker_process = [w % n for w in range(spec.num_workers)]
     server_device = local[0]
@@ -205,6 +226,40 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
         deadline = time.monotonic() + JOIN_SECONDS
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _run_collective(coord, spec, *, init_timeout, progress, liveness_wait):
+    """This process's part of a collective job: the serve loop over the global mesh."""
+    import jax
+
+    from staleness.runtime.build import _build_collective
+    from staleness.runtime.errors import ServerLostError, WorkerLostError
+    from staleness.runtime.run import make_progress, serve, sigint_stops
+
+    pid = coord.process_id
+    if coord.rejoining:
+        raise RuntimeError(f"process {pid} cannot rejoin a job under sync='collective' (every round needs every "
+                           "process): restart the whole job")
+    callback, close_progress = make_progress(progress if pid == 0 else False)
+    stop_event = threading.Event()
+    built = _build_collective(spec, jax.devices(), stop_event=stop_event, progress=callback, coord=coord,
+                              liveness_wait=liveness_wait)   # compiles: a collective, every process takes part
+    try:
+        coord.barrier("ready", init_timeout)
+        with sigint_stops(stop_event):
+            built.server.start(built.state)
+            if pid == 0:
+                return serve(built, spec)
+            try:
+                built.server.serve()
+            except WorkerLostError as e:
+                if built.server.link.process_of[e.worker] == 0:
+                    raise ServerLostError(pid, e.reason) from None
+                raise
+            return None
+    finally:
+        built.server.link.stop()
+        close_progress()
 
 
 # -- launching processes on this machine ---------------------------------------------------

@@ -22,6 +22,9 @@ exactly as the simulator drives it with simulated time:
 
 Each wait on the transport is bounded (`TICK_SECONDS`), so stop requests,
 deadlines, failure events and progress are checked even when nothing arrives.
+A transport may also decide when the loop stops (`link.agreed_stop`: the
+status, once set): collectives across processes stop every process after the
+same round.
 
 A gradient's loss arrives as a float, or (collectives) as (device array, index):
 it is then fetched later with others in one transfer (`_settle`), before any
@@ -226,7 +229,8 @@ class Server:
 
         late = self._late if block else [e for e in self._late if e[1].is_ready()]
         arrays = {id(a): a for _, a, _ in late}
-        host = dict(zip(arrays, jax.device_get(list(arrays.values()))))
+        fetch = getattr(self.link, "fetch", None) or jax.device_get   # a transport may fetch its own faster
+        host = dict(zip(arrays, fetch(list(arrays.values()))))
         losses = self.rec.losses
         for row, a, k in late:
             losses[row] = float(host[id(a)][k])
@@ -277,7 +281,7 @@ class Server:
     def _housekeeping(self) -> None:
         now = self.now()
         self._apply_membership(now)
-        if now - self._last_deadline_check >= TICK_SECONDS:
+        if now - self._last_deadline_check >= TICK_SECONDS and not getattr(self.link, "times_rounds", False):
             self._last_deadline_check = now
             self._check_deadlines(now)
         if self.progress is not None and now - self._last_progress >= self.progress_every:
@@ -327,6 +331,10 @@ class Server:
                         self._join(ev.worker, self.now())
                 self._housekeeping()
                 self.busy += perf() - t_busy - (getattr(self.link, "waited", 0.0) - waited)
+                agreed = getattr(self.link, "agreed_stop", None)   # collectives across processes
+                if agreed is not None:
+                    self.status = agreed
+                    break
                 if self.stop_event.is_set() or (self.max_time is not None and self.now() >= self.max_time):
                     self.status = "stopped" if self.stop_event.is_set() else "complete"
                     break

@@ -107,11 +107,12 @@ def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = ""
     return int(value)
 
 
-def _resolve_sync(sync, policy, cluster, on_worker_failure, processes) -> tuple[str, str]:
+def _resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int = 0) -> tuple[str, str]:
     """(sync, on_worker_failure) of a run: the explicit choice, checked, or the default
     ('collective' for a BSP-like policy unless worker-level fault tolerance was asked
-    for (on_worker_failure='continue'), injected delays or several processes need
-    per-worker threads; 'server' otherwise)."""
+    for (on_worker_failure='continue'), a cluster is given, or the job has several
+    processes (there the server keeps BSP's fault tolerance and rejoins); 'server'
+    otherwise). An explicit 'collective' takes a cluster's delays, not its failure model."""
     if sync is not None and sync not in SYNC_MODES:
         raise ValueError(f"sync = {sync!r} must be one of {SYNC_MODES} (or None: collective for synchronous "
                          "policies, server otherwise)")
@@ -127,12 +128,9 @@ def _resolve_sync(sync, policy, cluster, on_worker_failure, processes) -> tuple[
             raise ValueError("sync = 'collective' cannot go on without a lost worker: on_worker_failure = "
                              "'continue' needs sync='server' (worker-level fault tolerance), or use "
                              "on_worker_failure='stop'")
-        if cluster is not None:
-            raise ValueError("sync = 'collective' runs every worker in one lockstep step: injected delays of "
-                             f"cluster = {cluster.describe()!r} need sync='server' (a thread per worker)")
-        if processes != 1:
-            raise ValueError(f"sync = 'collective' runs on the devices of one process; a job of {processes} "
-                             "processes needs sync='server'")
+        if cluster is not None and cluster.sampler(seed).membership_events():
+            raise ValueError("sync = 'collective' cannot go on without a lost worker: the failure model of cluster = "
+                             f"{cluster.describe()!r} needs sync='server' (its delays alone work under collectives)")
         return sync, "stop"
     return sync, on_worker_failure or "continue"
 
@@ -143,7 +141,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
               on_worker_failure=None, checkpoint=None, checkpoint_every=None,
               resume=False, inner_optimizer=None, sync=None, processes=1) -> RunSpec:
     """Validate a real run's arguments; see `runtime.run`. processes: the job's
-    process count (collectives run within one process for now)."""
+    process count (several: sync='collective' only when asked for, see `_resolve_sync`)."""
     from staleness import cluster as _cluster
     from staleness.engine.run import _check_lr, resolve_optimizer, resolve_task
 
@@ -174,7 +172,10 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     if on_worker_failure is not None and on_worker_failure not in FAILURE_MODES:
         raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES} "
                          "(or None: 'stop' under sync='collective', 'continue' under sync='server')")
-    sync, on_worker_failure = _resolve_sync(sync, policy, cluster, on_worker_failure, processes)
+    sync, on_worker_failure = _resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed)
+    if sync == "collective" and processes > 1 and resume:
+        raise ValueError("resume=True with sync='collective' across processes is not built yet (every process "
+                         "would have to read the checkpoint); resume a one-process run, or use sync='server'")
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
