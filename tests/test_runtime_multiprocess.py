@@ -147,6 +147,29 @@ def test_collective_bsp_across_processes_equals_the_one_process_run_and_replays(
 
 
 @pytest.mark.timeout(DEADLINE + 30)
+def test_a_collective_job_resumes_from_its_checkpoint_bitwise(procs, tmp_path):
+    """A 2-process collective job checkpoints at update 20 (process 0 writes; every
+    process reads it on resume) and a new job resumes it to 50: bitwise the job that ran
+    to 50 at once (the same rounds, the same all-reduce order)."""
+    import jax
+
+    import staleness as st
+
+    ck, whole, resumed = tmp_path / "ck", tmp_path / "whole", tmp_path / "resumed"
+    base = ["--task", "quadratic", "--policy", "bsp", "--sync", "collective", "--lr", "0.01", "--optimizer",
+            "momentum:0.9", *SLACK, "--no-progress"]
+    _job(procs, 2, [*base, "--updates", "50", "--out", str(whole)])
+    _job(procs, 2, [*base, "--updates", "30", "--checkpoint", str(ck), "--checkpoint-every", "20"])
+    assert procs.finish() == [0] * 4, procs.text()
+    _job(procs, 2, [*base, "--updates", "50", "--checkpoint", str(ck), "--resume", "--out", str(resumed)])
+    assert procs.finish() == [0] * 6, procs.text()
+    a, b = st.Result.load(whole), st.Result.load(resumed)
+    assert b.status == "complete" and b.schedule.num_updates == 50 and b.config["processes"] == 2
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+    np.testing.assert_array_equal(b.train_loss, a.train_loss)
+
+
+@pytest.mark.timeout(DEADLINE + 30)
 def test_a_collective_job_stops_in_every_process_after_the_same_round_at_max_time(procs, tmp_path):
     """--max-time under collectives across processes: process 0 flags the round it
     starts after its budget and every process stops after that round (none waits in

@@ -134,14 +134,11 @@ def test_default_sync(policy, cluster, failure, expected):
     assert spec.config()["sync"] == expected[0]
 
 
-def test_several_processes_default_to_the_server_and_take_collectives_when_asked(tmp_path):
+def test_several_processes_default_to_the_server_and_take_collectives_when_asked():
     spec = make_spec("quadratic", "bsp", None, num_updates=5, num_workers=4, processes=2)
     assert (spec.sync, spec.on_worker_failure) == ("server", "continue")   # rejoins and fault tolerance
     spec = make_spec("quadratic", "bsp", None, num_updates=5, num_workers=4, processes=2, sync="collective")
     assert (spec.sync, spec.on_worker_failure) == ("collective", "stop")
-    with pytest.raises(ValueError, match="resume=True with sync='collective' across processes is not built yet"):
-        make_spec("quadratic", "bsp", None, num_updates=5, num_workers=4, processes=2, sync="collective",
-                  checkpoint=str(tmp_path), resume=True)
 
 
 def test_the_collective_mesh_takes_as_many_devices_of_every_process():

@@ -173,9 +173,6 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
         raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES} "
                          "(or None: 'stop' under sync='collective', 'continue' under sync='server')")
     sync, on_worker_failure = _resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed)
-    if sync == "collective" and processes > 1 and resume:
-        raise ValueError("resume=True with sync='collective' across processes is not built yet (every process "
-                         "would have to read the checkpoint); resume a one-process run, or use sync='server'")
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
