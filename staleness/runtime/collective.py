@@ -50,19 +50,20 @@ naming them: `on_worker_failure` is 'stop' under collectives): inside one
 process the devices that wait in the all-reduce for a hung one have not
 finished either, so they cannot be told apart; a per-worker host callback in
 the step would tell them apart but takes the GIL on every device each round
-(tried: several times slower on the benchmark). XLA's CPU all-reduce aborts the process after 40 s in a
-rendezvous, so keep worker_timeout below that under collectives on CPU.
+(tried: several times slower on the benchmark). XLA's CPU all-reduce aborts
+the process after 40 s in a rendezvous, so keep worker_timeout below that
+under collectives on CPU.
 
 Across processes (`jax.distributed`; on CPU the all-reduce goes through
 gloo): every process runs the same serve loop, policy and link over one
 global mesh, and dispatches the same rounds (BSP's decisions do not depend
 on time). The step then also returns every worker's loss and a stop flag to
-every process: process 0 raises the flag in the round it dispatches after a
-stop request or its `max_time`, and every process stops after that round
-(`agreed_stop`), so no process waits in a round the others never start. A
-process that dies is named by liveness (`lost_process`, within the heartbeat
-timeout; its peers' all-reduce fails at once): the round turns into
-`WorkerLost` for its workers. The serve loop's parameters are then this
+every process: a process raises the flag in the round it dispatches after its
+stop request (Ctrl-C), process 0 also after its `max_time`, and every process
+stops after that round (`agreed_stop`), so no process waits in a round the
+others never start. A process that dies is named by liveness (the
+coordination's live set, within the heartbeat timeout; its peers' all-reduce
+fails at once): the round turns into `WorkerLost` for its workers. The serve loop's parameters are then this
 process's replica (`local`), so evaluation and checkpoints never enter a
 collective.
 """
@@ -160,10 +161,10 @@ def collective_step(tx, rule, num_workers: int, mesh: Mesh, across: bool = False
 
 class _Round:
     __slots__ = ("index", "releases", "version", "outputs", "dispatched", "done", "error", "finished", "spans",
-                 "hold", "iteration")
+                 "hold")
 
-    def __init__(self, index, releases, version, outputs, dispatched, spans=None, hold=None, iteration=None):
-        self.index, self.releases, self.version, self.iteration = index, releases, version, iteration
+    def __init__(self, index, releases, version, outputs, dispatched, spans=None, hold=None):
+        self.index, self.releases, self.version = index, releases, version
         self.outputs, self.dispatched = outputs, dispatched
         self.done = threading.Event()   # set by the waiter thread once the round finished
         self.error: BaseException | None = None
@@ -383,7 +384,7 @@ class CollectiveLink(ServerLink):
                 return None
             raise
         self._iteration = (it + 1, outputs[2])
-        rnd = _Round(self._rounds, None, version, outputs, t_dispatch, iteration=it)
+        rnd = _Round(self._rounds, None, version, outputs, t_dispatch)
         self._rounds += 1
         self._to_wait.put(rnd)
         return rnd
