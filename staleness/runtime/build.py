@@ -150,11 +150,11 @@ def _build_collective(spec, devs, *, stop_event, progress, coord=None, liveness_
     from staleness.runtime.collective import CollectiveLink, mesh_devices
 
     mesh = mesh_devices(spec.num_workers, devs)
-    across = len({d.process_index for d in mesh}) > 1
+    processes = len({d.process_index for d in mesh})
+    across = processes > 1
     me = jax.process_index()
     names = [f"p{d.process_index}:{d}" if across else str(d) for d in mesh]
-    config = spec.config(devices=names, server_device="collective",
-                         processes=len({d.process_index for d in mesh}), transport="collective")
+    config = spec.config(devices=names, server_device="collective", processes=processes, transport="collective")
     meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
     init_key, data_key = core.keys(spec.seed)
     params = spec.task.init_params(init_key)
@@ -169,21 +169,19 @@ def _build_collective(spec, devs, *, stop_event, progress, coord=None, liveness_
     # its share of a ring all-reduce of the gradient: 2 (λ - 1) / λ of its bytes
     nbytes = payload_bytes(spec.task, spec.policy)[1]
     push = 2 * (spec.num_workers - 1) * nbytes // spec.num_workers
+    here, stop_here = spec, stop_event
     if across:
         # every process stops after the same round: the one dispatched after a stop request
-        # (any process's) or process 0's max_time carries the flag (`CollectiveLink`)
-        spec_here = dataclasses.replace(spec, max_time=None, checkpoint_every=spec.checkpoint_every if me == 0
-                                        else None)
-        server = _server(spec_here, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
-                         config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=threading.Event(),
-                         progress=progress if me == 0 else None)
+        # (any process's) or process 0's max_time carries the flag (`CollectiveLink`); only
+        # process 0 checkpoints
+        here = dataclasses.replace(spec, max_time=None, checkpoint_every=spec.checkpoint_every if me == 0 else None)
+        stop_here = threading.Event()
+    server = _server(here, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
+                     config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=stop_here, progress=progress)
+    if across:
         max_time = spec.max_time if me == 0 else None
         link.should_stop = lambda: ("stopped" if stop_event.is_set() else
                                     "complete" if max_time is not None and server.now() >= max_time else None)
-    else:
-        server = _server(spec, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
-                         config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=stop_event,
-                         progress=progress)
     link.max_iteration = spec.num_updates   # BSP: round i makes update i + 1; none after the last is needed
     if spec.cluster is not None:   # injected delays: each round lasts as long as its slowest worker's
         link.delays = lambda: spec.delays(server.t0 - server.t_offset)

@@ -250,7 +250,6 @@ class CollectiveLink(ServerLink):
         self._lost: collections.deque = collections.deque()
         self._done: dict[int, tuple] = {}   # round index -> (params, opt_state) applied by update
         self._rounds = 0
-        self.waited = 0.0                  # seconds spent waiting for the devices (not busy)
         # across processes: the stop flags this process can send, who hosts which worker, who died
         self.should_stop = lambda: None
         self.agreed_stop: str | None = None   # every process stops after the flagged round: its status
@@ -311,9 +310,11 @@ class CollectiveLink(ServerLink):
         self.params, self.opt_state = params, opt_state
         return self.local(params), self.local(opt_state)
 
-    def _args(self, params, iteration):
+    def _args(self, params, iteration, code: int = 0):
+        """The step's arguments: `params`, the optimizer state, the round's inputs (and,
+        across processes, this process's stop flag `code`)."""
         args = (params, self.opt_state, self._task, self._key, iteration, self._workers)
-        return args + (self._flags[0],) if self.across else args
+        return args + (self._flags[code],) if self.across else args
 
     def warm_up(self, params) -> None:
         """Compile the step (and `fetch`) before the clock starts (outputs discarded);
@@ -357,7 +358,7 @@ class CollectiveLink(ServerLink):
             return   # the job stops after the flagged round / no update needs this round
         if self._iteration is None or self._iteration[0] != it:
             self._iteration = (it, self.place(np.int32(it)))
-        rnd = self._dispatch(self.params, self.opt_state, self._iteration[1], it, version)
+        rnd = self._dispatch(it, version)
         if rnd is None:
             return
         rnd.releases = rels
@@ -367,17 +368,14 @@ class CollectiveLink(ServerLink):
             rnd.spans, rnd.hold = injected_round(self._delays, it, self.num_workers, rnd.dispatched)
         self._inflight.append(rnd)
 
-    def _dispatch(self, params, opt_state, iteration, it: int, version: int) -> "_Round | None":
-        """Start the step of iteration `it` on version `version`; None if a process died."""
-        args = (params, opt_state, self._task, self._key, iteration, self._workers)
+    def _dispatch(self, it: int, version: int) -> "_Round | None":
+        """Start the step of iteration `it` on version `version` (the current state);
+        None if a process died."""
         t_dispatch = self.clock()   # the step's call can take a while on the CPU: it is part of the round
-        if self.across:
-            code = {None: 0, "stopped": 1, "complete": 2}[self.should_stop()]
-            args += (self._flags[code],)
-            if code:
-                self._flagged = True
+        code = {None: 0, "stopped": 1, "complete": 2}[self.should_stop()] if self.across else 0
+        self._flagged = self._flagged or bool(code)
         try:
-            outputs = self._step(*args)
+            outputs = self._step(*self._args(self.params, self._iteration[1], code))
         except Exception:  # noqa: BLE001 - across processes: the all-reduce failed with a process that died
             if self.across and self._name_lost(self.clock() + self.liveness_wait):
                 self._flagged = True   # the job is over: the serve loop reads the lost workers next

@@ -220,17 +220,14 @@ class Server:
                            f"(worker_timeout = {self.worker_timeout:g} s)", real=True)
 
     def _settle(self, block: bool = True) -> None:
-        """Fetch the late losses (one transfer per device array) into the trace;
+        """Fetch the late losses (the transport's `fetch`) into the trace;
         block=False: only those already computed (the others stay NaN: a run that
         failed must not wait on a device that hung)."""
         if not self._late:
             return
-        import jax
-
         late = self._late if block else [e for e in self._late if e[1].is_ready()]
         arrays = {id(a): a for _, a, _ in late}
-        fetch = getattr(self.link, "fetch", None) or jax.device_get   # a transport may fetch its own faster
-        host = dict(zip(arrays, fetch(list(arrays.values()))))
+        host = dict(zip(arrays, self.link.fetch(list(arrays.values()))))
         losses = self.rec.losses
         for row, a, k in late:
             losses[row] = float(host[id(a)][k])
@@ -281,7 +278,7 @@ class Server:
     def _housekeeping(self) -> None:
         now = self.now()
         self._apply_membership(now)
-        if now - self._last_deadline_check >= TICK_SECONDS and not getattr(self.link, "times_rounds", False):
+        if now - self._last_deadline_check >= TICK_SECONDS and not self.link.times_rounds:
             self._last_deadline_check = now
             self._check_deadlines(now)
         if self.progress is not None and now - self._last_progress >= self.progress_every:
@@ -311,7 +308,7 @@ class Server:
         try:
             while self.rec.num_updates < self.num_updates:
                 ev = self.link.poll(TICK_SECONDS)
-                t_busy, waited = perf(), getattr(self.link, "waited", 0.0)
+                t_busy = perf()
                 self._apply_membership(self.now())  # a failure due by now comes before this push
                 if isinstance(ev, Arrival):
                     before = self.rec.num_updates
@@ -330,18 +327,16 @@ class Server:
                     if 0 <= ev.worker < self.num_workers:
                         self._join(ev.worker, self.now())
                 self._housekeeping()
-                self.busy += perf() - t_busy - (getattr(self.link, "waited", 0.0) - waited)
-                agreed = getattr(self.link, "agreed_stop", None)   # collectives across processes
-                if agreed is not None:
-                    self.status = agreed
+                self.busy += perf() - t_busy
+                if self.link.agreed_stop is not None:   # collectives across processes
+                    self.status = self.link.agreed_stop
                     break
                 if self.stop_event.is_set() or (self.max_time is not None and self.now() >= self.max_time):
                     self.status = "stopped" if self.stop_event.is_set() else "complete"
                     break
             else:
                 self.status = "complete"
-            finish = getattr(self.link, "finish", None)   # collectives: rounds still on the devices
-            lost = finish() if finish is not None else None
+            lost = self.link.finish()   # collectives: rounds still on the devices
             if lost is not None:
                 raise WorkerLostError(lost.worker, lost.reason)
         except KeyboardInterrupt:

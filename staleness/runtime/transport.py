@@ -47,7 +47,17 @@ Event = Arrival | WorkerFailed | WorkerLost
 
 
 class ServerLink(abc.ABC):
-    """The server's end of a transport."""
+    """The server's end of a transport.
+
+    Besides the three methods below, a transport may change what the serve loop
+    does through these defaults: `times_rounds` (True: the transport times out its
+    own work, so the loop checks no per-worker deadlines), `agreed_stop` (a status
+    once set: the loop stops there), `fetch` (host copies of loss arrays) and
+    `finish` (wait for work still in flight at the end; a lost worker or None).
+    """
+
+    times_rounds = False
+    agreed_stop: str | None = None
 
     @abc.abstractmethod
     def release(self, msg: Release, params) -> None:
@@ -60,6 +70,14 @@ class ServerLink(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Ask every worker to stop (idempotent, never blocks for long)."""
+
+    def fetch(self, arrays: list) -> list:
+        """Host copies of `arrays` (losses the loop fetches late, `Server._settle`)."""
+        return jax.device_get(arrays)
+
+    def finish(self) -> "WorkerLost | None":
+        """Called once the loop stops serving: nothing is in flight here."""
+        return None
 
 
 class WorkerLink(abc.ABC):
