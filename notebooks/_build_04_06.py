@@ -303,8 +303,9 @@ NB06 = [
     ("md", """# 06 · Real devices: the same policies for real, and the replay of their trace
 
 Notebooks 01–03 *simulate* a cluster. `staleness.runtime` runs the same policy objects
-for real: a thread per worker, each bound to its own device, runs the engine's jitted
-per-gradient function on a minibatch; a server loop owns the parameters, applies
+for real: each worker, bound to its own device, runs the engine's jitted
+per-gradient function on a minibatch (a thread per worker sleeps a cluster's injected
+delays; without a cluster the server's loop dispatches every worker's step itself); a server loop owns the parameters, applies
 gradients with the optimizer and asks the policy, on every push, whether the worker
 may start its next iteration. Time is `time.monotonic()`, not a simulated clock.
 

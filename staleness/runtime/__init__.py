@@ -6,8 +6,10 @@
     st.engine.replay(result.schedule, "digits-mlp", slot_mode="map", ...)   # same params, bitwise on CPU
 
 One process: `run`, with `sync='collective'` (BSP's default: each round one
-jitted `pmean` step over the devices) or `sync='server'` (a thread per worker,
-one device each, and a parameter server sharded over `server_devices`).
+jitted `pmean` step over the devices) or `sync='server'` (a parameter server
+sharded over `server_devices`; its workers, one device each, are dispatched from
+the serve loop's thread at the hardware's speed, `dispatch`, or run a thread
+each to sleep a cluster's injected delays, `worker`).
 Several processes or hosts: `run_process` in each process of a
 `jax.distributed` job (the CLI's `staleness run --coordinator ...`), or
 `launch_local` for N processes on this machine (parameter server).
@@ -17,8 +19,9 @@ state, workers, transport; the collective path and the sharded server are its
 two builders) -> `serve` (the one serve loop: the driver step of
 `staleness.driver` with real updates and faults) -> `result`. Parts they use:
 `numerics` (the jitted functions), `sharding` (the server's layout),
-`collective` (the pmean step and its transport), `worker` (worker loop,
-injected delays), `transport` (the Transport interface and the in-process
+`collective` (the pmean step and its transport), `dispatch` (workers
+dispatched from the serve loop's thread), `worker` (worker loop, injected
+delays), `transport` (the Transport interface and the in-process
 transport), `coordination` (the multi-process transport: the coordination
 service and `jax.experimental.transfer`), `checkpoint`, `progress`,
 `multiprocess`.

@@ -10,9 +10,11 @@ Two builders, one serve loop:
   - `sync='server'` (`_build_server`): the parameter server. Its parameters and
     optimizer state live on `server_devices`, sharded over them
     (`runtime.sharding`) when there are several and the policy applies one
-    gradient per update; a thread per worker runs `worker_loop` behind a
-    `LocalTransport`; the update is `Numerics.update` (the engine's
-    `server_update`, jitted).
+    gradient per update; the update is `Numerics.update` (the engine's
+    `server_update`, jitted). At the hardware's speed (no cluster) the serve
+    loop's thread dispatches every worker's step (`runtime.dispatch`; a light
+    waiter thread per worker); with a cluster's injected delays a thread per
+    worker runs `worker_loop` behind a `LocalTransport`.
   - `sync='collective'` (`_build_collective`): no worker threads; the
     transport and the update are a `CollectiveLink`, one `pmean` step per round.
 
@@ -29,6 +31,7 @@ import jax
 
 from staleness.engine import core
 from staleness.runtime import checkpoint as _ckpt
+from staleness.runtime.dispatch import DispatchTransport
 from staleness.runtime.numerics import Numerics, zeros_like
 from staleness.runtime.serve import Server
 from staleness.engine.payload import payload_bytes
@@ -121,8 +124,10 @@ def _build_server(spec, devs, server_device, *, server_devices, stop_event, prog
     worker_devices = [devs[w % len(devs)] for w in range(spec.num_workers)]
     shards = resolve_server_devices(server_devices, devs, server_device, spec.slots)
     placement = ServerPlacement(shards) if len(shards) > 1 else None
+    threads = spec.cluster is not None   # injected delays: a thread per worker sleeps them
     config = spec.config(devices=[str(d) for d in dict.fromkeys(worker_devices)], server_device=str(server_device),
-                         server_devices=[str(d) for d in shards], processes=1, transport="local")
+                         server_devices=[str(d) for d in shards], processes=1,
+                         transport="local" if threads else "dispatch")
     meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
     put = placement.put if placement is not None else (lambda tree: jax.device_put(tree, server_device))
 
@@ -133,14 +138,17 @@ def _build_server(spec, devs, server_device, *, server_devices, stop_event, prog
     numerics.place_inputs(placement.scalar if placement is not None else server_device)
     opt_state = put(numerics.init_state(params))
     numerics.warm_up(params, worker_devices, placement if placement is not None else server_device)
-    link = LocalTransport(placement.of(params) if placement is not None else server_device, worker_devices)
+    pushed_to = placement.of(params) if placement is not None else server_device
+    link = (LocalTransport(pushed_to, worker_devices) if threads
+            else DispatchTransport(numerics, pushed_to, worker_devices))
     evaluate = _evaluate(spec)
     server = _server(spec, update=numerics.update, params=params, opt_state=opt_state, zeros=zeros_like(params),
                      link=link, config=config, evaluate=evaluate, row_bytes=payload_bytes(spec.task, spec.policy),
                      stop_event=stop_event, progress=progress)
     state = _ckpt.restore(server, meta, put) if meta is not None else None
     server.membership.extend(spec.membership(after=server.t_offset))
-    workers = [(w, worker_loop, (w, link, numerics, worker_devices[w])) for w in range(spec.num_workers)]
+    workers = [(w, worker_loop, (w, link, numerics, worker_devices[w])) for w in range(spec.num_workers)
+               if threads]
     return Built(server, state, workers, config, evaluate)
 
 

@@ -7,11 +7,13 @@ A run flows one way, each step in its own module:
     status = built.server.serve()         # serve.Server: the one serve loop
     result = result.build_result(...)     # history, trace, parameters
 
-Under `sync='server'` a thread per worker, each bound to a device (workers
-share devices when there are more workers than devices), runs the engine's
-jitted per-gradient function, and the serve loop in the calling thread owns
+Under `sync='server'` each worker, bound to a device (workers share devices
+when there are more workers than devices), runs the engine's jitted
+per-gradient function, and the serve loop in the calling thread owns
 parameters and optimizer state (sharded over `server_devices`); tensors move
-with `jax.device_put`. Under `sync='collective'` (BSP's default) each round is
+with `jax.device_put`. Without a cluster the serve loop dispatches every
+worker's step itself (`runtime.dispatch`: no worker threads); with one, a
+thread per worker sleeps its injected delays (`runtime.worker`). Under `sync='collective'` (BSP's default) each round is
 one jitted `pmean` step over the devices (`runtime.collective`). The result is
 the simulator's `Result`.
 """

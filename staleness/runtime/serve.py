@@ -3,7 +3,8 @@
 One loop for every way of executing a run: a builder (`runtime.build`) hands
 it a transport (`ServerLink`: where releases go and events come from) and an
 update function ((params, opt_state, grads, staleness, update) -> (params,
-opt_state)): the sharded parameter server's jitted update with worker threads
+opt_state)): the sharded parameter server's jitted update with workers
+dispatched from this loop's thread (`DispatchTransport`), worker threads
 behind a `LocalTransport` or the multi-process transport, or the collective
 path's `CollectiveLink`, whose rounds are one `pmean` step each. The loop
 owns the parameters and the optimizer state. It drives the policy
