@@ -8,7 +8,7 @@ On 8 virtual CPU devices, `digits-mlp` (μ = 32):
      worker, as every run without a cluster had before) and BSP;
   1b. ASP vs the plain asynchronous loop a user would write (one thread keeping
      the 8 devices busy, same jitted gradient, an optax step per gradient; no
-     policy, no trace), 3 alternating runs each, ratio of the medians;
+     policy, no trace), 5 alternating runs each, ratio of the medians;
   2. server overhead: the server loop's busy time per update (policy decision,
      trace row, jitted update dispatch, releases), from the same ASP runs, split
      into the server's own work and releasing workers (without worker threads
@@ -212,7 +212,7 @@ def plain_async_loop(task, steps, lr=0.05):
     return steps / (time.perf_counter() - t0)
 
 
-def asp_vs_plain(task, steps, repeats=3):
+def asp_vs_plain(task, steps, repeats=5):
     """Alternate the plain asynchronous loop, the runtime's ASP (no cluster: workers
     dispatched from the serve loop) and ASP with a thread per worker: medians."""
     plain, ours, threads = [], [], []
@@ -225,7 +225,8 @@ def asp_vs_plain(task, steps, repeats=3):
     med = {k: float(np.median(v)) for k, v in (("plain", plain), ("dispatch", ours), ("threads", threads))}
     return {"plain_async_upd_per_s": med["plain"], "dispatch_upd_per_s": med["dispatch"],
             "threads_upd_per_s": med["threads"], "ratio": med["dispatch"] / med["plain"],
-            "threads_ratio": med["threads"] / med["plain"], "plain_all": plain, "dispatch_all": ours,
+            "threads_ratio": med["threads"] / med["plain"], "pair_ratios": [o / p for o, p in zip(ours, plain)],
+            "plain_all": plain, "dispatch_all": ours,
             "threads_all": threads}
 
 
@@ -337,10 +338,11 @@ def main():
           f"{speed[1]['server_busy_ms_per_update']:.3f} ms; sharded over 8 CPU devices "
           f"{speed[2]['server_busy_ms_per_update']:.3f} ms; the serve loop alone (ready gradients): "
           f"{alone:.3f} ms")
-    asp = asp_vs_plain(task, updates)
+    asp = asp_vs_plain(task, 2 * updates)
     print(f"ASP {asp['dispatch_upd_per_s']:,.0f} upd/s (a thread per worker: {asp['threads_upd_per_s']:,.0f}) vs "
           f"the plain asynchronous loop {asp['plain_async_upd_per_s']:,.0f} upd/s (medians of "
-          f"{len(asp['plain_all'])} alternating runs): {asp['ratio']:.2f}x (threads {asp['threads_ratio']:.2f}x)")
+          f"{len(asp['plain_all'])} alternating runs): {asp['ratio']:.2f}x, pairs {min(asp['pair_ratios']):.2f}-"
+          f"{max(asp['pair_ratios']):.2f}x (threads {asp['threads_ratio']:.2f}x)")
     coll = collective_vs_pmean(task, updates // 2)
     print(f"collective BSP {coll['collective_upd_per_s']:,.0f} upd/s vs plain pmean loop "
           f"{coll['plain_pmean_steps_per_s']:,.0f} steps/s (medians of {len(coll['plain_all'])} alternating "
