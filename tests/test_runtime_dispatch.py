@@ -104,3 +104,20 @@ def test_checkpoint_then_resume_without_a_cluster_continues_one_replayable_trace
     check_invariants(res.schedule, P.ssp(2), 4, failures=True)
     rep = st.engine.replay(res.schedule, task, slot_mode="map", lr=0.05, optimizer="momentum:0.9", seed=2)
     assert _bitwise(res.params, rep.params)
+
+
+def test_minibatch_indices_come_in_blocks_and_are_the_engines():
+    """Numerics computes a worker's indices for INDEX_BLOCK iterations in one host call;
+    every iteration's indices are still exactly `host_indices`' (what the replay uses),
+    in any order, across block boundaries and back."""
+    from staleness.engine import core
+    from staleness.runtime.numerics import INDEX_BLOCK, Numerics
+    from staleness.runtime.spec import make_spec
+
+    task = st.tasks.get("digits-mlp", num_workers=4, batch_size=16)
+    spec = make_spec(task, "asp", None, num_updates=1, num_workers=4)
+    key = core.keys(0)[1]
+    num = Numerics(spec.task, spec.opt, spec.rule, 1, key)
+    for w, i in [(0, 0), (0, INDEX_BLOCK - 1), (0, INDEX_BLOCK), (3, 7), (0, 5), (3, 10 * INDEX_BLOCK + 3), (3, 6)]:
+        got = num._index(w, i)
+        assert got.dtype == np.int32 and np.array_equal(got, task.host_indices(key, w, i)), (w, i)

@@ -23,7 +23,9 @@ from staleness.engine import local as _local
 from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer
 
-__all__ = ["Numerics"]
+__all__ = ["Numerics", "INDEX_BLOCK"]
+
+INDEX_BLOCK = 64  # iterations of one worker whose minibatch indices are computed in one host call
 
 
 def _gradient(task, params, data_key, worker, iteration, index):
@@ -85,6 +87,7 @@ class Numerics:
         self._tau: dict[int, object] = {}   # staleness -> its [1] int32 input, placed once
         self._one = np.ones(1, bool)
         self._placed: dict = {}   # device -> (task, data_key) committed to it
+        self._indices: dict[int, tuple[int, np.ndarray]] = {}   # worker -> (first iteration, [INDEX_BLOCK, μ])
         self._lock = threading.Lock()
 
     def on(self, device):
@@ -118,9 +121,21 @@ class Numerics:
                                                       local=self.local)
             self._inner_states[worker] = state
             return loss, delta
-        # the minibatch indices on the host, as the engine's replay computes them
-        index = self.task.host_indices(self.data_key, worker, iteration) if self.task.indexed else None
+        index = self._index(worker, iteration) if self.task.indexed else None
         return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration), index)
+
+    def _index(self, worker: int, iteration: int) -> np.ndarray:
+        """[μ] minibatch indices of `worker`'s `iteration`, on the host, as the engine's
+        replay computes them; a block of `INDEX_BLOCK` iterations per host call (one
+        call costs about what one iteration's costs). Each worker reads only its own
+        entry, so worker threads need no lock."""
+        first, block = self._indices.get(worker, (-1, None))
+        if block is None or not first <= iteration < first + INDEX_BLOCK:
+            first = iteration
+            block = self.task.host_indices(self.data_key, np.full(INDEX_BLOCK, worker),
+                                           np.arange(first, first + INDEX_BLOCK))
+            self._indices[worker] = (first, block)
+        return block[iteration - first]
 
     def place_inputs(self, scalar_sharding) -> None:
         """Keep the update's small inputs (staleness, mask) on `scalar_sharding`, made
