@@ -47,8 +47,9 @@ _RUN_OPTIONS = [
     ("--on-worker-failure", "on_worker_failure", str, None, "continue (gates count live workers) or stop "
      "(default: stop under --sync collective, continue under --sync server)"),
     ("--sync", "sync", str, None, "collective (each round one jitted pmean step over the devices; bsp; a lost "
-     "worker stops the run) or server (the parameter server; worker-level fault tolerance). Default: collective for bsp without --cluster or --on-worker-failure continue in one "
-     "process, else server (several processes: collective when asked for)"),
+     "worker stops the run) or server (the parameter server; worker-level fault tolerance). Default: "
+     "collective for bsp without --cluster or --on-worker-failure continue in one process, else server "
+     "(several processes: collective when asked for)"),
     ("--server-devices", "server_devices", count, None, "--sync server: shard the server's parameters and "
      "optimizer state over the first N devices (default: all on accelerators for asp/ssp/dssp, one on CPU)"),
     ("--heartbeat-timeout", "heartbeat_timeout", count, None, "multi-process: heartbeat timeout in seconds "

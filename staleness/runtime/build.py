@@ -12,9 +12,9 @@ Two builders, one serve loop:
     (`runtime.sharding`) when there are several and the policy applies one
     gradient per update; the update is `Numerics.update` (the engine's
     `server_update`, jitted). At the hardware's speed (no cluster) the serve
-    loop's thread dispatches every worker's step (`runtime.dispatch`; a light
-    waiter thread per worker); with a cluster's injected delays a thread per
-    worker runs `worker_loop` behind a `LocalTransport`.
+    loop's thread dispatches every worker's step (`runtime.dispatch`, no
+    worker threads); with a cluster's injected delays a thread per worker runs
+    `worker_loop` behind a `LocalTransport`.
   - `sync='collective'` (`_build_collective`): no worker threads; the
     transport and the update are a `CollectiveLink`, one `pmean` step per round.
 

@@ -11,11 +11,13 @@ about 950 gradients/s in all, one thread dispatching for every device about
 `DispatchTransport` is the server's end of such a run. A release dispatches
 the worker's pull (`jax.device_put` of the parameters onto its device), its
 gradient (`Numerics.gradient`) and the push of the gradient onto the server's
-device, all from the serve loop's thread, without waiting for any of them. A
-waiter per worker (`wait_loop`, the body of a light thread) blocks until that
-worker's loss and gradient are computed, then posts the `Arrival`, so arrivals
-come in the order the devices finish. A step that raises (at dispatch or on
-the device) is the worker's `WorkerFailed`, as with worker threads.
+device, all from the serve loop's thread, without waiting for any of them.
+`poll` looks at the dispatched steps (`is_ready`, oldest first; between looks
+it sleeps from 20 µs up to `PAUSE_SECONDS`, releasing the GIL) and hands the
+serve loop the first one computed as an `Arrival`, so arrivals come in the
+order the devices finish. No thread is started. A step that raises (at
+dispatch or on the device) is the worker's `WorkerFailed`, as with worker
+threads.
 
 What a thread per worker still does that this does not: inject a cluster's
 delays (`runtime.worker`; a run with a cluster uses worker threads). On CPU,

@@ -13,9 +13,9 @@ per-gradient function, and the serve loop in the calling thread owns
 parameters and optimizer state (sharded over `server_devices`); tensors move
 with `jax.device_put`. Without a cluster the serve loop dispatches every
 worker's step itself (`runtime.dispatch`: no worker threads); with one, a
-thread per worker sleeps its injected delays (`runtime.worker`). Under `sync='collective'` (BSP's default) each round is
-one jitted `pmean` step over the devices (`runtime.collective`). The result is
-the simulator's `Result`.
+thread per worker sleeps its injected delays (`runtime.worker`). Under
+`sync='collective'` (BSP's default) each round is one jitted `pmean` step over
+the devices (`runtime.collective`). The result is the simulator's `Result`.
 """
 
 from __future__ import annotations
@@ -129,8 +129,9 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
       devices: None (all local devices), a count, or a list; worker w runs on
         devices[w % len(devices)]. server_device: default devices[0].
       sync: 'collective' (each round one jitted pmean step over the devices; BSP only;
-        a lost worker stops the run), 'server' (the parameter server with a thread per
-        worker; worker-level fault tolerance), or None: 'collective' for BSP unless
+        a lost worker stops the run), 'server' (the parameter server; its workers are
+        dispatched from the serve loop, or run a thread each with a cluster's injected
+        delays; worker-level fault tolerance), or None: 'collective' for BSP unless
         on_worker_failure='continue' or a cluster (injected delays) is given, else
         'server'. Recorded in the Result's config and schedule meta.
       server_devices: sync='server': the devices the server's parameters and optimizer
