@@ -121,3 +121,48 @@ def test_minibatch_indices_come_in_blocks_and_are_the_engines():
     for w, i in [(0, 0), (0, INDEX_BLOCK - 1), (0, INDEX_BLOCK), (3, 7), (0, 5), (3, 10 * INDEX_BLOCK + 3), (3, 6)]:
         got = num._index(w, i)
         assert got.dtype == np.int32 and np.array_equal(got, task.host_indices(key, w, i)), (w, i)
+
+
+@pytest.mark.timeout(60)
+def test_time_the_serve_loop_spends_blocked_does_not_make_workers_late():
+    """A release that blocks the serve loop (as a step XLA runs inline in the
+    dispatching thread does) for longer than worker_timeout: the gradients that arrived
+    meanwhile are not late, so no worker is lost, and a worker that is really silent
+    afterwards still is."""
+    import collections
+    import time
+
+    from staleness.runtime.messages import Push
+    from staleness.runtime.serve import Server
+    from staleness.runtime.transport import Arrival, ServerLink
+
+    class Blocking(ServerLink):
+        def __init__(self):
+            self.q = collections.deque()
+
+        def release(self, msg, params):
+            if msg.worker == 3 and msg.iteration == 2:
+                time.sleep(1.5)   # three worker timeouts inside the serve loop's thread
+            if not (msg.worker == 2 and msg.iteration >= 30):   # worker 2 goes silent later
+                self.q.append(msg)
+
+        def poll(self, timeout):
+            if not self.q:
+                time.sleep(timeout)
+                return None
+            time.sleep(0.002)   # a gradient every 2 ms: the run outlasts worker 2's timeout
+            m = self.q.popleft()
+            return Arrival(Push(m.worker, m.iteration, m.version, m.epoch, 1e-4, 1e-4, 0.0), 0.5, None)
+
+        def stop(self):
+            pass
+
+    def update(params, opt_state, grads, staleness, v, zeros):
+        return params, opt_state
+
+    server = Server(policy=P.asp(), num_workers=4, update=update, params=np.zeros(1), opt_state=(), zeros=None,
+                    link=Blocking(), num_updates=1000, worker_timeout=0.5)
+    server.start()
+    assert server.serve() == "complete"
+    f = server.driver.to_schedule(policy="asp", cluster="", seed=0, end_time=server.end_time, meta={}).columns
+    assert list(f["worker"][f["lost"]]) == [2]   # only the silent worker, not those that pushed meanwhile

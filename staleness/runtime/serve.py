@@ -73,7 +73,8 @@ class Server:
       num_updates: stop after this many updates.
       max_time: optional wall-clock budget (seconds since the start, resumed runs included).
       eval_every: keep a parameter snapshot every this many updates (history rows).
-      worker_timeout: a released worker with no gradient after this many seconds is lost.
+      worker_timeout: a released worker with no gradient after this many seconds is lost
+        (seconds the loop itself spent blocked in one step longer than a tick do not count).
       on_worker_failure: 'continue' (policy.fail; the run goes on) or 'stop' (raise
         `WorkerLostError`). Failures of the cluster's failure model always continue.
       membership: [(seconds, 'fail' | 'join', worker)] real times of emulated failures.
@@ -127,6 +128,8 @@ class Server:
         self._checked = 0                       # rows whose loss was checked for divergence
         self._last_progress = -math.inf
         self._last_deadline_check = -math.inf
+        self.blocked = 0.0                      # seconds the loop spent in steps longer than a tick
+        self._blocked_at = [0.0] * num_workers  # `blocked` when each worker was last released
         self._progress_mark = (0.0, 0, 0, 0.0)
 
     # -- time --------------------------------------------------------------------
@@ -143,6 +146,7 @@ class Server:
     def _send(self, released) -> None:
         """Offer the current parameters to each released (worker, iteration, version, epoch)."""
         for w, it, v, ep in released:
+            self._blocked_at[w] = self.blocked
             self.link.release(Release(w, it, v, ep), self.params)
 
     def _do(self, step, now: float) -> None:
@@ -215,8 +219,11 @@ class Server:
 
     # -- housekeeping -------------------------------------------------------------
     def _check_deadlines(self, now: float) -> None:
+        """Lose released workers silent for `worker_timeout`. Time the loop spent blocked
+        in one step (longer than a tick: a release that ran a step inline, a slow
+        checkpoint) does not count: gradients that arrived meanwhile were waiting on it."""
         for w, f in enumerate(self.driver.inflight):
-            if f is not None and now - f[2] > self.worker_timeout:
+            if f is not None and now - f[2] - (self.blocked - self._blocked_at[w]) > self.worker_timeout:
                 self._lose(w, now, f"no gradient {now - f[2]:.1f} s after its release "
                            f"(worker_timeout = {self.worker_timeout:g} s)", real=True)
 
@@ -327,6 +334,9 @@ class Server:
                 elif isinstance(ev, WorkerJoined):  # its process was restarted and rejoined
                     if 0 <= ev.worker < self.num_workers:
                         self._join(ev.worker, self.now())
+                took = perf() - t_busy
+                if took > TICK_SECONDS:   # the loop itself was blocked: not the workers' time
+                    self.blocked += took
                 self._housekeeping()
                 self.busy += perf() - t_busy
                 if self.link.agreed_stop is not None:   # collectives across processes
