@@ -17,17 +17,8 @@ import pytest
 import staleness as st
 import staleness.runtime as rt
 from staleness import policies as P
+from test_runtime import _bitwise, digits8  # noqa: F401 - digits8 is a fixture
 from test_sim import check_invariants
-
-
-@pytest.fixture(scope="module")
-def digits8():
-    return st.tasks.get("digits-mlp", num_workers=8, batch_size=16)
-
-
-def _bitwise(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
 
 
 @pytest.mark.timeout(240)

@@ -29,13 +29,12 @@ dispatch returns at once and a hung step is a silent worker like any other.
 from __future__ import annotations
 
 import time
-import traceback
 
 import jax
 
 from staleness.runtime.messages import Push, Release, WorkerFailed
 from staleness.runtime.transport import Arrival, Event, ServerLink
-from staleness.runtime.worker import summary
+from staleness.runtime.worker import failure_message
 
 __all__ = ["DispatchTransport", "PAUSE_SECONDS"]
 
@@ -100,4 +99,4 @@ class DispatchTransport(ServerLink):
 
 
 def _failure(worker: int, e: BaseException) -> WorkerFailed:
-    return WorkerFailed(worker, f"{summary(e)}\n{traceback.format_exc()}", e)
+    return WorkerFailed(worker, failure_message(e), e)

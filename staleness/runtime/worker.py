@@ -26,7 +26,7 @@ import jax
 from staleness.runtime.messages import Push
 from staleness.runtime.transport import WorkerLink
 
-__all__ = ["Delays", "worker_loop", "summary", "POLL_SECONDS"]
+__all__ = ["Delays", "worker_loop", "summary", "failure_message", "POLL_SECONDS"]
 
 POLL_SECONDS = 0.1  # how often an idle worker checks for a stop request
 
@@ -76,6 +76,12 @@ def summary(e: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def failure_message(e: BaseException) -> str:
+    """What a worker that raised `e` reports (`WorkerFailed.message`): its one-line
+    summary, then the traceback being handled."""
+    return f"{summary(e)}\n{traceback.format_exc()}"
+
+
 def worker_loop(worker: int, link: WorkerLink, numerics, device, delays: Delays | None = None) -> None:
     """Run `worker` on `device` until the link is stopped: the body of one worker thread.
 
@@ -109,9 +115,8 @@ def worker_loop(worker: int, link: WorkerLink, numerics, device, delays: Delays 
             link.push(Push(worker, it, rel.version, rel.epoch, t_sent - t_recv, t_sent - t_start, t_sent - t_end),
                       loss, grad)
     except BaseException as e:  # noqa: BLE001 - reported to the server, which re-raises it
-        message = f"{summary(e)}\n{traceback.format_exc()}"
         try:
-            link.fail(worker, message, e)
+            link.fail(worker, failure_message(e), e)
         finally:
             if not isinstance(e, Exception):
                 raise
