@@ -205,6 +205,15 @@ def _base_lr(policy, optimizer, task, default_lr):
     return None if value is None else float(value)
 
 
+def check_tunable(task, what: str) -> None:
+    """Raise ValueError (naming `what`, the argument that asks for tuning) if `task`
+    has no validation split to tune learning rates on (`Task.holdout`)."""
+    try:
+        task.holdout()
+    except ValueError as e:
+        raise ValueError(f"{what} asks to tune the learning rates, but {e}") from None
+
+
 def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates, lr_rule, optimizer,
             inner_optimizer, num_evals: int = 8) -> dict:
     """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep).
@@ -325,6 +334,8 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
         out = files.check_out(out, overwrite=overwrite or resume, what="out")
     task = resolve_task(task, cluster.num_workers, batch_size, data_dir, partition)
     metric, target = _resolve_metric(task, metric, target)
+    if lr_grid is not None and lr is None and tune:
+        check_tunable(task, "lr_grid")
     planned = [(p.describe(), s) for p in pols for s in seeds]
     plan_config = {"task": task.name, "policies": [p.describe() for p in pols], "seeds": seeds,
                    "cluster": cluster.describe(), "max_time": max_time, "num_updates": num_updates, "lr": lr,

@@ -148,6 +148,22 @@ def test_next_token_task_in_a_few_lines_simulates():
     assert default.metric_names == ("loss", "bits_per_byte")
 
 
+def test_next_token_reads_its_tokens_from_input_key():
+    """The token field named by input_key is what next_token predicts: the same windows
+    under another field name train the same parameters, bit for bit."""
+    text = np.frombuffer(b"abcabcabdabcabcabd" * 20, np.uint8).astype(np.int32)
+    windows = np.lib.stride_tricks.sliding_window_view(text, 9)[::3]
+    kw = dict(batch_size=8, num_workers=2, metrics=["loss", "accuracy"])
+    as_x = st.tasks.from_flax(TinyLM(256, nnx.Rngs(0)), "next_token", windows, **kw)
+    as_tokens = st.tasks.from_flax(TinyLM(256, nnx.Rngs(0)), "next_token", {"tokens": windows},
+                                   input_key="tokens", **kw)
+    run = dict(num_updates=12, optimizer="adam:lr=0.03", num_evals=2)
+    a = st.simulate(as_x, "asp", st.cluster.heterogeneous([1.0, 2.0]), **run)
+    b = st.simulate(as_tokens, "asp", st.cluster.heterogeneous([1.0, 2.0]), **run)
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+    assert a.history["accuracy"].equals(b.history["accuracy"])
+
+
 @pytest.mark.parametrize("per_example", [False, True])
 def test_callable_losses_scalar_or_per_example_evaluate_without_padding(per_example):
     def loss(logits, batch):
@@ -199,6 +215,43 @@ def test_from_functions_builds_a_task_for_anything_else():
                                 lambda p: {"other": 0.0}, batch_size=4, metrics=["loss"])
 
 
+def test_from_flax_tasks_hold_out_a_validation_split_to_tune_on():
+    """`Task.holdout` of a from_flax task: a fraction of the training examples becomes the
+    held-out set (disjoint from the rest, the test set unused), so compare tunes its
+    learning rates on it; a task without such a split refuses an explicit lr_grid."""
+    task = st.tasks.from_flax(LinenMLP(), "cross_entropy", (X, Y), batch_size=4, num_workers=3,
+                              partition="shard", test_fraction=0.2)
+    val = task.holdout(0.25, seed=1)
+    n = task.train_size
+    assert (val.train_size, val.test_size) == (n - round(0.25 * n), round(0.25 * n))
+    assert val.name.endswith("[validation]") and val.partition == "shard"
+    train_x = np.asarray(task.data["examples"]["x"])
+    kept = np.asarray(val.data["examples"]["x"])
+    held = np.asarray(val.data["test_examples"]["x"]).reshape(-1, 6)[np.asarray(val.data["mask_test"]).reshape(-1)]
+    rows = {r.tobytes() for r in train_x}
+    assert {r.tobytes() for r in kept} | {r.tobytes() for r in held} == rows
+    assert not {r.tobytes() for r in kept} & {r.tobytes() for r in held}
+    held_y = np.asarray(val.data["test_examples"]["y"]).reshape(-1)[np.asarray(val.data["mask_test"]).reshape(-1)]
+    ref = st.tasks.from_flax(LinenMLP(), "cross_entropy", (kept, np.asarray(val.data["examples"]["y"])),
+                             test=(held, held_y), batch_size=4, num_workers=3)   # the same split, given
+    params = task.init_params(jax.random.key(0))
+    got, want = val.evaluate(params), ref.evaluate(params)
+    assert all(float(got[k]) == pytest.approx(float(want[k]), abs=1e-6) for k in ("loss", "accuracy"))
+    assert val.partition_info()["worker_examples"] != task.partition_info()["worker_examples"]
+
+    cmp = st.compare.compare(task, ["asp"], st.cluster.heterogeneous([1.0, 1.7, 2.6]), seeds=[0], num_updates=6,
+                     lr_grid=[0.03, 0.1], tune_seeds=(0,), progress=False)
+    assert cmp.tuning["asp"]["lr"] in (0.03, 0.1)
+
+    toy = st.tasks.from_functions(lambda k: {"w": jnp.zeros(2)}, lambda p, b: jnp.sum((p["w"] - b) ** 2),
+                                  lambda k, w, i: jnp.ones(2), lambda p: {"loss": jnp.sum(p["w"] ** 2)},
+                                  batch_size=1, num_workers=3, metrics=["loss"], train_size=10)
+    with pytest.raises(ValueError, match="lr_grid asks to tune the learning rates, but task 'custom' has no "
+                                         "validation split"):
+        st.compare.compare(toy, ["asp"], st.cluster.heterogeneous([1.0, 1.7, 2.6]), seeds=[0], num_updates=6,
+                   lr_grid=[0.03, 0.1], progress=False)
+
+
 # ---------------------------------------------------------------------------
 # Construction mistakes: named errors, at construction
 
@@ -216,6 +269,15 @@ class NnxBN(nnx.Module):
 
     def __call__(self, x):
         return self.out(self.bn(x))
+
+
+class NnxDrop(nnx.Module):
+    def __init__(self, rngs):
+        self.out = nnx.Linear(6, 3, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.drop(self.out(x))
 
 
 def _ce(model=None, loss="cross_entropy", data=(X, Y), **kw):
@@ -247,6 +309,8 @@ def _ce(model=None, loss="cross_entropy", data=(X, Y), **kw):
     (_ce(partition="dirichlet:0.5", num_workers=200), ValueError, "num_workers must be <= 120"),
     (_ce(sizes=[0.5, 0.5], partition="shard"), errors.TaskError, "not both"),
     (_ce(metrics=["f1"]), ValueError, "no known direction"),
+    (_ce(model=NnxDrop(nnx.Rngs(0))), errors.TaskError, r"Dropout in training mode.*model\.eval\(\)"),
+    (_ce(optimizer="adamx:lr=1"), ValueError, "optimizer = 'adamx:lr=1': unknown optimizer 'adamx'"),
 ])
 def test_construction_mistakes_are_named_errors(build, error, fragment):
     with pytest.raises(error, match=fragment) as info:
@@ -272,6 +336,16 @@ def test_register_names_a_factory_for_get(monkeypatch):
 
     task = st.tasks.get("my-mlp", num_workers=3, batch_size=5, width=32)
     assert task.name == "my-mlp" and seen == dict(num_workers=3, batch_size=5, seed=0, width=32)
+    assert st.tasks.get("my-mlp", num_workers=3).batch_size == 32   # no default of its own: get's
+
+    @st.tasks.register("my-mlp-16")
+    def own_default(num_workers, batch_size=16, seed=5):
+        seen.update(seed=seed)
+        return st.tasks.from_flax(LinenMLP(), "cross_entropy", (X, Y), batch_size=batch_size,
+                                  num_workers=num_workers)
+
+    assert st.tasks.get("my-mlp-16", num_workers=3).batch_size == 16 and seen["seed"] == 5
+    assert st.tasks.get("my-mlp-16", num_workers=3, batch_size=8, seed=1).batch_size == 8 and seen["seed"] == 1
     assert "my-mlp" in st.tasks.names() and st.tasks.options("my-mlp") == {}
     assert st.engine.resolve_task("my-mlp", 3).num_workers == 3
     with pytest.raises(TypeError, match="unknown option"):
@@ -301,6 +375,13 @@ def make(num_workers, batch_size, partition="iid", seed=0):
 
 def number(**kwargs):
     return 3
+
+def needs_extra(*, num_workers, extra):
+    return make(num_workers, 8)
+
+def make_adamw(num_workers, batch_size, partition="iid", seed=0):
+    import dataclasses, optax
+    return dataclasses.replace(make(num_workers, batch_size, partition, seed), optimizer=optax.adamw(3e-3))
 '''
 
 
@@ -346,6 +427,8 @@ def test_cli_simulate_compare_run_and_replay_a_custom_task(custom_module, tmp_pa
     ("no_such_module_zz:make", "no module named 'no_such_module_zz'"),
     ("{mod}:nope", "has no attribute 'nope'"),
     ("{mod}:number", "returned int, not a staleness.tasks.Task"),
+    ("{mod}:needs_extra", "cannot be called with the arguments staleness passes (num_workers): missing a "
+                          "required argument: 'extra'"),
     (":make", "must have the form 'package.module:factory'"),
 ])
 def test_cli_bad_factory_is_one_line_exit_2(custom_module, ref, fragment, capsys):
@@ -354,3 +437,31 @@ def test_cli_bad_factory_is_one_line_exit_2(custom_module, ref, fragment, capsys
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and lines[0].startswith("staleness: error:"), err
         assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("ref, fragment", [
+    ("no_such_module_zz:make", "no module named 'no_such_module_zz'"),
+    ("{mod}:nope", "has no attribute 'nope'"),
+])
+def test_cli_launch_checks_the_factory_before_starting_processes(custom_module, ref, fragment, capsys,
+                                                                  monkeypatch):
+    from staleness.runtime import multiprocess
+
+    monkeypatch.setattr(multiprocess, "launch_local", lambda *a, **k: pytest.fail("processes were started"))
+    code, _, err = _cli(["launch", "--local", "2", "--updates", "5", "--task", ref.format(mod=custom_module)],
+                        capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+
+
+@pytest.mark.timeout(300)
+def test_cli_replays_a_task_whose_own_optimizer_is_an_optax_object(custom_module, tmp_path, capsys):
+    """The task's own optax optimizer is recorded as the task's (optim.TASK_OPTAX): the
+    replay rebuilds the task from its factory and uses it again, bit for bit."""
+    ref = f"{custom_module}:make_adamw"
+    code, out, err = _cli(["simulate", "--task", ref, "--cluster", "1,2", "--updates", "12", "--batch-size", "8",
+                           "--no-progress", "--out", str(tmp_path / "sim")], capsys)
+    assert code == 0, err
+    assert st.Result.load(tmp_path / "sim").config["optimizer"] == st.engine.optim.TASK_OPTAX
+    code, out, err = _cli(["replay", str(tmp_path / "sim"), "--check"], capsys)
+    assert code == 0 and "bitwise equal" in out, err

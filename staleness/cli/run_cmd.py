@@ -248,6 +248,7 @@ def _cmd_launch(args) -> int:
     from staleness import cluster as _cluster
     from staleness import policies as _policies
     from staleness.cli.simulate_cmd import check_specs
+    from staleness.tasks import registry
 
     _policies.parse(args.policy)
     if args.cluster is not None:
@@ -258,6 +259,8 @@ def _cmd_launch(args) -> int:
         raise UsageError("--server-devices applies to one-process runs")
     _settle_lr(args)
     check_out(args)
+    if args.task not in registry.names():   # a 'package.module:factory' must import: before any process starts
+        registry.factory_of(args.task)
     return launch_local(args.local, _run_argv(args), timeout=args.timeout)
 
 

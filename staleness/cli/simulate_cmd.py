@@ -203,7 +203,7 @@ def _seeds(text: str) -> list[int]:
 
 def _cmd_compare(args) -> int:
     import staleness as st
-    from staleness.compare import DEFAULT_POLICIES, compare
+    from staleness.compare import DEFAULT_POLICIES, check_tunable, compare
 
     cluster = _cluster(args)
     policies = [st.policies.parse(p) for p in (args.policy or DEFAULT_POLICIES)]
@@ -218,6 +218,11 @@ def _cmd_compare(args) -> int:
     task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
     metric, target = _metric_target(args, task)
     grid = _lr_grid(args.lr_grid)
+    if grid is not None and args.lr is None and not args.no_tune:
+        try:
+            check_tunable(task, "--lr-grid")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     t0 = time.perf_counter()
     if args.inner_optimizer is None and task.optimizer is None:
         args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"

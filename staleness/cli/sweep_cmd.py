@@ -17,7 +17,7 @@ share and process 0 gathers them. The Results are the same bits either way.
 Writes into --out (checked before anything runs): `table.csv`, one row per
 configuration (its settings, status, schedule statistics, final metrics,
 time to --target, divergence message), `sweep.json` (the grid and timings:
-compile seconds apart from the total) and `results/NNN/` (each Result).
+compile seconds apart from the total) and `results/<row>/` (each Result; zero-padded row numbers).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "get", "resolve", "has_lr"]
+__all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "TASK_OPTAX", "get", "resolve", "has_lr"]
 
 NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw", "delayed_nesterov")
 SCHEDULES = ("constant", "cosine", "linear")
@@ -202,7 +202,8 @@ class Optimizer:
     """An optax transformation with its description and the learning rate to start from.
 
     tx: the transformation (a static argument of compiled programs: hashable by identity).
-    name: what a Result's config records (a spec string, or 'optax' for a user's object).
+    name: what a Result's config records (a spec string, 'optax' for a user's object,
+      `TASK_OPTAX` for the task's own).
     lr: the learning rate `init` writes into the state's `learning_rate`, or None
       (keep the transformation's own).
     """
@@ -218,6 +219,11 @@ class Optimizer:
 
     def describe(self) -> str:
         return self.name
+
+
+TASK_OPTAX = "optax:task"
+"""What a Result's config records for the task's own optax object (`Task.optimizer`, used
+when no optimizer is given): a replay that rebuilds the task uses the task's again."""
 
 
 def get_lr(state):

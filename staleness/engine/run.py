@@ -49,11 +49,14 @@ def _check_lr(value, allow_none: bool = False) -> float | None:
 
 def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
     """`optim.resolve` of `optimizer` (None: the task's own, else 'sgd'), with the task's
-    parameter shapes (to check that lr= can be set)."""
+    parameter shapes (to check that lr= can be set). The task's own optax object is
+    described as `optim.TASK_OPTAX`, so a replay that rebuilds the task gets it back."""
+    own = optimizer is None and task.optimizer is not None
     if optimizer is None:
         optimizer = task.optimizer if task.optimizer is not None else "sgd"
     shapes = jax.eval_shape(task.init_fn, jax.random.key(0)) if lr is not None else None
-    return _optim.resolve(optimizer, lr, horizon, shapes)
+    opt = _optim.resolve(optimizer, lr, horizon, shapes)
+    return dataclasses.replace(opt, name=_optim.TASK_OPTAX) if own and opt.name == "optax" else opt
 
 
 def policy_optimizer(policy_spec: str):

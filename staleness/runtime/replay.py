@@ -51,6 +51,7 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     Returns: (replay Result, Comparison with the recorded parameters or None).
     """
     import staleness as st
+    from staleness.engine.optim import TASK_OPTAX
     from staleness.results import Result
     from staleness.schedule import Schedule
 
@@ -85,9 +86,12 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
                          "optimizer=<the same optax transformation>")
     if cfg.get("inner_optimizer") and "inner_optimizer" not in replay_kwargs:
         replay_kwargs["inner_optimizer"] = cfg["inner_optimizer"]
+    recorded_opt = cfg.get("optimizer", "sgd")
+    if recorded_opt == TASK_OPTAX:   # the task's own optax object: the task built again has it
+        recorded_opt = None
     kw = dict(lr=lr if lr is not None else cfg.get("lr"),
               lr_rule=lr_rule or cfg.get("lr_rule", "constant"),
-              optimizer=optimizer if optimizer is not None else cfg.get("optimizer", "sgd"),
+              optimizer=optimizer if optimizer is not None else recorded_opt,
               seed=seed if seed is not None else cfg.get("seed", sched.seed or 0))
     if "eval_every" not in replay_kwargs and cfg.get("eval_every"):
         replay_kwargs["eval_every"] = int(cfg["eval_every"])

@@ -197,7 +197,8 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
                          "computes gradients")
     if task.num_workers < num_workers:
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
-                         f"run's {num_workers} workers; build it with tasks.get(..., num_workers={num_workers})")
+                         f"run's {num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax "
+                         "or from_functions)")
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
                    lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
                    time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure,

@@ -123,6 +123,10 @@ class Task:
             raise ValueError(f"task {self.name!r}: metrics {[m.name for m in self.metrics]} must match "
                              f"metric_names {list(self.metric_names)}")
         object.__setattr__(self, "metrics", declared)
+        if isinstance(self.optimizer, str):   # a spec string: a bad one is an error now, not at the first run
+            from staleness.engine import optim as _optim
+
+            _optim.get(self.optimizer, f"task {self.name!r}: optimizer")
 
     def metric(self, name: str):
         """The `staleness.metrics.Metric` `name` of this task (ValueError naming the valid ones)."""

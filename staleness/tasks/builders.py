@@ -27,6 +27,7 @@ losses, held-out metrics and their checks in `staleness.tasks.losses`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -144,6 +145,9 @@ def from_flax(
         'next_token' (x holds token sequences [B, T + 1]: predict x[:, 1:] from
         x[:, :-1]; logits [B, T, vocab]), or a callable loss(outputs, batch) ->
         scalar or per-example [B] values (averaged), with batch the dict of fields.
+        The held-out 'loss' of a callable returning a scalar is the mean of its value
+        on each example alone: a loss that couples the examples of a batch (a sum, a
+        contrastive loss) should return [B] values or come with its own metrics.
       data: training examples: (x, y), a dict {field: array} (fields of one leading
         length; the batch holds the same fields), or one array (x; e.g. tokens).
       test: held-out examples, in the same form; default: `test_fraction` of `data`
@@ -246,14 +250,18 @@ def from_flax(
     try:
         outputs = jax.eval_shape(apply, m.params_shape, example)
     except Exception as e:  # noqa: BLE001 - the user's model: say on what it failed
+        hint = ""
+        if kind == "nnx" and type(e).__name__ == "TraceContextError":
+            hint = (" (an nnx module that draws random numbers, e.g. Dropout in training mode, cannot run "
+                    "inside a compiled replay: call model.eval() first, or make those layers deterministic)")
         raise TaskError(f"model {type(model).__name__} failed on inputs of shape {example.shape} "
-                        f"({example.dtype}): {type(e).__name__}: {first_line(e)}") from e
+                        f"({example.dtype}): {type(e).__name__}: {first_line(e)}{hint}") from e
     if loss_name is not None:
         if not isinstance(outputs, jax.ShapeDtypeStruct):
             raise LabelShapeError(f"loss {loss_name!r} needs one output array from the model; got "
                                   f"{jax.tree.structure(outputs)}.")
         check_labels(loss_name, outputs, train, test_arrays, input_key)
-        per_example = named_per_example(loss_name)
+        per_example = named_per_example(loss_name, input_key)
     else:
         per_example = callable_per_example(loss, outputs, batch_spec)
 
@@ -267,23 +275,45 @@ def from_flax(
     check_scalar_loss(loss_fn, m.params_shape, {**batch_spec, "index": jax.ShapeDtypeStruct((batch_size,),
                                                                                             jnp.int32)},
                       f"the loss of task {name or type(model).__name__!r}")
-    table = metric_table(metrics, loss_name, per_example)
+    table = metric_table(metrics, loss_name, per_example, input_key)
     test_spec = {k: jax.ShapeDtypeStruct((min(eval_chunk, test_size), *a.shape[1:]), a.dtype)
                  for k, a in test_arrays.items()}
     for metric, fn, _ in table:
         check_per_example(metric.name, fn, apply, inputs_of, m.params_shape, test_spec)
 
-    chunks, mask = _data.chunked(test_arrays, eval_chunk)
-    task_data = {
-        _data.EXAMPLES: train,
-        "test_examples": chunks,
-        "mask_test": mask,
-        **_data.sampler_data(part_labels, partition, num_workers, seed, train_size=train_size,
-                             name=repr(name or type(model).__name__)),
-    }
-    if part_labels is not None and part_labels.ndim == 1 and np.issubdtype(part_labels.dtype, np.integer):
-        task_data["labels"] = part_labels.astype(np.int32)
     task_name = check_name(name) if name is not None else type(model).__name__
+
+    def layout(train, held_out, labels, label_name):
+        """The task's data, eval_fn and sample_fn for these training and held-out examples."""
+        chunks, mask = _data.chunked(held_out, eval_chunk)
+        out = {_data.EXAMPLES: train, "test_examples": chunks, "mask_test": mask,
+               **_data.sampler_data(labels, partition, num_workers, seed, train_size=len(train[input_key]),
+                                    name=label_name)}
+        if labels is not None and labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer):
+            out["labels"] = labels.astype(np.int32)
+        n = len(train[input_key])
+        return (jax.tree.map(jnp.asarray, out),
+                metrics_eval_fn(apply, inputs_of, tuple(table), len(held_out[input_key])),
+                _data.make_sample_fn(batch_size, partition, n, source=_data.EXAMPLES))
+
+    def holdout(task, fraction, split_seed):
+        """`Task.holdout`: `fraction` of the training examples (drawn with `split_seed`)
+        become the held-out set, the rest the training set (partitioned again); the test
+        set is not used."""
+        n = task.train_size
+        k = max(1, round(fraction * n))
+        if n - k < task.num_workers:
+            raise ValueError(f"holdout: {n} training examples are too few to hold out {k} for validation")
+        perm = np.random.default_rng(split_seed).permutation(n)
+        val, keep = np.sort(perm[:k]), np.sort(perm[k:])
+        labels = None if part_labels is None else part_labels[keep]
+        data, eval_fn, sample_fn = layout({f: a[keep] for f, a in train.items()},
+                                          {f: a[val] for f, a in train.items()}, labels,
+                                          repr(f"{task.name}[validation]"))
+        return dataclasses.replace(task, name=f"{task.name}[validation]", train_size=len(keep), test_size=len(val),
+                                   data=data, eval_fn=eval_fn, sample_fn=sample_fn)
+
+    task_data, eval_fn, sample_fn = layout(train, test_arrays, part_labels, repr(name or type(model).__name__))
     return Task(
         name=task_name,
         batch_size=batch_size,
@@ -295,12 +325,13 @@ def from_flax(
         seed=seed,
         init_fn=m.init,
         loss_fn=loss_fn,
-        sample_fn=_data.make_sample_fn(batch_size, partition, train_size, source=_data.EXAMPLES),
+        sample_fn=sample_fn,
         gather_fn=_data.make_gather_fn(source=_data.EXAMPLES),
-        eval_fn=metrics_eval_fn(apply, inputs_of, tuple(table), test_size),
-        data=jax.tree.map(jnp.asarray, task_data),
+        eval_fn=eval_fn,
+        data=task_data,
         metrics=tuple(mt for mt, _, _ in table),
         optimizer=optimizer,
+        holdout_fn=holdout,
     )
 
 

@@ -64,20 +64,21 @@ def _hits(logits, labels):
     return _mean_rest((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32))
 
 
-def _targets(loss_name: str | None, batch) -> jax.Array | None:
-    if loss_name == "next_token":
-        return batch["x"][:, 1:]
+def _targets(loss_name: str | None, batch, input_key: str = "x") -> jax.Array | None:
+    if loss_name == "next_token":   # the model's own input field, one token ahead
+        return batch[input_key][:, 1:]
     return batch.get("y")
 
 
-def named_per_example(loss_name: str):
-    """(outputs, batch) -> [B] loss values of a named loss."""
+def named_per_example(loss_name: str, input_key: str = "x"):
+    """(outputs, batch) -> [B] loss values of a named loss (`input_key`: the field the
+    model reads, which holds next_token's token sequences)."""
     if loss_name == "mse":
         return lambda out, b: _mean_rest(jnp.square(out - b["y"]))
-    return lambda out, b: _ce(out, _targets(loss_name, b))
+    return lambda out, b: _ce(out, _targets(loss_name, b, input_key))
 
 
-def _builtin_metric(name: str, loss_name: str | None, per_example_loss):
+def _builtin_metric(name: str, loss_name: str | None, per_example_loss, input_key: str = "x"):
     """(per-example fn, finalize) of built-in metric `name` for the loss."""
     ln2 = math.log(2.0)
     if name == "loss":
@@ -87,9 +88,9 @@ def _builtin_metric(name: str, loss_name: str | None, per_example_loss):
     if name == "mae":
         return (lambda out, b: _mean_rest(jnp.abs(out - b["y"]))), None
     if name == "accuracy":
-        return (lambda out, b: _hits(out, _targets(loss_name, b))), None
+        return (lambda out, b: _hits(out, _targets(loss_name, b, input_key))), None
     if name == "error":
-        return (lambda out, b: 1.0 - _hits(out, _targets(loss_name, b))), None
+        return (lambda out, b: 1.0 - _hits(out, _targets(loss_name, b, input_key))), None
     if name == "bits_per_byte":
         return (lambda out, b: per_example_loss(out, b) / ln2), None
     if name == "perplexity":   # exp of the mean token loss, not the mean of exps
@@ -97,7 +98,7 @@ def _builtin_metric(name: str, loss_name: str | None, per_example_loss):
     raise AssertionError(name)
 
 
-def metric_table(metrics, loss_name: str | None, per_example_loss):
+def metric_table(metrics, loss_name: str | None, per_example_loss, input_key: str = "x"):
     """[(Metric, per-example fn, finalize or None)] from `metrics` (see from_flax)."""
     from staleness import metrics as _metrics
 
@@ -122,7 +123,7 @@ def metric_table(metrics, loss_name: str | None, per_example_loss):
                 raise TaskError(f"metric {name!r} has no built-in definition for {what} (built in: "
                                 f"{', '.join(builtin)}); give its function: metrics={{{name!r}: fn}} with "
                                 "fn(outputs, batch) -> [B] per-example values.")
-            fn, finalize = _builtin_metric(name, loss_name, per_example_loss)
+            fn, finalize = _builtin_metric(name, loss_name, per_example_loss, input_key)
         elif callable(fn):
             finalize = None
         else:

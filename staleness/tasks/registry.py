@@ -111,6 +111,7 @@ _REGISTERED: dict[str, Callable[..., Task]] = {}
 """Tasks added with `register` (this process only)."""
 
 _COMMON = ("batch_size", "num_workers", "partition", "seed", "data_dir")
+GET_DEFAULTS = {"batch_size": 32, "partition": "iid", "seed": 0}   # `get`'s, where a factory has none
 
 
 def check_name(name: Any) -> str:
@@ -176,21 +177,36 @@ def factory_of(name: str) -> Callable[..., Task]:
     return obj
 
 
-def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_options: dict) -> Task:
+def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_options: dict,
+                  defaults: dict) -> Task:
+    """Call `factory` with the `common` arguments it accepts (`defaults` for those not
+    given, unless the factory has a default of its own) and `task_options`."""
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):   # builtins without a signature: give everything
         sig = None
     params = sig.parameters.values() if sig is not None else ()
     takes_all = sig is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-    accepted = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                      inspect.Parameter.KEYWORD_ONLY)}
+    named = {p.name: p for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)}
+    accepted = set(named)
     if not takes_all:
         unknown = sorted(set(task_options) - accepted)
         if unknown:
             raise TypeError(f"task {name!r} got unknown option(s) {unknown}; its options are "
                             f"{sorted(accepted - set(_COMMON)) or 'none'}.")
+    common = dict(common)
+    for key, value in defaults.items():   # the factory's own default wins over get's
+        if key not in common and (key not in named or named[key].default is inspect.Parameter.empty):
+            common[key] = value
     kwargs = {k: v for k, v in {**common, **task_options}.items() if takes_all or k in accepted}
+    if sig is not None:
+        try:
+            sig.bind(**kwargs)
+        except TypeError as e:
+            raise FactoryError(f"task = {name!r}: the factory cannot be called with the arguments staleness "
+                               f"passes ({', '.join(sorted(kwargs)) or 'none'}): {e}; give its other "
+                               "parameters defaults.") from None
     task = factory(**kwargs)
     if not isinstance(task, Task):
         raise FactoryError(f"task = {name!r}: the factory returned {type(task).__name__}, not a "
@@ -216,7 +232,8 @@ def resolve(task: Any, num_workers: int, batch_size: int | None = None, data_dir
     if task.partition != "iid" and task.num_workers < num_workers:
         raise ValueError(
             f"task {task.name!r} is sharded for num_workers = {task.num_workers} but the schedule has "
-            f"{num_workers} workers; build it with tasks.get(..., num_workers={num_workers})"
+            f"{num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax or "
+            "from_functions)"
         )
     return task
 
@@ -248,9 +265,12 @@ def _builder(name: str) -> Callable[..., Task]:
     return _BUILDERS[name]
 
 
-def get(name: str, batch_size: int = 32, partition: str = "iid", num_workers: int = 8,
-        data_dir: Any = None, seed: int = 0, **task_options: Any) -> Task:
+def get(name: str, batch_size: int | None = None, partition: str | None = None, num_workers: int = 8,
+        data_dir: Any = None, seed: int | None = None, **task_options: Any) -> Task:
     """Build task `name`: built-in, registered, or 'package.module:factory'.
+
+    batch_size, partition and seed left None take their defaults (32, "iid", 0), or a
+    factory's own defaults where it declares them.
 
     Args:
       name: one of `names()`, or 'package.module:factory' (see the module docstring).
@@ -273,11 +293,14 @@ def get(name: str, batch_size: int = 32, partition: str = "iid", num_workers: in
     Returns:
       The `Task`.
     """
-    check_common(batch_size, num_workers, partition, seed)
+    given = {k: v for k, v in (("batch_size", batch_size), ("partition", partition), ("seed", seed))
+             if v is not None}
+    check_common(given.get("batch_size", GET_DEFAULTS["batch_size"]), num_workers,
+                 given.get("partition", GET_DEFAULTS["partition"]), given.get("seed", GET_DEFAULTS["seed"]))
     if name not in _BUILDERS:
-        common = {"batch_size": batch_size, "num_workers": num_workers, "partition": partition, "seed": seed,
-                  "data_dir": data_dir}
-        return _call_factory(name, factory_of(name), common, task_options)
+        common = {"num_workers": num_workers, "data_dir": data_dir, **given}
+        return _call_factory(name, factory_of(name), common, task_options, GET_DEFAULTS)
+    batch_size, partition, seed = ({**GET_DEFAULTS, **given}[k] for k in ("batch_size", "partition", "seed"))
     builder = _builder(name)
     valid = options(name)
     unknown = sorted(set(task_options) - set(valid))
