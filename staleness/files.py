@@ -23,7 +23,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["OutputError", "MARKERS", "check_out", "is_output", "write_text", "write_with", "write_dir"]
+__all__ = ["OutputError", "MARKERS", "check_out", "check_file", "check_dir", "is_output", "write_text", "write_with",
+           "write_dir"]
 
 MARKERS = ("result.json", "compare.json", "sweep.json")
 """A directory holding one of these files is staleness output (a Result, a comparison, a sweep)."""
@@ -77,6 +78,45 @@ def check_out(path, *, overwrite: bool = False, what: str = "--out") -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise OutputError(f"{what} = {str(path)!r} lies under {str(ancestor)!r}, which is a file, not a directory")
+    _probe(ancestor, what, path)
+    return p
+
+
+def check_file(path, *, what: str, replaceable: Callable[[Path], bool] = lambda p: False) -> Path:
+    """Validate output file `path` before computing; returns it as a Path.
+
+    Valid: a file that does not exist yet in a directory that exists or can be created
+    (writable), or an existing file that `replaceable(path)` accepts (e.g. one this
+    tool wrote). Raises OutputError naming `what` and the path otherwise."""
+    if path is None or not str(path).strip():
+        raise OutputError(f"{what} = {path!r} must be a file path")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OutputError(f"{what} = {str(path)!r} is a directory; give a file name")
+    if p.exists() and not replaceable(p):
+        raise OutputError(f"{what} = {str(path)!r} is an existing file that staleness did not write; choose "
+                          "another name")
+    ancestor = p.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{what} = {str(path)!r} lies under {str(ancestor)!r}, which is a file, not a directory")
+    _probe(ancestor, what, path)
+    return p
+
+
+def check_dir(path, *, what: str) -> Path:
+    """Validate a directory `path` the run writes into as it goes (a checkpoint): an
+    existing directory, or one that can be created; not a file. OutputError otherwise."""
+    if path is None or not str(path).strip():
+        raise OutputError(f"{what} = {path!r} must be a directory path")
+    p = Path(path).expanduser()
+    ancestor = p
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        where = "is an existing file" if ancestor == p else f"lies under {str(ancestor)!r}, which is a file"
+        raise OutputError(f"{what} = {str(path)!r} {where}, not a directory")
     _probe(ancestor, what, path)
     return p
 

@@ -7,6 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
+import staleness as st
 from staleness.cli import main
 
 
@@ -79,3 +80,43 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     for name in ["comparison.png", "timeline_bsp.png", "timeline_asp.png"]:
         assert (out / name).stat().st_size > 10_000
     assert (out / "results" / "asp_s1" / "result.json").exists()
+
+
+@pytest.fixture
+def afile(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("not ours")
+    return path
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", "--checkpoint", "{afile}", "--checkpoint-every", "5"], "--checkpoint = '{afile}' is an existing file, "
+                                                                    "not a directory"),
+    (["run", "--checkpoint", "{afile}/ck", "--checkpoint-every", "5"], "lies under '{afile}', which is a file"),
+    (["run", "--checkpoint", "{tmp}/ck"], "--checkpoint alone writes nothing: give --checkpoint-every K"),
+    (["run", "--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint DIR"),
+    (["launch", "--local", "2", "--checkpoint", "{tmp}/ck"], "--checkpoint alone writes nothing"),
+    (["run", "--resume"], "--resume needs --checkpoint DIR"),
+    (["schedule", "--save", "{afile}"], "--save = '{afile}' is an existing file that staleness did not write"),
+    (["schedule", "--save", "{tmp}"], "is a directory; give a file name"),
+    (["sweep", "--devices", "64", "--updates", "5", "--out", "{tmp}/sw"], "--devices = 64 must be in 1.."),
+    (["run", "--policy", "bsp", "--sync", "collective", "--on-worker-failure", "continue"],
+     "--on-worker-failure = 'continue' needs sync='server'"),
+])
+def test_paths_and_flags_are_checked_before_computing(argv, fragment, tmp_path, afile, capsys):
+    """Each is one line, exit 2, before anything runs (a checkpoint path that is a file
+    used to fail after compiling, and --checkpoint alone silently wrote nothing)."""
+    fill = dict(afile=afile, tmp=tmp_path)
+    code, _, err = run([a.format(**fill) for a in argv] + ["--updates", "5"] * ("--updates" not in argv), capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and fragment.format(**fill) in lines[0], err
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "sw").exists()
+
+
+def test_schedule_save_writes_a_file_in_any_directory_and_replaces_its_own(tmp_path, capsys):
+    (tmp_path / "other.txt").write_text("a directory of other things")
+    path = tmp_path / "s.json"
+    for _ in range(2):   # the second replaces the schedule the first wrote
+        code, _, err = run(["schedule", "--policy", "asp", "--updates", "20", "--save", str(path)], capsys)
+        assert code == 0, err
+    assert st.Schedule.load(path).num_updates == 20

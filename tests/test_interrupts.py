@@ -96,3 +96,27 @@ def test_the_swallowed_interrupt_is_not_printed(installed, capsys):
 def test_without_install_nothing_is_recorded():
     interrupts.clear()
     interrupts.check()   # the Python API: no handler installed, nothing pending
+
+
+def test_a_real_run_stops_after_a_ctrl_c_swallowed_before_it_served(installed):
+    """`staleness run` interrupted while it started (imports, compiling) ran to the end
+    and exited 0 when a callback swallowed the interrupt; the serve loop now stops at
+    its next step and keeps what it recorded."""
+    _swallowed_ctrl_c()
+    res = st.runtime.run(st.tasks.get("quadratic", num_workers=2), "asp", None, num_updates=5000, lr=0.05,
+                         devices=1, progress=False)
+    assert res.status == "stopped" and res.schedule.num_updates < 5000
+
+
+def test_the_console_script_exits_at_once_after_a_failure(tmp_path):
+    """A failed or interrupted command exits with os._exit after flushing (JAX threads
+    may still run; finalizing under them crashed it): its status and last line survive."""
+    import subprocess
+
+    code = ("import sys, threading, time\n"
+            "from staleness import cli\n"
+            "threading.Thread(target=time.sleep, args=(60,)).start()   # a non-daemon thread that would hang exit\n"
+            "sys.argv = ['staleness', 'simulate', '--updates', '-3']\n"
+            "cli.entry()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("staleness: error: argument --updates")

@@ -219,6 +219,9 @@ def test_checkpoint_then_resume_continues_one_replayable_trace(tmp_path):
     assert _bitwise(res.params, rep.params)
     with pytest.raises(ValueError, match="another run"):
         rt.run(task, "asp", "1*2,2.6*2", num_updates=100, resume=True, **kw)
+    # a resume with a smaller budget than the checkpoint holds ran on silently, recording the smaller one
+    with pytest.raises(ValueError, match="the checkpoint holds 60 updates, more than num_updates = 50"):
+        rt.run(task, "ssp:2", "1*2,2.6*2", num_updates=50, resume=True, **kw)
 
 
 @pytest.mark.parametrize("kwargs, fragment", [

@@ -226,6 +226,15 @@ def test_progress_line_shows_gradients_per_second_and_server_busy():
     assert "40.0 grad/s" in line and "server busy 25%" in line
 
 
+@pytest.mark.parametrize("sync", ["collective", "server"])
+def test_the_progress_line_ends_on_the_final_state(sync):
+    """A short run's line stayed at its first report (0/200 or 1/200): the last one is
+    the run's end."""
+    seen = []
+    res = rt.run("quadratic", "bsp", None, num_workers=4, num_updates=30, lr=0.05, sync=sync, progress=seen.append)
+    assert res.status == "complete" and seen and seen[-1]["updates"] == 30 == seen[-1]["num_updates"]
+
+
 _LOST = textwrap.dedent("""
     import os, sys, time
     import jax
@@ -278,3 +287,19 @@ def test_a_lost_worker_under_collectives_stops_the_run_naming_it():
     assert "RESULT stopped 5 collective" in text, text   # the 5 rounds before the hung one
     elapsed = float(text.split("ELAPSED ")[1].split()[0])
     assert elapsed < 100, text   # far below the 600 s hang: the run did not wait for it
+
+
+@pytest.mark.timeout(300)
+def test_cli_replay_check_of_a_collective_run_takes_its_tolerance(digits8, tmp_path, capsys):
+    """`staleness replay --check` of a run recorded under collectives accepts float32
+    rounding of the all-reduce (the README's 1e-6) by default; --tolerance 0 asks for bits."""
+    res = rt.run(digits8, "bsp", None, num_updates=40, lr=0.05, seed=3, optimizer="momentum:0.9",
+                 sync="collective")
+    res.save(tmp_path / "coll")
+    diff = compare_params(res.params, st.engine.replay(res.schedule, digits8, slot_mode="map", lr=0.05, seed=3,
+                                                       optimizer="momentum:0.9").params)
+    assert not diff.bitwise and diff.within(TOLERANCE)   # the case this test is about
+    assert main(["replay", str(tmp_path / "coll"), "--check"]) == 0
+    assert "equal within the tolerance (max |difference|" in capsys.readouterr().out
+    assert main(["replay", str(tmp_path / "coll"), "--check", "--tolerance", "0"]) == 1
+    assert "differ (max |difference|" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from staleness import interrupts
 from staleness.cli.common import UsageError, _Parser
 from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
 
-__all__ = ["main"]
+__all__ = ["main", "entry"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,24 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cmd.add(sub)   # pipeline (layer-wise staleness)
     sweep_cmd.add(sub)      # sweep (a grid in one compiled replay; devices, processes)
     return parser
+
+
+def entry() -> None:
+    """The `staleness` console script: `main`, then exit with its status. A command
+    that failed or was interrupted exits at once (`os._exit`, after flushing): JAX
+    threads may still be compiling or running (an interrupted compile, a peer process
+    that died), and finalizing the interpreter under them can crash it (a segfault,
+    or XLA's distributed client aborting) after everything was written."""
+    code = main()
+    if code != 0:
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv=None) -> int:

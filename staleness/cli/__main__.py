@@ -1,5 +1,3 @@
-import sys
+from staleness.cli import entry
 
-from staleness.cli import main
-
-sys.exit(main())
+entry()

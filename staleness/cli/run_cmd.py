@@ -8,11 +8,13 @@ import math
 import sys
 import time
 
+from staleness import files
 from staleness.cli.common import UsageError, check_out, count, natural, nonnegative, positive, print_table
 
 __all__ = ["add"]
 
 DEFAULT_UPDATES = 500
+COLLECTIVE_TOLERANCE = 1e-6   # replay --check of a collective run: float32 rounding of its all-reduce
 
 # (flag, dest, type or 'flag', default, help): the options of `run`, shared with
 # `launch`, which passes them on to every process it starts.
@@ -114,8 +116,10 @@ def add(sub) -> None:
     p.add_argument("--batch-size", type=count, default=None)
     p.add_argument("--seed", type=natural, default=None)
     p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
-    p.add_argument("--tolerance", type=nonnegative, default=0.0,
-                   help="largest accepted |difference| of final parameters (default 0: bitwise)")
+    p.add_argument("--tolerance", type=nonnegative, default=None,
+                   help="largest accepted |difference| of final parameters (default 0, bitwise; "
+                   f"{COLLECTIVE_TOLERANCE:g} for a run recorded under --sync collective, whose all-reduce sums "
+                   "in another order)")
     p.add_argument("--check", action="store_true", help="exit 1 unless the replay matches the recorded parameters")
     p.add_argument("--out", default=None, help="directory for the replay's Result files")
     p.set_defaults(func=_cmd_replay)
@@ -175,6 +179,20 @@ def _check_sync(args, processes: int) -> None:
                                                                           "--on-worker-failure = ")) from None
 
 
+def _check_checkpoint(args) -> None:
+    """--checkpoint, --checkpoint-every and --resume, before anything runs."""
+    if args.checkpoint is None:
+        if args.checkpoint_every:
+            raise UsageError("--checkpoint-every needs --checkpoint DIR (where the checkpoints go)")
+        if args.resume:
+            raise UsageError("--resume needs --checkpoint DIR (the checkpoint to continue from)")
+        return
+    files.check_dir(args.checkpoint, what="--checkpoint")
+    if not args.resume and not args.checkpoint_every:
+        raise UsageError("--checkpoint alone writes nothing: give --checkpoint-every K (updates between "
+                         "checkpoints), or --resume to continue from it")
+
+
 def _cmd_run(args) -> int:
     from staleness import cluster as _cluster
     from staleness import policies as _policies
@@ -185,6 +203,7 @@ def _cmd_run(args) -> int:
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
+    _check_checkpoint(args)
     _check_sync(args, args.num_processes if multi else 1)
     _settle_lr(args)
     out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
@@ -254,6 +273,7 @@ def _cmd_launch(args) -> int:
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
+    _check_checkpoint(args)
     _check_sync(args, args.local)
     if args.server_devices is not None:
         raise UsageError("--server-devices applies to one-process runs")
@@ -278,9 +298,14 @@ def _cmd_replay(args) -> int:
     print_table(rep.history.to_dict("records"))
     code = 0
     if cmp is not None:
-        print(f"final parameters vs the recorded run: {'bitwise equal' if cmp.bitwise else 'differ'} "
-              f"(max |difference| {cmp.max_abs_diff:.3g}, tolerance {args.tolerance:g})")
-        code = 0 if cmp.within(args.tolerance) else 1
+        tolerance = args.tolerance
+        if tolerance is None:
+            tolerance = COLLECTIVE_TOLERANCE if rep.config.get("recorded_sync") == "collective" else 0.0
+        verdict = ("bitwise equal" if cmp.bitwise else "equal within the tolerance" if cmp.within(tolerance)
+                   else "differ")
+        print(f"final parameters vs the recorded run: {verdict} "
+              f"(max |difference| {cmp.max_abs_diff:.3g}, tolerance {tolerance:g})")
+        code = 0 if cmp.within(tolerance) else 1
     elif args.check:
         raise UsageError("--check needs a Result directory (a bare trace has no recorded parameters)")
     if out is not None:

@@ -43,11 +43,16 @@ def _cmd_schedule(args) -> int:
         from pathlib import Path
 
         from staleness import files
+        from staleness.schedule import Schedule
 
-        save = Path(args.save)
-        if save.is_dir():
-            raise ValueError(f"--save = {args.save!r} is a directory; give a file name like schedule.json")
-        files.check_out(save.parent if str(save.parent) else ".", overwrite=True, what="--save's directory")
+        def is_schedule(path: Path) -> bool:   # one this command wrote before: replaced
+            try:
+                Schedule.load(path)
+            except Exception:  # noqa: BLE001 - anything else is not ours to replace
+                return False
+            return True
+
+        files.check_file(Path(args.save), what="--save", replaceable=is_schedule)
     rows = []
     for i, pol in enumerate(pols):
         sched = simulate_schedule(pol, cluster, num_updates=args.updates, max_time=args.max_time, seed=args.seed)

@@ -188,6 +188,13 @@ def _cmd(args) -> int:
         import jax
 
         jax.config.update("jax_num_cpu_devices", int(args.cpu_devices))
+    if args.devices is not None and not multi:
+        import jax
+
+        have = len(jax.local_devices())
+        if args.devices > have:
+            raise UsageError(f"--devices = {args.devices} must be in 1..{have} (this process's devices; "
+                             "--cpu-devices N makes N virtual CPU devices)")
     from staleness.engine import sweeps
 
     def make_grid():

@@ -118,6 +118,10 @@ def restore(server, meta: dict, put) -> object:
 
     from staleness.driver import Recorder
 
+    done = len(meta["recorder"]["update_time"])
+    if done > server.num_updates:
+        raise ValueError(f"resume: the checkpoint holds {done} updates, more than num_updates = "
+                         f"{server.num_updates} (--updates); give num_updates >= {done} to continue it")
     template = (server.params, server.opt_state)
     params, opt_state = put(_one.restore_tree(jax.device_get(template), meta["leaves"]))
     server.params, server.opt_state = params, opt_state

@@ -270,6 +270,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+INTERRUPT_GRACE = 10.0   # seconds the other processes get to end after an interrupted process 0
+
+
 def launch_local(num_processes: int, run_args: list[str], *, devices_per_process: int | None = None,
                  timeout: float | None = None, python: str | None = None, env: dict | None = None) -> int:
     """Start `num_processes` processes of `staleness run` on 127.0.0.1 and wait for them.
@@ -280,8 +283,12 @@ def launch_local(num_processes: int, run_args: list[str], *, devices_per_process
       timeout: seconds before every process is killed (SIGKILL: a hung JAX process
         ignores SIGTERM); None waits forever.
     Ctrl-C is forwarded to process 0 only, which stops the others and writes its
-    Result; a second Ctrl-C kills them all.
-    Returns: process 0's exit status (or the first non-zero one if process 0 succeeded).
+    Result; the others still running INTERRUPT_GRACE seconds after process 0 ended (a
+    process still starting up waits for a coordination service that is gone) are
+    killed, and a second Ctrl-C kills them all.
+    Returns: process 0's exit status (128 + N for signal N), which is the job's: with
+    on_worker_failure='continue' a run that lost a worker process completes. Every other
+    process that did not exit 0 is named on stderr, one line each.
     """
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"--local = {num_processes!r} must be an integer >= 1 (processes)")
@@ -297,12 +304,20 @@ def launch_local(num_processes: int, run_args: list[str], *, devices_per_process
         procs.append(subprocess.Popen(argv, env=base_env, start_new_session=True))
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted = 0
+    interrupted_end = None   # after a forwarded Ctrl-C: when the others are killed
     try:
         while any(p.poll() is None for p in procs):
             try:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError
                 time.sleep(0.1)
+                if interrupted and procs[0].poll() is not None and interrupted_end is None:
+                    interrupted_end = time.monotonic() + INTERRUPT_GRACE
+                if interrupted_end is not None and time.monotonic() > interrupted_end:
+                    kill_groups(procs)
+                    print(f"staleness: killed the processes still running {INTERRUPT_GRACE:g} s after process 0 "
+                          "stopped", file=sys.stderr)
+                    return _status(procs[0].returncode)
             except KeyboardInterrupt:
                 interrupted += 1
                 if interrupted == 1 and procs[0].poll() is None:
@@ -312,5 +327,14 @@ def launch_local(num_processes: int, run_args: list[str], *, devices_per_process
     except (KeyboardInterrupt, TimeoutError):
         kill_groups(procs)
         return 124 if interrupted == 0 else 130
-    codes = [p.returncode for p in procs]
-    return codes[0] if codes[0] != 0 else next((c for c in codes if c != 0), 0)
+    codes = [_status(p.returncode) for p in procs]
+    for i, c in enumerate(codes[1:], 1):
+        if c != 0:
+            how = f"signal {c - 128}" if c > 128 else f"status {c}"
+            print(f"staleness: process {i} exited with {how}", file=sys.stderr)
+    return codes[0]
+
+
+def _status(returncode: int) -> int:
+    """A shell's exit status of a child: 128 + N when signal N ended it."""
+    return 128 - returncode if returncode < 0 else returncode

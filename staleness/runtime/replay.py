@@ -93,6 +93,8 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
               lr_rule=lr_rule or cfg.get("lr_rule", "constant"),
               optimizer=optimizer if optimizer is not None else recorded_opt,
               seed=seed if seed is not None else cfg.get("seed", sched.seed or 0))
+    if cfg.get("sync"):   # how the recorded run executed (collective: its sums in another order)
+        replay_kwargs["config"] = {**replay_kwargs.get("config", {}), "recorded_sync": cfg["sync"]}
     if "eval_every" not in replay_kwargs and cfg.get("eval_every"):
         replay_kwargs["eval_every"] = int(cfg["eval_every"])
     rep = st.engine.replay(sched, task, slot_mode="map", **kw, **replay_kwargs)

@@ -44,6 +44,7 @@ from typing import Callable
 
 import numpy as np
 
+from staleness import interrupts
 from staleness.driver import Driver, Recorder
 from staleness.runtime.errors import WorkerError, WorkerLostError
 from staleness.runtime.messages import Release, WorkerFailed, WorkerJoined, WorkerLost
@@ -284,6 +285,7 @@ class Server:
                 self._join(w, now)
 
     def _housekeeping(self) -> None:
+        interrupts.check()   # a Ctrl-C that a callback swallowed (or one before serving) stops the run here
         now = self.now()
         self._apply_membership(now)
         if now - self._last_deadline_check >= TICK_SECONDS and not self.link.times_rounds:
@@ -350,6 +352,8 @@ class Server:
             lost = self.link.finish()   # collectives: rounds still on the devices
             if lost is not None:
                 raise WorkerLostError(lost.worker, lost.reason)
+            if self.progress is not None:   # the line ends on the run's final state
+                self._report(self.now())
         except KeyboardInterrupt:
             self.status = "stopped"
         finally:

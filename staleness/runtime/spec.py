@@ -125,12 +125,13 @@ def _resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int
             raise ValueError(f"sync = 'collective' needs a policy that releases every worker at once and "
                              f"averages all their gradients (bsp); {policy.describe()!r} needs sync='server'")
         if on_worker_failure == "continue":
-            raise ValueError("sync = 'collective' cannot go on without a lost worker: on_worker_failure = "
-                             "'continue' needs sync='server' (worker-level fault tolerance), or use "
+            raise ValueError("on_worker_failure = 'continue' needs sync='server' (worker-level fault "
+                             "tolerance): a collective round cannot go on once a worker is lost; or use "
                              "on_worker_failure='stop'")
         if cluster is not None and cluster.sampler(seed).membership_events():
-            raise ValueError("sync = 'collective' cannot go on without a lost worker: the failure model of cluster = "
-                             f"{cluster.describe()!r} needs sync='server' (its delays alone work under collectives)")
+            raise ValueError(f"the failure model of cluster = {cluster.describe()!r} needs sync='server': a "
+                             "collective round cannot go on once a worker is lost (its delays alone work under "
+                             "collectives)")
         return sync, "stop"
     return sync, on_worker_failure or "continue"
 
