@@ -48,6 +48,17 @@ def _probe(parent: Path, what: str, path) -> None:
     os.rmdir(probe)
 
 
+def _creatable(p: Path, what: str, path) -> None:
+    """Directory `p` can be written into, or created: its nearest existing ancestor
+    (itself if it exists) is a writable directory; `what` = `path` names it in errors."""
+    ancestor = p if p.exists() else p.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{what} = {str(path)!r} lies under {str(ancestor)!r}, which is a file, not a directory")
+    _probe(ancestor, what, path)
+
+
 def check_out(path, *, overwrite: bool = False, what: str = "--out") -> Path:
     """Validate output directory `path` before computing; returns it as a Path.
 
@@ -73,12 +84,7 @@ def check_out(path, *, overwrite: bool = False, what: str = "--out") -> Path:
         _probe(p, what, path)
         _probe(p.parent, what, path)
         return p
-    ancestor = p.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputError(f"{what} = {str(path)!r} lies under {str(ancestor)!r}, which is a file, not a directory")
-    _probe(ancestor, what, path)
+    _creatable(p, what, path)
     return p
 
 
@@ -96,12 +102,7 @@ def check_file(path, *, what: str, replaceable: Callable[[Path], bool] = lambda 
     if p.exists() and not replaceable(p):
         raise OutputError(f"{what} = {str(path)!r} is an existing file that staleness did not write; choose "
                           "another name")
-    ancestor = p.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputError(f"{what} = {str(path)!r} lies under {str(ancestor)!r}, which is a file, not a directory")
-    _probe(ancestor, what, path)
+    _creatable(p.parent, what, path)   # the directory it goes into
     return p
 
 
@@ -111,13 +112,9 @@ def check_dir(path, *, what: str) -> Path:
     if path is None or not str(path).strip():
         raise OutputError(f"{what} = {path!r} must be a directory path")
     p = Path(path).expanduser()
-    ancestor = p
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        where = "is an existing file" if ancestor == p else f"lies under {str(ancestor)!r}, which is a file"
-        raise OutputError(f"{what} = {str(path)!r} {where}, not a directory")
-    _probe(ancestor, what, path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{what} = {str(path)!r} is an existing file, not a directory")
+    _creatable(p, what, path)
     return p
 
 

@@ -376,6 +376,9 @@ def make(num_workers, batch_size, partition="iid", seed=0):
 def number(**kwargs):
     return 3
 
+def make16(num_workers, batch_size=16, partition="shard", seed=0):
+    return make(num_workers, batch_size, partition, seed)
+
 def needs_extra(*, num_workers, extra):
     return make(num_workers, 8)
 
@@ -465,3 +468,16 @@ def test_cli_replays_a_task_whose_own_optimizer_is_an_optax_object(custom_module
     assert st.Result.load(tmp_path / "sim").config["optimizer"] == st.engine.optim.TASK_OPTAX
     code, out, err = _cli(["replay", str(tmp_path / "sim"), "--check"], capsys)
     assert code == 0 and "bitwise equal" in out, err
+
+
+def test_cli_keeps_a_factorys_own_batch_size_and_partition(custom_module, tmp_path, capsys):
+    """Without --batch-size/--partition the command line passed 32 and iid over the
+    factory's own defaults; explicit flags still win."""
+    ref = f"{custom_module}:make16"
+    for argv, want in (([], (16, "shard")), (["--batch-size", "4", "--partition", "iid"], (4, "iid"))):
+        out = tmp_path / f"sim{len(argv)}"
+        code, _, err = _cli(["simulate", "--task", ref, "--cluster", "1,2", "--updates", "6", "--no-progress",
+                             "--out", str(out), *argv], capsys)
+        assert code == 0, err
+        cfg = st.Result.load(out).config
+        assert (cfg["batch_size"], cfg["partition"]) == want

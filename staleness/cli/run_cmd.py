@@ -34,7 +34,7 @@ _RUN_OPTIONS = [
      "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see staleness simulate --help)"),
     ("--inner-optimizer", "inner_optimizer", str, None, "local-update methods: the workers' inner optimizer "
      "spec (default: the task's, else sgd); --optimizer is then the outer one"),
-    ("--batch-size", "batch_size", count, 32, "per-worker minibatch μ (default 32)"),
+    ("--batch-size", "batch_size", count, None, "per-worker minibatch μ (default 32, or the task factory's own)"),
     ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
     ("--seed", "seed", natural, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),
     ("--time-scale", "time_scale", positive, 0.01, "real seconds per simulated second of the cluster (default 0.01)"),

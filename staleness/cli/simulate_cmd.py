@@ -35,8 +35,10 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--inner-optimizer", default=None,
                    help="local-update methods (local_sgd, diloco, async_diloco): the workers' inner optimizer spec "
                    "(default: the task's, else sgd); --optimizer is then the outer one")
-    p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch μ (default 32)")
-    p.add_argument("--partition", default="iid", help="iid (every worker samples all data), shard (disjoint "
+    p.add_argument("--batch-size", type=count, default=None,
+                   help="per-worker minibatch μ (default 32, or the task factory's own)")
+    p.add_argument("--partition", default=None, help="iid (the default, or the task factory's own; every worker "
+                   "samples all data), shard (disjoint "
                    "label-skewed shards), dirichlet:ALPHA (Dirichlet label proportions per worker, e.g. "
                    "dirichlet:0.5) or sizes:F1,...,Fn (unequal iid shards, one fraction per worker)")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")

@@ -63,8 +63,10 @@ def add(sub) -> None:
     p.add_argument("--optimizer", default=None, help="server (outer) optimizer spec (default: the policy's, else "
                    "the task's, else sgd)")
     p.add_argument("--inner-optimizer", default=None, help="local-update methods: the workers' optimizer spec")
-    p.add_argument("--batch-size", type=count, default=32, help="per-worker minibatch (default 32)")
-    p.add_argument("--partition", default="iid", help="iid, shard, dirichlet:ALPHA or sizes:F1,...,Fn")
+    p.add_argument("--batch-size", type=count, default=None,
+                   help="per-worker minibatch (default 32, or the task factory's own)")
+    p.add_argument("--partition", default=None, help="iid (the default, or the task factory's own), shard, "
+                   "dirichlet:ALPHA or sizes:F1,...,Fn")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks)")
     p.add_argument("--eval-every", type=count, default=None, help="updates between evaluations (default: 20 rows)")
     p.add_argument("--ring", type=count, default=None, help="parameter versions kept (>= largest staleness + 1); "
