@@ -20,6 +20,7 @@ import numpy as np
 __all__ = ["Metric", "KNOWN", "get", "resolve"]
 
 GOALS = ("higher", "lower")
+REACH_RTOL = 1e-6   # a value within this (relative to max(1, |target|)) of a target meets it: float32 rounding
 
 
 class Metric(NamedTuple):
@@ -44,9 +45,12 @@ class Metric(NamedTuple):
         return self.goal == "higher"
 
     def reached(self, values, target: float) -> np.ndarray:
-        """Elementwise: whether each value meets `target` (>= for 'higher', <= for 'lower')."""
+        """Elementwise: whether each value meets `target` (>= for 'higher', <= for 'lower'),
+        up to float32 rounding (metrics are computed in float32: 342/360 is stored as
+        0.94999999, which meets a target of 0.95)."""
         v = np.asarray(values, np.float64)
-        return v >= target if self.higher_is_better else v <= target
+        slack = REACH_RTOL * max(1.0, abs(float(target)))
+        return v >= target - slack if self.higher_is_better else v <= target + slack
 
     def better(self, a: float, b: float) -> bool:
         """Whether value `a` is strictly better than value `b`."""

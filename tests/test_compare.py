@@ -44,6 +44,17 @@ def test_time_to_target_follows_the_metric_direction_not_its_name():
     assert r.metric("mse").goal == "lower"
 
 
+def test_a_float32_metric_exactly_at_the_target_reaches_it():
+    """342/360 correct is 0.95, stored as float32 0.94999999: it meets a 0.95 target (it
+    did not: time to target came at a later evaluation, or never)."""
+    from staleness.metrics import get
+
+    acc = float(np.float32(342) / np.float32(360))
+    assert acc < 0.95
+    assert get("accuracy").reached([0.9, acc], 0.95).tolist() == [False, True]
+    assert get("loss").reached([float(np.float32(0.1) * 3), 0.31], 0.3).tolist() == [True, False]
+
+
 @pytest.mark.parametrize("name", ["quadratic", "linreg", "digits-mlp", "digits-cnn", "mnist1d-mlp", "mnist1d-cnn"])
 def test_compare_works_for_every_built_in_task(name):
     task = st.tasks.get(name, num_workers=4, batch_size=8)

@@ -87,6 +87,26 @@ def test_dynamic_local_updates_give_slow_workers_fewer_steps():
     assert max(ends) / min(ends) < 1.3
 
 
+def test_a_learning_rate_given_to_a_run_replaces_the_policys_own(digits4):
+    """DiLoCo's outer 'nesterov:0.9,lr=0.7' is a default: lr= (and a sweep's or compare's
+    rates) set its learning rate instead of failing with "names lr=0.7 and lr = ... was
+    given too"; a None rate in a sweep is the policy's 0.7."""
+    kw = dict(num_updates=6, seed=0, inner_optimizer="adamw:lr=1e-3", num_evals=1)
+    a = st.simulate(digits4, "diloco:3", CLUSTER, lr=0.5, **kw)
+    b = st.simulate(digits4, "diloco:3", CLUSTER, optimizer="nesterov:0.9,lr=0.5", **kw)
+    assert a.config["lr"] == 0.5 and a.config["optimizer"] == "nesterov:0.9"
+    assert all(np.array_equal(x, y) for x, y in zip(_leaves(a.params), _leaves(b.params)))
+    out = st.sweep(digits4, ["diloco:3"], CLUSTER, lrs=[None, 0.5], num_updates=6, num_evals=1,
+                   inner_optimizer="adamw:lr=1e-3")
+    assert [r.config["lr"] for r in out] == [0.7, 0.5]
+    own = st.simulate(digits4, "diloco:3", CLUSTER, **kw)
+    assert _max_diff(out[0].params, own.params) < 1e-5 and _max_diff(out[1].params, a.params) < 1e-5
+    assert st.runtime.run(digits4, "local_sgd:2", None, num_workers=4, num_updates=3, lr=0.5,
+                          inner_optimizer="sgd:lr=0.1").config["lr"] == 0.5
+    with pytest.raises(ValueError, match="names lr=0.7 and lr = 0.5"):   # a spec the user names pins its lr
+        st.simulate(digits4, "diloco:3", CLUSTER, lr=0.5, optimizer="nesterov:0.9,lr=0.7", **kw)
+
+
 def test_sweep_over_h_in_one_compiled_call(digits4):
     from staleness.engine import core
 

@@ -212,9 +212,22 @@ def test_cli_sweep_local_steps_expand_local_methods(tmp_path):
     assert list(table["policy"]) == ["diloco:1", "diloco:3"] and list(table["local_steps"]) == [1, 3]
 
 
+def test_cli_sweep_table_gives_streaming_diloco_its_h(tmp_path):
+    """A Streaming DiLoCo iteration is H / fragments inner steps; the table's local_steps is H."""
+    out = tmp_path / "s"
+    assert main(["sweep", "--policy", "streaming_diloco:4:fragments=2", "--seeds", "0,1", "--updates", "4",
+                 "--eval-every", "2", "--batch-size", "8", "--cluster", "1,1,2,2", "--out", str(out),
+                 "--no-progress"]) == 0
+    import pandas as pd
+
+    assert list(pd.read_csv(out / "table.csv")["local_steps"]) == [4, 4]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--policy", "asp", "--local-steps", "2"], "no --policy is one"),
     (["--policy", "asp", "--policy", "diloco:2"], "need separate sweeps"),
+    (["--policy", "streaming_diloco:4:fragments=2", "--local-steps", "4,8"],
+     "streaming_diloco:8:fragments=2:overlap=0:alpha=0:bits=32 need one sweep each (H and the fragment settings"),
     (["--seeds", "a"], "--seeds = 'a'"),
     (["--lrs", "0.1,-1"], "--lrs = '0.1,-1'"),
     (["--lr-rules", "bogus"], "bogus"),

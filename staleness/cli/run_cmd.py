@@ -22,7 +22,8 @@ _RUN_OPTIONS = [
     ("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp) or package.module:factory "
      "(a function on the Python path returning a Task)"),
     ("--policy", "policy", str, "ssp:3",
-     "policy spec: bsp, asp, ssp:S, dssp:S:R, softsync:N, backup:B (default ssp:3)"),
+     "policy spec: bsp, asp, ssp:S, dssp:S:R, softsync:N, backup:B, local_sgd:H, diloco:H, async_diloco:H, "
+     "streaming_diloco:H (default ssp:3)"),
     ("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
      "injected, e.g. '1*4,2.6*4' (default: none; workers run at the hardware's speed)"),
     ("--workers", "workers", count, None, "number of workers (default: the cluster's, else one per device)"),

@@ -54,7 +54,8 @@ def add(sub) -> None:
     p.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the optimizer's, else "
                    "0.1 for a spec that names none)")
     p.add_argument("--local-steps", default=None,
-                   help="comma-separated inner steps H: every local-update policy is swept over them")
+                   help="comma-separated inner steps H: every local-update policy is swept over them "
+                   "(streaming_diloco: one sweep per H)")
     p.add_argument("--task", default="digits-mlp", help="task name or package.module:factory (default digits-mlp)")
     p.add_argument("--cluster", default=None, help="cluster spec (default: 4 workers at 1.0 s + 4 at 2.6 s, "
                    "10%% jitter)")
@@ -126,7 +127,18 @@ def _policies(args) -> list:
         pols = out
     if len({p.local for p in pols}) > 1:
         raise UsageError("local-update methods and gradient policies need separate sweeps (their replays differ)")
+    streaming = {p.describe() for p in pols if isinstance(p.work, P.Streaming)}
+    if len(streaming) > 1:
+        raise UsageError(f"streaming_diloco: {', '.join(sorted(streaming))} need one sweep each (H and the fragment "
+                         "settings are compiled into its replay); sweep the other settings (seeds, lr rules, "
+                         "learning rates) within one")
     return list(dict.fromkeys(pols))
+
+
+def _policy_work(spec: str):
+    from staleness import policies as P
+
+    return P.parse(spec).work
 
 
 def _check(args):
@@ -257,8 +269,9 @@ def _table(results, args):
     for i, r in enumerate(results):
         c = r.config
         row = {"config": i, "policy": c["policy"], "seed": c["seed"], "lr_rule": c["lr_rule"], "lr": c["lr"]}
-        if "local_steps" in c:
-            row["local_steps"] = max(c["local_steps"])
+        if "local_steps" in c:   # H (Streaming DiLoCo's iterations are H / fragments steps)
+            work = _policy_work(c["policy"])
+            row["local_steps"] = max(c["local_steps"]) * getattr(work, "fragments", 1)
         row.update({k: v for k, v in r.summary(target, metric).items() if k not in row})
         row["divergence"] = c.get("divergence", "")
         rows.append({**{k: row[k] for k in order}, **{k: v for k, v in row.items() if k not in order}})

@@ -59,6 +59,16 @@ def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
     return dataclasses.replace(opt, name=_optim.TASK_OPTAX) if own and opt.name == "optax" else opt
 
 
+def policy_default(optimizer, lr):
+    """A policy's own (outer) optimizer as a run's default: a spec naming lr= (DiLoCo's
+    'nesterov:0.9,lr=0.7') takes a learning rate given to the run instead (a rate to set
+    or tune), so only an optimizer the user names pins its lr."""
+    if lr is None or not isinstance(optimizer, str):
+        return optimizer
+    spec = _optim.get(optimizer)
+    return dataclasses.replace(spec, lr=None) if spec.lr is not None else optimizer
+
+
 def policy_optimizer(policy_spec: str):
     """The outer optimizer a schedule's policy is defined with (DiLoCo's Nesterov SGD, Local
     SGD's averaging), or None."""
@@ -95,7 +105,8 @@ def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
     stream = {w for w in works if isinstance(w, _policies.Streaming)}
     if stream:
         if len(set(works)) > 1:
-            raise ValueError("sweep: Streaming DiLoCo settings (fragments, overlap, alpha, bits) need separate sweeps")
+            raise ValueError("sweep: Streaming DiLoCo settings (H, fragments, overlap, alpha, bits) need one sweep "
+                             "each: they are compiled into its replay")
         w = stream.pop()
         keys = _local_mod.fragment_keys(jax.eval_shape(task.init_fn, jax.random.key(0)), w.fragments)
         return _local_mod.Local(inner_opt.tx, h_max, False, w.fragments, w.overlap, w.alpha, w.bits, keys), inner_opt
@@ -216,7 +227,7 @@ def replay(
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
     task = resolve_task(task, schedule.num_workers, batch_size)
-    opt = resolve_optimizer(optimizer if optimizer is not None else policy_optimizer(schedule.policy), lr,
+    opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy_optimizer(schedule.policy), lr), lr,
                             schedule.num_updates, task)
     local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
     opt = streaming_outer(opt, local)

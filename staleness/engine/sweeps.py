@@ -39,6 +39,7 @@ from staleness import lr as _lr
 from staleness import policies as _policies
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
+from staleness.engine import optim as _optim
 from staleness.engine.plan import Plan, make_plan
 from staleness.sim import simulate_schedule
 
@@ -135,6 +136,15 @@ def prepare(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=
     seeds = [int(s) for s in seeds]
     if not pols or not seeds or not rules_in or not lrs:
         raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
+    own = {p.optimizer for p in pols}
+    if optimizer is None and len(own) == 1 and any(v is not None for v in lrs):
+        # the policies' own spec (DiLoCo's 'nesterov:0.9,lr=0.7'): swept rates replace its lr, and
+        # a None rate (the optimizer's own) is that lr
+        default = own.pop()
+        named = _optim.get(default).lr if isinstance(default, str) else None
+        if named is not None:
+            optimizer = _run.policy_default(default, named)
+            lrs = [named if v is None else v for v in lrs]
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 

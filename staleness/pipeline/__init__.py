@@ -9,7 +9,7 @@ devices (`run_devices`), with simulated time from the cluster models
 
     import staleness.pipeline as pp
     ptask  = pp.tasks.get("digits-resmlp", num_stages=3, batch_size=32)
-    result = pp.simulate(ptask, pp.dsp((1, 1, 0)), num_batches=500, lr=0.02)
+    result = pp.simulate(ptask, pp.dsp((1, 1, 0)), num_batches=500, lr=0.005)   # 0.91 test accuracy
     result = pp.run_devices(ptask, pp.gpipe(4), num_batches=500)      # needs 3 devices
     tl     = pp.simulate_timing(pp.make_plan(pp.dsp((1, 1, 0)), 3, 500), st.cluster.heterogeneous([1, 2, 1]))
     tl.throughput                                                    # batches per simulated second

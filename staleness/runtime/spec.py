@@ -144,7 +144,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     """Validate a real run's arguments; see `runtime.run`. processes: the job's
     process count (several: sync='collective' only when asked for, see `_resolve_sync`)."""
     from staleness import cluster as _cluster
-    from staleness.engine.run import _check_lr, resolve_optimizer, resolve_task
+    from staleness.engine.run import _check_lr, policy_default, resolve_optimizer, resolve_task
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -185,7 +185,8 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     eval_every = _int("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
     task = resolve_task(task, num_workers, batch_size, data_dir)
-    opt = resolve_optimizer(optimizer if optimizer is not None else policy.optimizer, lr, num_updates, task)
+    opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy.optimizer, lr), lr,
+                            num_updates, task)
     local = inner = steps = None
     if policy.local:
         from staleness.engine.run import local_config, streaming_outer
