@@ -119,4 +119,5 @@ def test_the_console_script_exits_at_once_after_a_failure(tmp_path):
             "sys.argv = ['staleness', 'simulate', '--updates', '-3']\n"
             "cli.entry()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("staleness: error: argument --updates")
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and last.startswith("staleness: error: argument --updates"), out.stderr

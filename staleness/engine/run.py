@@ -227,8 +227,9 @@ def replay(
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
     task = resolve_task(task, schedule.num_workers, batch_size)
-    opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy_optimizer(schedule.policy), lr), lr,
-                            schedule.num_updates, task)
+    if optimizer is None:   # the policy's own outer optimizer (DiLoCo's), else the task's
+        optimizer = policy_default(policy_optimizer(schedule.policy), lr)
+    opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
     local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
     opt = streaming_outer(opt, local)
     chunk = _chunk_length(schedule.num_updates, eval_every, num_evals)
