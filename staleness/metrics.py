@@ -94,8 +94,9 @@ KNOWN: dict[str, Metric] = {m.name: m for m in (
 def get(name: str) -> Metric:
     """The known metric `name` (see KNOWN); ValueError for a name without a known direction."""
     if name not in KNOWN:
-        raise ValueError(f"metric {name!r} has no known direction; declare it, e.g. "
-                         f"Metric({name!r}, 'higher', 0.0, 1.0) (known: {', '.join(KNOWN)})")
+        raise ValueError(f"metric {name!r} has no known direction; declare it as "
+                         f"Metric({name!r}, GOAL, LOW, HIGH) with GOAL 'higher' or 'lower' (e.g. "
+                         f"Metric({name!r}, 'higher', 0.0, 1.0) for a fraction; known: {', '.join(KNOWN)})")
     return KNOWN[name]
 
 

@@ -164,6 +164,8 @@ class Result:
         info = self.config.get("metrics") or {}
         if name in info:
             return Metric.from_json(name, info[name])
+        if name == "train_loss":   # the history's mean minibatch loss of each chunk: lower is better
+            return Metric("train_loss", "lower")
         return _metrics.get(name)
 
     def time_to(self, target: float, metric: str = "accuracy") -> float:

@@ -55,6 +55,17 @@ def test_a_float32_metric_exactly_at_the_target_reaches_it():
     assert get("loss").reached([float(np.float32(0.1) * 3), 0.31], 0.3).tolist() == [True, False]
 
 
+def test_time_to_a_train_loss_counts_it_as_a_loss():
+    """train_loss is a history column, so time_to took it, then refused it for having no
+    direction (and suggested declaring it 'higher'); it is the minibatch loss: lower."""
+    res = st.simulate(st.tasks.get("quadratic", num_workers=4), "asp", CLUSTER, num_updates=40, lr=0.05,
+                      num_evals=4)
+    h = res.history
+    first = int(np.flatnonzero(np.isfinite(h["train_loss"].to_numpy()))[0])   # NaN before the first chunk
+    assert res.time_to(float(h["train_loss"].max()) + 1.0, "train_loss") == h["time"][first]
+    assert np.isnan(res.time_to(-1.0, "train_loss"))
+
+
 @pytest.mark.parametrize("name", ["quadratic", "linreg", "digits-mlp", "digits-cnn", "mnist1d-mlp", "mnist1d-cnn"])
 def test_compare_works_for_every_built_in_task(name):
     task = st.tasks.get(name, num_workers=4, batch_size=8)
