@@ -141,10 +141,10 @@ def prepare(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=
         # the policies' own spec (DiLoCo's 'nesterov:0.9,lr=0.7'): swept rates replace its lr, and
         # a None rate (the optimizer's own) is that lr
         default = own.pop()
-        named = _optim.get(default).lr if isinstance(default, str) else None
-        if named is not None:
-            optimizer = _run.policy_default(default, named)
-            lrs = [named if v is None else v for v in lrs]
+        spec = _optim.get(default) if isinstance(default, str) else None
+        if spec is not None and spec.lr is not None:
+            optimizer = dataclasses.replace(spec, lr=None)
+            lrs = [spec.lr if v is None else v for v in lrs]
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 

@@ -259,12 +259,7 @@ class Task:
         if not (self.indexed and {"x_train", "y_train", "x_test", "mask_test"} <= set(d)):
             raise ValueError(f"task {self.name!r} has no validation split (its data are not x_train/y_train "
                              "arrays); give a learning rate instead of tuning it")
-        n = self.train_size
-        k = max(1, round(fraction * n))
-        if n - k < self.num_workers:
-            raise ValueError(f"holdout: {n} training examples are too few to hold out {k} for validation")
-        perm = np.random.default_rng(seed).permutation(n)
-        val, train = np.sort(perm[:k]), np.sort(perm[k:])
+        val, train = self.holdout_split(fraction, seed)
         x, y = np.asarray(d["x_train"]), np.asarray(d["y_train"])
         chunk = int(np.asarray(d["x_test"]).shape[1])
         new = {"x_train": x[train], "y_train": y[train],
@@ -274,6 +269,17 @@ class Task:
             self, name=f"{self.name}[validation]", train_size=len(train), test_size=len(val),
             data=_data.device_data(new),
             sample_fn=_data.sample_fn_for(self.gather_fn, self.batch_size, self.partition, len(train)))
+
+    def holdout_split(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(held-out, kept) sorted indices of the training examples for `holdout`: a
+        `fraction` of them (at least one) drawn with `seed`; ValueError if fewer than
+        `num_workers` would be left to train on."""
+        n = self.train_size
+        k = max(1, round(fraction * n))
+        if n - k < self.num_workers:
+            raise ValueError(f"holdout: {n} training examples are too few to hold out {k} for validation")
+        perm = np.random.default_rng(seed).permutation(n)
+        return np.sort(perm[:k]), np.sort(perm[k:])
 
     def partition_info(self) -> dict:
         """The partition and how non-IID it is (what a Result's config records):

@@ -300,12 +300,7 @@ def from_flax(
         """`Task.holdout`: `fraction` of the training examples (drawn with `split_seed`)
         become the held-out set, the rest the training set (partitioned again); the test
         set is not used."""
-        n = task.train_size
-        k = max(1, round(fraction * n))
-        if n - k < task.num_workers:
-            raise ValueError(f"holdout: {n} training examples are too few to hold out {k} for validation")
-        perm = np.random.default_rng(split_seed).permutation(n)
-        val, keep = np.sort(perm[:k]), np.sort(perm[k:])
+        val, keep = task.holdout_split(fraction, split_seed)
         labels = None if part_labels is None else part_labels[keep]
         data, eval_fn, sample_fn = layout({f: a[keep] for f, a in train.items()},
                                           {f: a[val] for f, a in train.items()}, labels,
