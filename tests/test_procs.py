@@ -35,8 +35,8 @@ id=$(echo "$@" | sed 's/.*--process-id \([0-9]*\).*/\1/')
 case "$MODE:$id" in
   killed:0) sleep 1; exit 0 ;;              # process 0 completes (on_worker_failure=continue)
   killed:*) kill -9 $$ ;;                   # a worker process is killed
-  interrupt:0) trap 'exit 130' INT; while :; do sleep 0.1; done ;;
-  interrupt:*) trap '' INT; sleep 120 ;;    # still starting up: never ends on its own
+  interrupt:0) trap 'exit 130' INT; touch "$READY.0"; while :; do sleep 0.1; done ;;
+  interrupt:*) trap '' INT; touch "$READY.$id"; sleep 120 ;;    # still starting up: never ends on its own
 esac
 """
 
@@ -51,8 +51,8 @@ def _fake(tmp_path):
 def _launcher(tmp_path, mode: str) -> subprocess.Popen:
     code = ("import sys\nfrom staleness.runtime import multiprocess as m\nm.INTERRUPT_GRACE = 1.0\n"
             f"sys.exit(m.launch_local(2, [], python={_fake(tmp_path)!r}, timeout=100))\n")
-    return subprocess.Popen([sys.executable, "-c", code], env={**__import__("os").environ, "MODE": mode},
-                            stderr=subprocess.PIPE, text=True)
+    env = {**__import__("os").environ, "MODE": mode, "READY": str(tmp_path / "ready")}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
 
 
 def test_the_launcher_exits_with_process_0s_status_and_names_a_lost_process(tmp_path):
@@ -71,7 +71,11 @@ def test_ctrl_c_on_the_launcher_kills_processes_that_outlive_process_0(tmp_path)
     """Ctrl-C while the job starts up: process 0 stops; a process waiting for the gone
     coordination service would hang for minutes, and is killed after the grace."""
     p = _launcher(tmp_path, "interrupt")
-    time.sleep(2.0)
+    deadline = time.monotonic() + 120   # both stand-ins started (the launcher waits on them), on a loaded box too
+    while not all((tmp_path / f"ready.{i}").exists() for i in range(2)):
+        assert p.poll() is None and time.monotonic() < deadline, "the launcher did not start both processes"
+        time.sleep(0.05)
+    time.sleep(0.3)
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
     try:
