@@ -26,6 +26,7 @@ import staleness as st
 import staleness.runtime as rt
 from staleness import policies as P
 from staleness.cli import main
+from staleness.runtime.collective import CollectiveLink
 from staleness.runtime.replay import compare_params
 from staleness.runtime.spec import make_spec
 from test_sim import check_invariants
@@ -61,6 +62,39 @@ def test_collective_bsp_matches_server_bsp_and_the_replay_of_its_trace(digits8):
     rep = st.engine.replay(server.schedule, digits8, slot_mode="map", lr=0.05, seed=3, optimizer="momentum:0.9")
     assert compare_params(server.params, rep.params).bitwise
     assert list(coll.history["update"])[-1] == 40 and np.isfinite(coll.history["train_loss"][1:]).all()
+
+
+@pytest.mark.timeout(300)
+def test_pipelined_rounds_are_bitwise_the_unpipelined_ones(digits8, monkeypatch):
+    """Within one process the next round is computed while the serve loop handles the
+    last one (`CollectiveLink._run_ahead`): every round after the first is computed
+    ahead and released by the policy, and the run is bitwise the one without it
+    (same step, same inputs), trace and losses included."""
+    kw = dict(num_updates=30, lr=0.05, seed=1, optimizer="adam")
+    piped = rt.run(digits8, "bsp", None, **kw)
+    assert piped.schedule.meta["rounds_ahead"] == 29
+    monkeypatch.setattr(CollectiveLink, "_run_ahead", lambda self, rnd: None)
+    plain = rt.run(digits8, "bsp", None, **kw)
+    assert plain.schedule.meta["rounds_ahead"] == 0
+    assert compare_params(piped.params, plain.params).bitwise
+    np.testing.assert_array_equal(piped.train_loss, plain.train_loss)
+    for col in ("worker", "iteration", "pull_version", "apply_version"):
+        np.testing.assert_array_equal(piped.schedule.columns[col], plain.schedule.columns[col])
+    check_invariants(piped.schedule, P.bsp(), 8)
+
+
+@pytest.mark.timeout(300)
+def test_a_round_computed_ahead_and_not_released_is_dropped(digits8):
+    """A run stopped by max_time ends with rounds on the devices that no update applies:
+    the one the policy released with the last update (in flight, as in any run) and
+    the one computed ahead after it, never released (not counted). Neither changes the
+    parameters: they are bitwise those of a run of as many updates."""
+    stopped = rt.run(digits8, "bsp", None, num_updates=100_000, max_time=0.5, lr=0.05, seed=2)
+    k = stopped.schedule.num_updates
+    assert stopped.status == "complete" and 1 < k < 100_000
+    assert stopped.schedule.meta["rounds_ahead"] == k   # rounds 1 .. k, the last one released, in flight
+    again = rt.run(digits8, "bsp", None, num_updates=k, lr=0.05, seed=2)
+    assert compare_params(stopped.params, again.params).bitwise
 
 
 @pytest.mark.timeout(300)

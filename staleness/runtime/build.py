@@ -193,6 +193,9 @@ def _build_collective(spec, devs, *, stop_event, progress, coord=None, liveness_
     link.max_iteration = spec.num_updates   # BSP: round i makes update i + 1; none after the last is needed
     if spec.cluster is not None:   # injected delays: each round lasts as long as its slowest worker's
         link.delays = lambda: spec.delays(server.t0 - server.t_offset)
+    # within one process and at the hardware's speed, the next round runs while the serve loop
+    # handles this one (across processes every process must dispatch the same rounds)
+    link.pipelined = not across and spec.cluster is None
     state = None
     if meta is not None:
         state = _ckpt.restore(server, meta, link.place)

@@ -5,7 +5,8 @@ the loop kept (so evaluation never stalls the server); a checkpoint evaluates
 the snapshots taken so far with the same function. The Result is the
 simulator's: history at evaluation points (time = wall seconds since the
 start), the recorded trace as its schedule (its meta: `sync`, how it was
-executed, and `server_busy_s`, the serve loop's busy time), final parameters
+executed, `server_busy_s`, the serve loop's busy time, and `rounds_ahead`,
+the collective rounds computed before the policy released them), final parameters
 and config (`sync` too).
 """
 
@@ -60,7 +61,7 @@ def build_result(server, spec, config: dict, status: str, evaluate: Callable | N
         cluster=spec.cluster.describe() if spec.cluster else "", seed=spec.seed,
         rstar=state.rstar if state is not None else (), end_time=end_time, pending=server.pending_rows(),
         meta={"max_gap": state.max_gap if state is not None else 0, "recorded": "runtime", "sync": spec.sync,
-              "server_busy_s": float(server.busy),
+              "server_busy_s": float(server.busy), "rounds_ahead": int(server.link.rounds_ahead),
               "time_scale": spec.time_scale if spec.cluster else None,
               **({"local_steps": list(spec.local_steps)} if spec.local is not None else {})})
     return Result(pd.DataFrame(rows), sched, jax.device_get(server.params), config, train_loss, status)

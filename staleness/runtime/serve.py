@@ -287,7 +287,8 @@ class Server:
     def _housekeeping(self) -> None:
         interrupts.check()   # a Ctrl-C that a callback swallowed (or one before serving) stops the run here
         now = self.now()
-        self._apply_membership(now)
+        if self.membership:
+            self._apply_membership(now)
         if now - self._last_deadline_check >= TICK_SECONDS and not self.link.times_rounds:
             self._last_deadline_check = now
             self._check_deadlines(now)
@@ -319,7 +320,8 @@ class Server:
             while self.rec.num_updates < self.num_updates:
                 ev = self.link.poll(TICK_SECONDS)
                 t_busy = perf()
-                self._apply_membership(self.now())  # a failure due by now comes before this push
+                if self.membership:   # a failure due by now comes before this push
+                    self._apply_membership(self.now())
                 if isinstance(ev, Arrival):
                     before = self.rec.num_updates
                     self._on_arrival(ev)

@@ -19,10 +19,9 @@ expires, so that the caller can check for stop requests and liveness.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import queue
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -31,12 +30,11 @@ from staleness.runtime.messages import Push, Release, WorkerFailed, WorkerLost
 __all__ = ["Arrival", "ServerLink", "WorkerLink", "LocalTransport", "Event"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Arrival:
+class Arrival(NamedTuple):
     """A gradient at the server: its `Push` message, its loss as a Python float
     and its gradient pytree, materialized on the server's device (a transport
     emits an Arrival only once both are there, so the server never waits on,
-    or depends on, the worker that sent them)."""
+    or depends on, the worker that sent them). (A NamedTuple: one per gradient.)"""
 
     push: Push
     loss: Any
@@ -52,12 +50,14 @@ class ServerLink(abc.ABC):
     Besides the three methods below, a transport may change what the serve loop
     does through these defaults: `times_rounds` (True: the transport times out its
     own work, so the loop checks no per-worker deadlines), `agreed_stop` (a status
-    once set: the loop stops there), `fetch` (host copies of loss arrays) and
-    `finish` (wait for work still in flight at the end; a lost worker or None).
+    once set: the loop stops there), `rounds_ahead` (recorded in the trace's meta),
+    `fetch` (host copies of loss arrays) and `finish` (wait for work still in
+    flight at the end; a lost worker or None).
     """
 
     times_rounds = False
     agreed_stop: str | None = None
+    rounds_ahead = 0   # rounds computed before the policy released them, then released (collectives)
 
     @abc.abstractmethod
     def release(self, msg: Release, params) -> None:
