@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from staleness.engine import local as _local
@@ -49,6 +50,23 @@ def keys(seed):
     return init_key, data_key
 
 
+def _state(task, seed, opt: Optimizer, inner: Optimizer | None, num_workers: int, streaming: bool):
+    """(params, opt_state, local) of version 0: see `init_carry`."""
+    init_key, _ = keys(seed)
+    params = task.init_params(init_key)
+    opt_state = opt.init(params)
+    local = () if inner is None else _local.init_states(inner, params, num_workers)
+    if streaming:   # Streaming DiLoCo: the workers' own parameters persist too, starting at version 0
+        local = (local, jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + a.shape).copy(), params))
+    return params, opt_state, local
+
+
+def _ring(params, ring: int):
+    """Zeros for `ring` versions of `params` on a new leading axis, made on the host and
+    placed (an eager `jnp.zeros` compiles a program per shape and ring size)."""
+    return jax.device_put(jax.tree.map(lambda p: np.zeros((ring,) + np.shape(p), p.dtype), params))
+
+
 def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = None,
                num_workers: int = 0, streaming: bool = False) -> Carry:
     """Initial parameters (from the run's init key), optimizer state (with the
@@ -56,14 +74,8 @@ def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = 
     `inner` optimizer (a local-update method) also `num_workers` fresh inner
     states. Eager: the task's own jitted init does the work, so nothing large is
     compiled here."""
-    init_key, _ = keys(seed)
-    params = task.init_params(init_key)
-    opt_state = opt.init(params)
-    ring_tree = jax.tree.map(lambda p: jnp.zeros((ring,) + p.shape, p.dtype), params)
-    local = () if inner is None else _local.init_states(inner, params, num_workers)
-    if streaming:   # Streaming DiLoCo: the workers' own parameters persist too, starting at version 0
-        local = (local, jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + a.shape).copy(), params))
-    return _distinct(Carry(params, opt_state, ring_tree, local))
+    params, opt_state, local = _state(task, seed, opt, inner, num_workers, streaming)
+    return _distinct(Carry(params, opt_state, _ring(params, ring), local))
 
 
 def _distinct(tree):
@@ -85,19 +97,19 @@ def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None, inner: 
                        num_workers: int = 0, streaming: bool = False) -> Carry:
     """`init_carry` for several seeds, stacked on a leading configuration axis
     (the ring on its second axis: [R, B, ...], see `_step_batched`); `lrs` [B]:
-    each configuration's learning rate, written into its optimizer state."""
+    each configuration's learning rate, written into its optimizer state.
+    Stacked on the host and placed once (the same values: eager stacks compiled a
+    program per leaf shape, about a second for a small MLP's carry)."""
     cache = {}
     for s in seeds:
         if s not in cache:
-            cache[s] = init_carry(task, s, opt, ring, inner, num_workers, streaming)
-    carries = [cache[s] for s in seeds]
+            cache[s] = jax.device_get(_state(task, s, opt, inner, num_workers, streaming))
+    states = [cache[s] for s in seeds]
     if lrs is not None:
-        carries = [c._replace(opt_state=set_lr(c.opt_state, lr)) if lr is not None else c
-                   for c, lr in zip(carries, lrs)]
-    params, opt_state, local = jax.tree.map(lambda *xs: jnp.stack(xs),
-                                            *[(c.params, c.opt_state, c.local) for c in carries])
-    ring_tree = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[c.ring for c in carries])
-    return Carry(params, opt_state, ring_tree, local)
+        states = [(p, set_lr(o, lr, host=True), loc) if lr is not None else (p, o, loc)
+                  for (p, o, loc), lr in zip(states, lrs)]
+    params, opt_state, local = jax.tree.map(lambda *xs: np.stack(xs), *states)
+    return Carry(*jax.device_put((params, opt_state)), _ring(params, ring), jax.device_put(local))
 
 
 def gradient(task, params, data_key, worker, iteration, index=None):

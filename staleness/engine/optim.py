@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 __all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "TASK_OPTAX", "get", "resolve", "has_lr"]
@@ -233,10 +234,11 @@ def get_lr(state):
     return found[0][1] if found else None
 
 
-def set_lr(state, lr):
-    """`state` with every `learning_rate` in it replaced by `lr` (a float or a traced scalar)."""
-    old = get_lr(state)
-    return optax.tree_utils.tree_set(state, learning_rate=jnp.asarray(lr, jnp.asarray(old).dtype))
+def set_lr(state, lr, host: bool = False):
+    """`state` with every `learning_rate` in it replaced by `lr` (a float or a traced scalar);
+    host=True: a NumPy value (for a state fetched to the host)."""
+    xp = np if host else jnp
+    return optax.tree_utils.tree_set(state, learning_rate=xp.asarray(lr, xp.asarray(get_lr(state)).dtype))
 
 
 def get(spec, what: str = "optimizer") -> OptimizerSpec:

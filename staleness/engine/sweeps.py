@@ -303,8 +303,9 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
     carries, consts, rates = [], [], []
     for sel in spans:
         cfgs = [configs[i] for i in sel]
-        seed_arr = jnp.asarray([s for _, s, _, _ in cfgs], jnp.int32)
-        cs = {"data_key": jax.vmap(lambda s: core.keys(s)[1])(seed_arr),
+        # the configurations' minibatch keys, stacked on the host (a vmapped `keys` compiles)
+        cs = {"data_key": jax.random.wrap_key_data(np.stack([np.asarray(jax.random.key_data(data_keys[i]))
+                                                             for i in sel])),
               "rule": jnp.asarray([grid.rules.index(r) for _, _, r, _ in cfgs], jnp.int32)}
         if grid.local is not None:
             cs["steps"] = jnp.asarray(grid.steps[[padded[i] for i in sel]])        # [W, λ]
