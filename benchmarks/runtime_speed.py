@@ -330,6 +330,9 @@ def main():
     print(f"{len(jax.local_devices())} devices ({jax.local_devices()[0].platform}), jax {jax.__version__}")
     task = st.tasks.get("digits-mlp", num_workers=8, batch_size=32)
 
+    # one untimed run first: a process's first runs are slower on both sides (thread pools,
+    # allocator; compile is excluded anyway), and the numbers below are the steady state
+    rt.run(task, "asp", None, num_updates=updates // 2, lr=0.05, eval_every=updates // 2)
     speed = [real_vs_replay(task, "asp", 2 * updates), real_vs_replay(task, "asp", 2 * updates, **THREADS),
              real_vs_replay(task, "asp", updates, server_devices=8),
              real_vs_replay(task, "bsp", updates // 4, sync="server"),
