@@ -300,25 +300,34 @@ _LOST = textwrap.dedent("""
         print(f"ERROR {type(e).__name__}: {e}")
         print(f"ELAPSED {time.monotonic() - t0:.1f}")
         print(f"RESULT {e.result.status} {e.result.schedule.num_updates} {e.result.config['sync']}")
+        sched = e.result.schedule
+        print(f"WAITED {sched.end_time - sched.update_time[-1]:.2f}")   # from the last update to the stop
     sys.stdout.flush()
     os._exit(0)   # the hung device thread must not keep this process alive
 """)
 
 
 @pytest.mark.timeout(200)
-def test_a_lost_worker_under_collectives_stops_the_run_naming_it():
+@pytest.mark.parametrize("eval_every", [None, 5])
+def test_a_lost_worker_under_collectives_stops_the_run_naming_it(eval_every):
     """Worker 3's step hangs at iteration 5 (an io_callback sleeps 600 s); within
     worker_timeout (3 s) of the round's start the run stops: WorkerLostError naming
     the round's unfinished workers, with the Result so far. In one process the other
-    devices wait for worker 3 in the all-reduce, so all four are unfinished and named."""
+    devices wait for worker 3 in the all-reduce, so all four are unfinished and named.
+    The hung round is computed ahead (pipelined rounds); with eval_every=5 the serve
+    loop first waits for it to fetch losses at update 5's evaluation point, and its
+    deadline still runs from when it could start (not twice worker_timeout)."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     env.pop("XLA_FLAGS", None)
-    out = subprocess.run([sys.executable, "-c", _LOST], capture_output=True, text=True, timeout=150, env=env)
+    code = _LOST if eval_every is None else _LOST.replace("lr=0.05)", f"lr=0.05, eval_every={eval_every})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150, env=env)
     text = out.stdout + out.stderr
     assert "ERROR WorkerLostError: worker 0 lost: the collective step of iteration 5 did not finish" in text, text
     assert "on the devices of workers 0, 1, 2, 3;" in text and "worker_timeout = 3 s" in text, text
     assert "a collective cannot go on without it" in text, text
     assert "RESULT stopped 5 collective" in text, text   # the 5 rounds before the hung one
+    waited = float(text.split("WAITED ")[1].split()[0])
+    assert 2.5 <= waited < 5.5, text   # about one worker_timeout after the last update, not two
     elapsed = float(text.split("ELAPSED ")[1].split()[0])
     assert elapsed < 100, text   # far below the 600 s hang: the run did not wait for it
 

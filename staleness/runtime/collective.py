@@ -365,14 +365,15 @@ class CollectiveLink(ServerLink):
         return out
 
     def _quiet(self) -> bool:
-        """True when no round is on the devices, after waiting (bounded by its deadline)
-        for a round computed ahead; False while a released round is."""
+        """True when no round is on the devices, after waiting (bounded by its deadline;
+        not at all once stopped) for a round computed ahead; False while a released
+        round is."""
         if self._inflight:
             return False
         ahead = self._ahead
         if ahead is None:
             return True
-        deadline = self._since(ahead) + self.worker_timeout
+        deadline = self.clock() if self.stopped.is_set() else self._since(ahead) + self.worker_timeout
         while not ahead.outputs[3].is_ready():
             if self.clock() >= deadline:
                 return False
