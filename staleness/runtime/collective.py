@@ -296,8 +296,8 @@ class CollectiveLink(ServerLink):
             if coord is not None:
                 coord.on_lost(self._on_lost)
         self._to_wait: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=_waiter, args=(self._to_wait, clock, self._run_ahead), name="staleness-collective-waiter",
-                         daemon=True).start()
+        threading.Thread(target=_waiter, args=(self._to_wait, clock, self._run_ahead),
+                         name="staleness-collective-waiter", daemon=True).start()
         self.stopped = threading.Event()
 
     def place(self, tree):
