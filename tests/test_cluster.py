@@ -377,7 +377,7 @@ def clusters(draw):
                            draw(subset), draw(st.floats(-100, 100)))
         elif m == "network":
             c = c.network(draw(st.floats(0, 1)), draw(st.floats(0, 1)), draw(st.floats(0, 1)))
-        elif not any(isinstance(x, C._Failures) for x in c.modifiers):
+        elif not any(isinstance(x, C.Failures) for x in c.modifiers):
             w = draw(st.integers(0, W - 1))
             f = draw(st.floats(0, 1e4))
             c = c.failures([(w, f, draw(st.none() | st.floats(f + 1, 2e4)))])

@@ -12,14 +12,16 @@ the simulator queries once per event.
 Units: every time is in (simulated) seconds; iterations are counted per worker
 from 0 (the worker's clock when it starts that iteration).
 
-Bases::
+Bases (``Cluster.base``: a :class:`Seconds`, :class:`Gpus` or :class:`Trace`)::
 
     constant(8)                      8 workers, 1.0 s per iteration each
     heterogeneous([1, 1, 2.6, 2.6])  mean seconds per iteration, per worker
     gpus(["gtx1080ti"] * 4 + ["gtx1060"] * 4)   seconds / PRESETS[name]
     from_trace_csv("speeds.csv")     recorded per-iteration compute seconds
 
-Modifiers (each returns a new Cluster)::
+Modifiers (each returns a new Cluster; ``Cluster.modifiers`` holds them as
+:class:`Jitter`, :class:`Stragglers`, :class:`Periodic`, :class:`Network`,
+:class:`Links`, :class:`Server`, :class:`AllReduce`, :class:`Failures`)::
 
     .jitter(sigma)                       lognormal noise with mean 1
     .stragglers(prob, slowdown, duration, workers=None)
@@ -90,10 +92,12 @@ are queried in order of their start times, which is how a simulator calls them.
 Pure NumPy; nothing here imports JAX.
 """
 
-# The package is split by concept (presets, checks, the Cluster value, the
-# seeded sampler, the trace reader, the spec parser); this module re-exports
-# the public names so that ``from staleness import cluster as C`` is the one
-# import users need.
+# The package is split by concept (presets, the bases and modifiers a Cluster
+# holds, the Cluster value, the seeded sampler and its layers, the network
+# model, the trace reader, the spec parser); this module re-exports the public
+# names so that ``from staleness import cluster as C`` is the one import users
+# need. Argument checks live in :mod:`staleness.checks`, shared package-wide.
+from staleness.cluster.bases import Gpus, Seconds, Trace
 from staleness.cluster.model import (
     Cluster,
     constant,
@@ -101,21 +105,15 @@ from staleness.cluster.model import (
     gpus,
     heterogeneous,
 )
-# Cluster.base / Cluster.modifiers hold these (internal) term types; re-exported
-# so that isinstance checks (``C._Failures``) and pickles made when this was a
-# single module keep working.
-from staleness.cluster.model import (  # noqa: F401
-    _AllReduce,
-    _Failures,
-    _Gpus,
-    _Jitter,
-    _Links,
-    _Network,
-    _Periodic,
-    _Seconds,
-    _Server,
-    _Stragglers,
-    _Trace,
+from staleness.cluster.modifiers import (
+    AllReduce,
+    Failures,
+    Jitter,
+    Links,
+    Network,
+    Periodic,
+    Server,
+    Stragglers,
 )
 from staleness.cluster.network import (
     SharedLink,
@@ -131,21 +129,59 @@ from staleness.cluster.spec import parse
 from staleness.cluster.trace import from_trace_csv
 
 __all__ = [
-    "CHUNK",
-    "GROUP",
-    "PRESETS",
+    # the value, its constructors and its sampler
     "Cluster",
     "ClusterSampler",
-    "SharedLink",
-    "allreduce_time",
-    "format_bandwidth",
-    "format_latency",
-    "parse_bandwidth",
-    "parse_latency",
     "constant",
     "default",
     "from_trace_csv",
     "gpus",
     "heterogeneous",
     "parse",
+    "PRESETS",
+    "CHUNK",
+    "GROUP",
+    # Cluster.base: one of these
+    "Gpus",
+    "Seconds",
+    "Trace",
+    # Cluster.modifiers: a tuple of these
+    "AllReduce",
+    "Failures",
+    "Jitter",
+    "Links",
+    "Network",
+    "Periodic",
+    "Server",
+    "Stragglers",
+    # the network model
+    "SharedLink",
+    "allreduce_time",
+    "format_bandwidth",
+    "format_latency",
+    "parse_bandwidth",
+    "parse_latency",
 ]
+
+# The submodules, documented by name (e.g. :mod:`staleness.cluster.network`).
+_SUBMODULES = ("bases", "layers", "model", "modifiers", "network", "presets", "sampler", "spec", "trace")
+
+# The term types were private (``_Failures``) while this package was a single
+# module; the old names still resolve, for isinstance checks and for pickles
+# made then, but are not listed by dir().
+_FORMER_NAMES = {
+    "_Seconds": Seconds, "_Gpus": Gpus, "_Trace": Trace,
+    "_Jitter": Jitter, "_Stragglers": Stragglers, "_Periodic": Periodic, "_Network": Network,
+    "_Links": Links, "_Server": Server, "_AllReduce": AllReduce, "_Failures": Failures,
+}
+
+
+def __getattr__(name):
+    try:
+        return _FORMER_NAMES[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted([*__all__, *_SUBMODULES])

@@ -5,29 +5,33 @@ stack of modifiers, oldest first); :meth:`Cluster.sampler` turns it into the
 seeded :class:`~staleness.cluster.sampler.ClusterSampler`. The spec grammar
 and the determinism contract are documented in :mod:`staleness.cluster`.
 
-Each term knows its own behaviour: a base's ``layer()`` builds the bare
-workers' sampler layer, a modifier's ``wrap(inner, seed, stream)`` wraps the
-layer below it (see :mod:`staleness.cluster.layers`), and ``describe()``
-writes the term back in the spec grammar.
+The terms are their own modules (:mod:`staleness.cluster.bases`,
+:mod:`staleness.cluster.modifiers`): each knows its own behaviour (its sampler
+layer and its spec text), so this module only checks arguments, stacks terms
+and builds samplers. Arguments are checked with :mod:`staleness.checks`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from staleness.cluster import layers
-from staleness.cluster._checks import _finite, _fmt, _fmt_workers, _int, _positive, _workers
-from staleness.cluster.network import (
-    ALGORITHMS,
-    format_bandwidth,
-    format_latency,
-    parse_bandwidth,
-    parse_latency,
+from staleness import checks
+from staleness.checks import format_number
+from staleness.cluster.bases import Gpus, Seconds, Trace
+from staleness.cluster.modifiers import (
+    AllReduce,
+    Failures,
+    Jitter,
+    Links,
+    Network,
+    Periodic,
+    Server,
+    Stragglers,
 )
+from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import ClusterSampler
 
@@ -38,208 +42,21 @@ __all__ = ["Cluster", "constant", "default", "gpus", "heterogeneous"]
 # to 0 s, which is no longer a model of anything physical.
 _MAX_SIGMA = 5.0
 
+
 def _bandwidth(fn: str, value) -> float:
     """Bytes per second from a number of bytes/s or a text with a unit ('1gbps')."""
     if isinstance(value, str):
         return parse_bandwidth(value, f"{fn}: bandwidth")
-    return _positive(fn, "bandwidth", value)
+    return checks.positive(fn, "bandwidth", value)
 
 
 def _latency(fn: str, value) -> float:
     """Seconds from a number or a text with a unit ('5ms')."""
     if isinstance(value, str):
         return parse_latency(value, f"{fn}: latency")
-    return _finite(fn, "latency", value, low=0.0)
+    return checks.finite(fn, "latency", value, low=0.0)
 
 
-# ---------------------------------------------------------------------------
-# Bases: the mean compute time of each worker before modifiers.
-# ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Seconds:
-    seconds: tuple[float, ...]  # [W] mean seconds per iteration
-
-    def describe(self) -> str:
-        if all(s == 1.0 for s in self.seconds):
-            return str(len(self.seconds))
-        items = []
-        i = 0
-        while i < len(self.seconds):
-            j = i
-            while j + 1 < len(self.seconds) and self.seconds[j + 1] == self.seconds[i]:
-                j += 1
-            n = j - i + 1
-            items.append(_fmt(self.seconds[i]) + (f"*{n}" if n > 1 else ""))
-            i = j + 1
-        text = ",".join(items)
-        if len(items) == 1 and "*" not in text and "." not in text and "e" not in text:
-            text += "*1"  # "3" alone would read back as constant(3)
-        return text
-
-    def layer(self) -> layers.Layer:
-        return layers.base_layer(self.seconds)
-
-
-@dataclass(frozen=True)
-class _Gpus:
-    names: tuple[str, ...]  # [W] preset names
-    seconds: float  # seconds per iteration of the reference GPU (gtx1080ti)
-
-    @property
-    def per_worker(self) -> tuple[float, ...]:
-        return tuple(self.seconds / PRESETS[n] for n in self.names)
-
-    def describe(self) -> str:
-        items = []
-        i = 0
-        while i < len(self.names):
-            j = i
-            while j + 1 < len(self.names) and self.names[j + 1] == self.names[i]:
-                j += 1
-            n = j - i + 1
-            items.append(self.names[i] + (f"*{n}" if n > 1 else ""))
-            i = j + 1
-        text = ",".join(items)
-        return text if self.seconds == 1.0 else f"{text}@{_fmt(self.seconds)}"
-
-    def layer(self) -> layers.Layer:
-        return layers.base_layer(self.per_worker)
-
-
-@dataclass(frozen=True)
-class _Trace:
-    path: str
-    seconds: tuple[tuple[float, ...], ...]  # [W][n_w] compute seconds by iteration
-
-    def describe(self) -> str:
-        return f"trace:{self.path}"
-
-    def layer(self) -> layers.Layer:
-        return layers.base_layer(traces=self.seconds)
-
-
-# ---------------------------------------------------------------------------
-# Modifiers
-# ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Jitter:
-    sigma: float
-
-    def describe(self) -> str:
-        return f"jitter={_fmt(self.sigma)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.jitter(inner, seed, stream, self.sigma)
-
-
-@dataclass(frozen=True)
-class _Stragglers:
-    prob: float
-    slowdown: float
-    duration: float
-    workers: tuple[int, ...] | None
-
-    def describe(self) -> str:
-        text = f"stragglers={_fmt(self.prob)}:{_fmt(self.slowdown)}:{_fmt(self.duration)}"
-        return text if self.workers is None else f"{text}:{_fmt_workers(self.workers)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.stragglers(inner, seed, stream, self.prob, self.slowdown, self.duration, self.workers)
-
-
-@dataclass(frozen=True)
-class _Periodic:
-    period: float
-    duration: float
-    slowdown: float
-    workers: tuple[int, ...] | None
-    phase: float
-
-    def describe(self) -> str:
-        text = f"periodic={_fmt(self.period)}:{_fmt(self.duration)}:{_fmt(self.slowdown)}"
-        if self.workers is None and self.phase == 0.0:
-            return text
-        text += ":" + ("all" if self.workers is None else _fmt_workers(self.workers))
-        return text if self.phase == 0.0 else f"{text}:{_fmt(self.phase)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.periodic(inner, self.period, self.duration, self.slowdown, self.phase, self.workers)
-
-
-@dataclass(frozen=True)
-class _Network:
-    push: float
-    pull: float
-    jitter: float
-
-    def describe(self) -> str:
-        text = f"network={_fmt(self.push)}:{_fmt(self.pull)}"
-        return text if self.jitter == 0.0 else f"{text}:{_fmt(self.jitter)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.latency(inner, seed, stream, self.push, self.pull, self.jitter)
-
-
-@dataclass(frozen=True)
-class _Links:
-    bandwidth: float  # bytes per second of each selected worker's link
-    latency: float  # seconds added to each push and pull of those workers
-    workers: tuple[int, ...] | None
-
-    def describe(self) -> str:
-        text = f"net={format_bandwidth(self.bandwidth)}"
-        if self.latency != 0.0 or self.workers is not None:
-            text += f":{format_latency(self.latency)}"
-        return text if self.workers is None else f"{text}:{_fmt_workers(self.workers)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.links(inner, self.bandwidth, self.latency, self.workers)
-
-
-@dataclass(frozen=True)
-class _Server:
-    bandwidth: float  # bytes per second, shared by every concurrent push and pull
-    latency: float  # seconds added to each push and pull
-
-    def describe(self) -> str:
-        text = f"server={format_bandwidth(self.bandwidth)}"
-        return text if self.latency == 0.0 else f"{text}:{format_latency(self.latency)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.server(inner, self.bandwidth, self.latency)
-
-
-@dataclass(frozen=True)
-class _AllReduce:
-    algorithm: str  # 'ring' or 'tree'
-    bandwidth: float  # bytes per second of each link of the collective
-    latency: float  # seconds per step of the collective
-
-    def describe(self) -> str:
-        text = f"allreduce={self.algorithm}:{format_bandwidth(self.bandwidth)}"
-        return text if self.latency == 0.0 else f"{text}:{format_latency(self.latency)}"
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.allreduce(inner, self.algorithm, self.bandwidth, self.latency)
-
-
-@dataclass(frozen=True)
-class _Failures:
-    events: tuple[tuple[int, float, float | None], ...]  # (worker, fail_at, rejoin_at)
-
-    def describe(self) -> str:
-        parts = []
-        for w, f, r in self.events:
-            parts.append(f"{w}@{_fmt(f)}" + ("" if r is None else f"-{_fmt(r)}"))
-        return "fail=" + ",".join(parts)
-
-    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
-        return layers.failures(inner, self.events)
-
-
-# ---------------------------------------------------------------------------
-# Cluster
-# ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Cluster:
     """An immutable speed model of ``num_workers`` workers.
@@ -251,17 +68,18 @@ class Cluster:
 
     Attributes:
       num_workers: number of workers (>= 1).
-      base: the per-worker mean speeds (internal representation).
-      modifiers: the stacked modifiers, oldest first (internal representation).
+      base: the per-worker mean speeds: a :class:`~staleness.cluster.bases.Seconds`,
+        :class:`~staleness.cluster.bases.Gpus` or :class:`~staleness.cluster.bases.Trace`.
+      modifiers: the stacked modifiers (:mod:`staleness.cluster.modifiers`), oldest first.
     """
 
     num_workers: int
-    base: _Seconds | _Gpus | _Trace
+    base: Seconds | Gpus | Trace
     modifiers: tuple = ()
 
     def __post_init__(self):
-        n = {_Seconds: lambda b: len(b.seconds), _Gpus: lambda b: len(b.names),
-             _Trace: lambda b: len(b.seconds)}[type(self.base)](self.base)
+        n = {Seconds: lambda b: len(b.seconds), Gpus: lambda b: len(b.names),
+             Trace: lambda b: len(b.seconds)}[type(self.base)](self.base)
         if n != self.num_workers or n < 1:
             raise ValueError(f"Cluster: num_workers = {self.num_workers!r} does not match "
                              f"the {n} workers of its base")
@@ -271,9 +89,9 @@ class Cluster:
     def mean_seconds(self) -> tuple[float, ...]:
         """Mean compute seconds per iteration of each worker, before modifiers."""
         b = self.base
-        if isinstance(b, _Seconds):
+        if isinstance(b, Seconds):
             return b.seconds
-        if isinstance(b, _Gpus):
+        if isinstance(b, Gpus):
             return b.per_worker
         return tuple(math.fsum(t) / len(t) for t in b.seconds)
 
@@ -301,8 +119,8 @@ class Cluster:
             0 <= sigma <= 5); the factor is exp(N(-sigma^2/2, sigma^2)), so its
             mean is exactly 1 and the mean compute time is unchanged.
         """
-        s = _finite("jitter", "sigma", sigma, low=0.0, high=_MAX_SIGMA)
-        return self._add(_Jitter(s))
+        s = checks.finite("jitter", "sigma", sigma, low=0.0, high=_MAX_SIGMA)
+        return self._add(Jitter(s))
 
     def stragglers(self, prob: float, slowdown: float, duration: float,
                    workers: Sequence[int] | None = None) -> Cluster:
@@ -321,10 +139,10 @@ class Cluster:
           workers: worker ids affected (default: all).
         """
         fn = "stragglers"
-        p = _finite(fn, "prob", prob, low=0.0, high=1.0)
-        s = _finite(fn, "slowdown", slowdown, low=1.0)
-        d = _positive(fn, "duration", duration)
-        return self._add(_Stragglers(p, s, d, _workers(fn, workers, self.num_workers)))
+        p = checks.finite(fn, "prob", prob, low=0.0, high=1.0)
+        s = checks.finite(fn, "slowdown", slowdown, low=1.0)
+        d = checks.positive(fn, "duration", duration)
+        return self._add(Stragglers(p, s, d, checks.worker_ids(fn, workers, self.num_workers)))
 
     def periodic(self, period: float, duration: float, slowdown: float,
                  workers: Sequence[int] | None = None, phase: float = 0.0) -> Cluster:
@@ -341,11 +159,11 @@ class Cluster:
           phase: start of the window k = 0, in seconds (any finite number).
         """
         fn = "periodic"
-        p = _positive(fn, "period", period)
-        d = _finite(fn, "duration", duration, low=0.0, low_ok=False, high=p)
-        s = _finite(fn, "slowdown", slowdown, low=1.0)
-        ph = _finite(fn, "phase", phase)
-        return self._add(_Periodic(p, d, s, _workers(fn, workers, self.num_workers), ph))
+        p = checks.positive(fn, "period", period)
+        d = checks.finite(fn, "duration", duration, low=0.0, low_ok=False, high=p)
+        s = checks.finite(fn, "slowdown", slowdown, low=1.0)
+        ph = checks.finite(fn, "phase", phase)
+        return self._add(Periodic(p, d, s, checks.worker_ids(fn, workers, self.num_workers), ph))
 
     def network(self, push: float = 0.0, pull: float = 0.0, jitter: float = 0.0) -> Cluster:
         """Network latency for every worker: a latency-only link (no bandwidth limit).
@@ -359,9 +177,9 @@ class Cluster:
         :meth:`server`) add up.
         """
         fn = "network"
-        return self._add(_Network(_finite(fn, "push", push, low=0.0),
-                                  _finite(fn, "pull", pull, low=0.0),
-                                  _finite(fn, "jitter", jitter, low=0.0, high=_MAX_SIGMA)))
+        return self._add(Network(checks.finite(fn, "push", push, low=0.0),
+                                 checks.finite(fn, "pull", pull, low=0.0),
+                                 checks.finite(fn, "jitter", jitter, low=0.0, high=_MAX_SIGMA)))
 
     def links(self, bandwidth: float | str, latency: float | str = 0.0,
               workers: Sequence[int] | None = None) -> Cluster:
@@ -379,8 +197,8 @@ class Cluster:
         latencies and the :meth:`server` link).
         """
         fn = "links"
-        return self._add(_Links(_bandwidth(fn, bandwidth), _latency(fn, latency),
-                                _workers(fn, workers, self.num_workers)))
+        return self._add(Links(_bandwidth(fn, bandwidth), _latency(fn, latency),
+                               checks.worker_ids(fn, workers, self.num_workers)))
 
     def server(self, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
         """The parameter server's link, shared by every concurrent push and pull.
@@ -394,9 +212,9 @@ class Cluster:
           latency: seconds (>= 0, or a text such as '1ms') added to every push and pull.
         """
         fn = "server"
-        if any(isinstance(m, _Server) for m in self.modifiers):
+        if any(isinstance(m, Server) for m in self.modifiers):
             raise ValueError(f"{fn}: this cluster already has a server link; give one server() only")
-        return self._add(_Server(_bandwidth(fn, bandwidth), _latency(fn, latency)))
+        return self._add(Server(_bandwidth(fn, bandwidth), _latency(fn, latency)))
 
     def allreduce(self, algorithm: str, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
         """Synchronous rounds aggregate with an all-reduce instead of the server.
@@ -417,9 +235,9 @@ class Cluster:
         fn = "allreduce"
         if algorithm not in ALGORITHMS:
             raise ValueError(f"{fn}: algorithm = {algorithm!r} must be one of {', '.join(ALGORITHMS)}")
-        if any(isinstance(m, _AllReduce) for m in self.modifiers):
+        if any(isinstance(m, AllReduce) for m in self.modifiers):
             raise ValueError(f"{fn}: this cluster already has an all-reduce model; give one allreduce() only")
-        return self._add(_AllReduce(algorithm, _bandwidth(fn, bandwidth), _latency(fn, latency)))
+        return self._add(AllReduce(algorithm, _bandwidth(fn, bandwidth), _latency(fn, latency)))
 
     def failures(self, events: Iterable[tuple[int, float, float | None]]) -> Cluster:
         """Workers that fail and possibly rejoin.
@@ -443,19 +261,11 @@ class Cluster:
             except (TypeError, ValueError):
                 raise ValueError(f"{fn}: events[{k}] = {ev!r} must be a tuple "
                                  f"(worker, fail_at, rejoin_at_or_None)") from None
-            try:
-                if isinstance(w, bool):
-                    raise TypeError
-                wi = operator.index(w)
-            except TypeError:
-                wi = None
-            if wi is None or not 0 <= wi < self.num_workers:
-                raise ValueError(f"{fn}: events[{k}] worker = {w!r} is not a worker id; "
-                                 f"valid ids are 0..{self.num_workers - 1}")
-            fa = _finite(fn, f"events[{k}] fail_at", f, low=0.0)
+            wi = checks.worker_id(fn, f"events[{k}] worker", w, self.num_workers)
+            fa = checks.finite(fn, f"events[{k}] fail_at", f, low=0.0)
             ra = None
             if r is not None:
-                ra = _finite(fn, f"events[{k}] rejoin_at", r)
+                ra = checks.finite(fn, f"events[{k}] rejoin_at", r)
                 if ra <= fa:
                     raise ValueError(f"{fn}: events[{k}] rejoin_at = {r!r} must be > "
                                      f"fail_at = {f!r} (or None: never rejoins)")
@@ -464,7 +274,7 @@ class Cluster:
             raise ValueError(f"{fn}: events is empty; give at least one "
                              f"(worker, fail_at, rejoin_at_or_None)")
         # Overlap check over this call's events and every earlier failures().
-        old = [e for m in self.modifiers if isinstance(m, _Failures) for e in m.events]
+        old = [e for m in self.modifiers if isinstance(m, Failures) for e in m.events]
         by_worker: dict[int, list] = {}
         for e in old + new:
             by_worker.setdefault(e[0], []).append(e)
@@ -475,10 +285,10 @@ class Cluster:
                 if b[1] < end:
                     raise ValueError(
                         f"{fn}: worker {w} has overlapping down intervals "
-                        f"[{_fmt(a[1])}, {'never' if a[2] is None else _fmt(a[2])}) and "
-                        f"[{_fmt(b[1])}, {'never' if b[2] is None else _fmt(b[2])}); "
+                        f"[{format_number(a[1])}, {'never' if a[2] is None else format_number(a[2])}) and "
+                        f"[{format_number(b[1])}, {'never' if b[2] is None else format_number(b[2])}); "
                         f"a worker must rejoin before it can fail again")
-        return self._add(_Failures(tuple(new)))
+        return self._add(Failures(tuple(new)))
 
     # -- sampling -----------------------------------------------------------
     def sampler(self, seed: int) -> ClusterSampler:
@@ -487,7 +297,7 @@ class Cluster:
         Args:
           seed: integer >= 0; same seed gives identical times.
         """
-        return ClusterSampler(self, _int("Cluster.sampler", "seed", seed))
+        return ClusterSampler(self, checks.integer("Cluster.sampler", "seed", seed))
 
 
 # ---------------------------------------------------------------------------
@@ -495,9 +305,9 @@ class Cluster:
 # ---------------------------------------------------------------------------
 def constant(num_workers: int, seconds: float = 1.0) -> Cluster:
     """``num_workers`` identical workers taking ``seconds`` (> 0) per iteration."""
-    n = _int("constant", "num_workers", num_workers, low=1)
-    s = _positive("constant", "seconds", seconds)
-    return Cluster(n, _Seconds((s,) * n))
+    n = checks.integer("constant", "num_workers", num_workers, low=1)
+    s = checks.positive("constant", "seconds", seconds)
+    return Cluster(n, Seconds((s,) * n))
 
 
 def heterogeneous(seconds: Sequence[float]) -> Cluster:
@@ -508,8 +318,8 @@ def heterogeneous(seconds: Sequence[float]) -> Cluster:
     vals = list(seconds)
     if not vals:
         raise ValueError(f"{fn}: seconds is empty; need at least one worker")
-    return Cluster(len(vals), _Seconds(tuple(
-        _positive(fn, f"seconds[{k}]", v) for k, v in enumerate(vals))))
+    return Cluster(len(vals), Seconds(tuple(
+        checks.positive(fn, f"seconds[{k}]", v) for k, v in enumerate(vals))))
 
 
 def gpus(names: Sequence[str], seconds: float = 1.0) -> Cluster:
@@ -532,7 +342,7 @@ def gpus(names: Sequence[str], seconds: float = 1.0) -> Cluster:
             raise ValueError(f"{fn}: names[{k}] = {n!r} is not a known GPU; "
                              f"known: {', '.join(sorted(PRESETS))}")
         out.append(key)
-    return Cluster(len(out), _Gpus(tuple(out), _positive(fn, "seconds", seconds)))
+    return Cluster(len(out), Gpus(tuple(out), checks.positive(fn, "seconds", seconds)))
 
 
 def default() -> Cluster:

@@ -33,6 +33,8 @@ import heapq
 import math
 import re
 
+from staleness.checks import format_number
+
 __all__ = ["allreduce_time", "parse_bandwidth", "parse_latency", "format_bandwidth",
            "format_latency", "SharedLink", "ALGORITHMS"]
 
@@ -46,11 +48,6 @@ _LAT_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}   # divisors: seconds = value / di
 _NUM = r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _BW_RE = re.compile(rf"^\s*({_NUM})\s*([a-zA-Z/]+)\s*$")
 _LAT_RE = re.compile(rf"^\s*({_NUM})\s*([a-zA-Z]*)\s*$")
-
-
-def _fmt(x: float) -> str:
-    r = repr(float(x)).replace("e+", "e")  # '+' separates modifiers in a spec
-    return r[:-2] if r.endswith(".0") else r
 
 
 def _from_unit(value: float, unit: str) -> float | None:
@@ -98,12 +95,12 @@ def format_bandwidth(bytes_per_s: float) -> str:
     bits = bytes_per_s * 8.0
     exact = []
     for unit in ("tbps", "gbps", "mbps", "kbps", "bps"):
-        text = _fmt(bits / _BIT_UNITS[unit])
+        text = format_number(bits / _BIT_UNITS[unit])
         if _from_unit(float(text), unit) == bytes_per_s:
             if float(text) >= 1.0:
                 return text + unit
             exact.append(text + unit)
-    return min(exact, key=len) if exact else _fmt(bits) + "bps"
+    return min(exact, key=len) if exact else format_number(bits) + "bps"
 
 
 def format_latency(seconds: float) -> str:
@@ -117,12 +114,12 @@ def format_latency(seconds: float) -> str:
         return "0"
     exact = []
     for unit, div in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
-        text = _fmt(seconds * div)
+        text = format_number(seconds * div)
         if float(text) / div == seconds:
             if float(text) >= 1.0:
                 return text + unit
             exact.append(text + unit)
-    return min(exact, key=len) if exact else _fmt(seconds) + "s"
+    return min(exact, key=len) if exact else format_number(seconds) + "s"
 
 
 def allreduce_time(algorithm: str, nbytes: float, participants: int, bandwidth: float,

@@ -6,7 +6,8 @@ import csv
 import math
 import os
 
-from staleness.cluster.model import Cluster, _Trace
+from staleness.cluster.bases import Trace
+from staleness.cluster.model import Cluster
 
 __all__ = ["from_trace_csv"]
 
@@ -82,5 +83,5 @@ def from_trace_csv(path: str | os.PathLike) -> Cluster:
             raise ValueError(f"{fn}: {p!r} worker {w} lacks iteration {gap}; each "
                              f"worker's iterations must be 0..n-1")
         traces.append(tuple(d[i] for i in range(n)))
-    return Cluster(W, _Trace(p, tuple(traces)))
+    return Cluster(W, Trace(p, tuple(traces)))
 
