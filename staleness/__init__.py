@@ -40,6 +40,11 @@ _LAZY = {
 }
 
 
+def __dir__():
+    """The public names, the lazily loaded ones included."""
+    return sorted([*__all__, "__version__"])
+
+
 def __getattr__(name):
     if name in _LAZY:
         import importlib

@@ -342,13 +342,13 @@ def _check_metric(results: list, metric: str, fn: str) -> None:
         if metric not in r.history:
             raise ValueError(
                 f"{fn}: metric = {metric!r} is not in the history of run "
-                f"{r.config.get('policy', r.schedule.policy)!r}; available columns: {list(r.history.columns)}"
+                f"{r.config.get('policy', r.schedule.policy.describe())!r}; available columns: {list(r.history.columns)}"
             )
 
 
 def _config(item) -> dict:
     s = _schedule(item)
-    base = {"policy": s.policy, "cluster": s.cluster, "workers": s.num_workers}
+    base = {"policy": s.policy.describe(), "cluster": s.cluster, "workers": s.num_workers}
     return {**base, **item.config} if isinstance(item, Result) else base
 
 

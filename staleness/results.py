@@ -180,7 +180,7 @@ class Result:
 
     def summary(self, target: float | None = None, metric: str = "accuracy") -> dict:
         """Schedule statistics plus final metrics (and time to `target`)."""
-        out = {"policy": self.config.get("policy", self.schedule.policy)}
+        out = {"policy": self.config.get("policy", self.schedule.policy.describe())}
         s = self.schedule.summary()
         for k in ("updates", "sim_time_s", "updates_per_s", "staleness_mean", "staleness_max",
                   "wait_fraction_mean", "dropped", "lost"):

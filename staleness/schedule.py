@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from staleness import files
+from staleness import policies as _policies
 
 __all__ = ["Schedule", "NOT_APPLIED", "FORMAT_VERSION", "FileFormatError"]
 
@@ -56,7 +57,7 @@ class Schedule:
     columns: dict[str, np.ndarray]       # see _COLUMNS
     update_time: np.ndarray              # [U] seconds at which update u (version u -> u+1) was applied
     num_workers: int
-    policy: str                          # policy spec, e.g. "ssp:3"
+    policy: Any                          # the staleness.policies.Policy that made it (a spec string is parsed)
     cluster: str = ""                    # cluster description
     seed: int | None = None
     rstar: tuple[tuple[float, int, int], ...] = ()   # DSSP (time, worker, r*) of each controller call
@@ -64,6 +65,8 @@ class Schedule:
     meta: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        if not isinstance(self.policy, _policies.Policy):   # its spec: the policy it names, as a value
+            object.__setattr__(self, "policy", _policies.recorded(self.policy))
         missing = [c for c in _COLUMNS if c not in self.columns and c not in _OPTIONAL]
         if missing:
             raise ValueError(f"Schedule: columns missing {missing}")
@@ -218,7 +221,7 @@ class Schedule:
         wf = self.wait_fraction()
         per_update = np.bincount(self.columns["apply_version"][self.applied], minlength=self.num_updates)
         out = {
-            "policy": self.policy,
+            "policy": self.policy.describe(),
             "cluster": self.cluster,
             "workers": self.num_workers,
             "updates": self.num_updates,
@@ -250,7 +253,7 @@ class Schedule:
         return {
             "format_version": FORMAT_VERSION,
             "num_workers": self.num_workers,
-            "policy": self.policy,
+            "policy": self.policy.describe(),
             "cluster": self.cluster,
             "seed": self.seed,
             "end_time": self.end_time,

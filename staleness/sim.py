@@ -45,7 +45,7 @@ Streaming DiLoCo with an overlap of τ inner steps (`streaming_diloco(...,
 overlap=τ)`) is credited whatever the cluster: a worker runs on for τ steps
 after each sync while its fragment is in flight, so an iteration whose
 parameters arrive at `start` ends at max(start + (H/P − τ)·t, previous end +
-(H/P)·t) for a step time t (`_overlapped_steps`).
+(H/P)·t) for a step time t (`policies.Streaming.timing`).
 
 Why a bare `heapq` loop rather than SimPy: one heap entry per gradient (the
 push arrival) plus one per membership change, and no generator switching;
@@ -156,17 +156,10 @@ def simulate_schedule(
     sampler = cluster.sampler(int(seed))
     driver = Driver(policy, lam, 0.0)
     steps = policy.work.steps_per_worker(cluster.mean_seconds)
-    forget = None
-    if steps is None:
-        compute_time = sampler.compute_time
-    elif isinstance(policy.work, _policies.Streaming) and policy.work.overlap > 0:
-        compute_time, forget = _overlapped_steps(sampler.compute_time, steps, policy.work.overlap, lam)
-    else:  # a local-update method: an iteration is steps[w] inner steps, each the cluster's step time
-        def compute_time(w, it, start, _one=sampler.compute_time, _steps=steps):
-            return _steps[w] * _one(w, it, start)
+    compute_time, forget = policy.work.timing(sampler.compute_time, steps, lam)
 
     nbytes = None if pull_b is None else (pull_b, pull_b if push_b is None else push_b)
-    collective = sampler.allreduce is not None and isinstance(policy.aggregation, _policies.AllLive)
+    collective = sampler.allreduce is not None and policy.aggregation.all_live
     shared = sampler.server is not None and nbytes is not None and nbytes != (0, 0)
     if collective or shared:
         now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
@@ -179,38 +172,8 @@ def simulate_schedule(
         meta["network"] = {"payload_bytes": nbytes[0] if nbytes else None,
                            "push_bytes": nbytes[1] if nbytes else None, "overlap": overlap,
                            "aggregation": "allreduce" if collective else ("server" if shared else "links")}
-    return driver.to_schedule(policy=policy.describe(), cluster=cluster.describe(), seed=int(seed),
+    return driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
                               end_time=float(now), meta=meta)
-
-
-def _overlapped_steps(one, steps, tau: int, lam: int):
-    """(compute_time, forget) of Streaming DiLoCo with an overlap of `tau` inner steps.
-
-    A worker does not stop at a synchronization: it runs on for τ inner steps
-    while its fragment is in flight and merges the outer update after them.
-    So the τ steps after iteration k's end overlap whatever comes before
-    iteration k+1's parameters arrive (the push, the aggregation, the wait for
-    the round's other workers, the pull). Iteration k+1, whose parameters
-    arrive at `start`, ends at max(start + (H/P − τ)·t, end_k + (H/P)·t) for a
-    step time t: the communication is hidden up to τ steps and the steps
-    themselves still take their time. The first iteration, and the first after
-    a worker (re)joins, has nothing to overlap. `forget(w)` is called when
-    worker w fails.
-    """
-    last: list = [None] * lam   # [λ] (iteration, end seconds) of each worker's last computation
-
-    def compute_time(w, it, start):
-        t = one(w, it, start)
-        full = steps[w] * t
-        prev = last[w]
-        if prev is not None and prev[0] == it - 1 and start > prev[1]:
-            full = max(full - tau * t, prev[1] + full - start)
-        last[w] = (it, start + full)
-        return full
-
-    def forget(w):
-        last[w] = None
-    return compute_time, forget
 
 
 def _byte_seconds(nbytes: int, bandwidth) -> list[float]:

@@ -8,7 +8,7 @@ import math
 import sys
 import time
 
-from staleness import files
+from staleness import files, policies
 from staleness.cli.common import UsageError, check_out, count, natural, nonnegative, positive, print_table
 
 __all__ = ["add"]
@@ -21,9 +21,7 @@ COLLECTIVE_TOLERANCE = 1e-6   # replay --check of a collective run: float32 roun
 _RUN_OPTIONS = [
     ("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp) or package.module:factory "
      "(a function on the Python path returning a Task)"),
-    ("--policy", "policy", str, "ssp:3",
-     "policy spec: bsp, asp, ssp:S, dssp:S:R, softsync:N, backup:B, local_sgd:H, diloco:H, async_diloco:H, "
-     "streaming_diloco:H (default ssp:3)"),
+    ("--policy", "policy", str, "ssp:3", f"policy spec (default ssp:3): {policies.spec_help()}"),
     ("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
      "injected, e.g. '1*4,2.6*4' (default: none; workers run at the hardware's speed)"),
     ("--workers", "workers", count, None, "number of workers (default: the cluster's, else one per device)"),
@@ -144,27 +142,25 @@ def _multiprocess(args) -> bool:
     return all(given)
 
 
-def _settle_lr(args) -> None:
+def _settle_lr(args, policy) -> None:
     """As `simulate`'s: --lr, else the optimizer's own, else the CLI's default for a
     built-in task trained with plain sgd (the task itself is built later, in the
     runtime, after jax.distributed starts)."""
-    from staleness import policies
     from staleness.cli.simulate_cmd import DEFAULT_LR
     from staleness.tasks import registry
 
     plain = args.task in registry.names() and registry.declared_optimizer(args.task) is None
-    if policies.parse(args.policy).local:   # the outer optimizer is the method's; the workers' sgd gets the default
+    if policy.local:   # the outer optimizer is the method's; the workers' sgd gets the default
         if args.inner_optimizer is None and plain:
             args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
     elif args.lr is None and args.optimizer is None and plain:
         args.lr = DEFAULT_LR
 
 
-def _check_sync(args, processes: int) -> None:
+def _check_sync(args, policy, processes: int) -> None:
     """--sync and its conflicts, as one line before JAX starts."""
     from staleness import cluster as _cluster
-    from staleness import policies as _policies
-    from staleness.runtime.spec import FAILURE_MODES, SYNC_MODES, _resolve_sync
+    from staleness.runtime.spec import FAILURE_MODES, SYNC_MODES, resolve_sync
 
     if args.sync is not None and args.sync not in SYNC_MODES:
         raise UsageError(f"--sync = {args.sync!r} must be one of {', '.join(SYNC_MODES)}")
@@ -173,7 +169,7 @@ def _check_sync(args, processes: int) -> None:
                          f"{', '.join(FAILURE_MODES)}")
     cluster = _cluster.parse(args.cluster) if args.cluster is not None else None
     try:
-        _resolve_sync(args.sync, _policies.parse(args.policy), cluster, args.on_worker_failure,
+        resolve_sync(args.sync, policy, cluster, args.on_worker_failure,
                       processes, args.seed)
     except ValueError as e:
         raise UsageError(str(e).replace("sync = ", "--sync = ").replace("on_worker_failure = ",
@@ -200,13 +196,13 @@ def _cmd_run(args) -> int:
     from staleness.cli.simulate_cmd import check_specs
 
     multi = _multiprocess(args)
-    _policies.parse(args.policy)   # specs first: one line before JAX starts
+    policy = _policies.parse(args.policy)   # specs first: one line before JAX starts
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
     _check_checkpoint(args)
-    _check_sync(args, args.num_processes if multi else 1)
-    _settle_lr(args)
+    _check_sync(args, policy, args.num_processes if multi else 1)
+    _settle_lr(args, policy)
     out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
@@ -230,12 +226,12 @@ def _cmd_run(args) -> int:
             if args.server_devices is not None:
                 raise UsageError("--server-devices applies to one-process runs (the multi-process server "
                                  "keeps its state on process 0's first device)")
-            result = st.runtime.run_process(args.task, args.policy, args.cluster, coordinator=args.coordinator,
+            result = st.runtime.run_process(args.task, policy, args.cluster, coordinator=args.coordinator,
                                             num_processes=args.num_processes, process_id=args.process_id,
                                             heartbeat_timeout=args.heartbeat_timeout, **kwargs)
         else:
             _set_cpu_devices(args.cpu_devices)
-            result = st.runtime.run(args.task, args.policy, args.cluster, devices=args.devices,
+            result = st.runtime.run(args.task, policy, args.cluster, devices=args.devices,
                                     server_devices=args.server_devices, **kwargs)
     except (RunFailure, DivergenceError) as e:
         print(f"staleness: error: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -270,15 +266,15 @@ def _cmd_launch(args) -> int:
     from staleness.cli.simulate_cmd import check_specs
     from staleness.tasks import registry
 
-    _policies.parse(args.policy)
+    policy = _policies.parse(args.policy)
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
     _check_checkpoint(args)
-    _check_sync(args, args.local)
+    _check_sync(args, policy, args.local)
     if args.server_devices is not None:
         raise UsageError("--server-devices applies to one-process runs")
-    _settle_lr(args)
+    _settle_lr(args, policy)
     check_out(args)
     if args.task not in registry.names():   # a 'package.module:factory' must import: before any process starts
         registry.factory_of(args.task)

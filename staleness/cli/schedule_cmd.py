@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from staleness import policies
 from staleness.cli.common import count, natural, positive, print_table
 
 __all__ = ["add"]
@@ -17,8 +18,8 @@ def add(sub) -> None:
         "on a cluster, and print staleness and waiting statistics.",
     )
     p.add_argument("--policy", action="append", default=None,
-                   help="policy spec (repeatable): bsp, asp, ssp:S, dssp:S_LOW:R_MAX[:nocap], softsync:N, backup:B "
-                   "(default: bsp, asp, ssp:3, dssp:3:12, softsync:4)")
+                   help="policy spec (repeatable; default: bsp, asp, ssp:3, dssp:3:12, softsync:4): "
+                   + policies.spec_help())
     p.add_argument("--cluster", default=None,
                    help="cluster spec (see staleness.cluster.parse); default: 4 workers at 1.0 s + 4 at 2.6 s")
     p.add_argument("--updates", type=count, default=2000, help="server updates to simulate (default 2000)")

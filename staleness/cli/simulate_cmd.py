@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from staleness import policies
 from staleness.cli.common import UsageError, check_out, count, natural, positive, print_table
 
 __all__ = ["add_simulate", "add_compare"]
@@ -108,7 +109,7 @@ def _budget(args):
 def add_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one policy with real numerics and write a Result",
                        description="Simulate POLICY on a cluster and train a task along the schedule.")
-    p.add_argument("--policy", default="ssp:3", help="policy spec (default ssp:3)")
+    p.add_argument("--policy", default="ssp:3", help=f"policy spec (default ssp:3): {policies.spec_help()}")
     p.add_argument("--seed", type=natural, default=0)
     p.add_argument("--checkpoint", default=None, help="directory to checkpoint into after every evaluation")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
@@ -169,7 +170,8 @@ def add_compare(sub) -> None:
                        "CSV and PNG files. With no arguments: digits-mlp, 8 workers (4 fast, 4 at 1/2.6 speed), "
                        "BSP, ASP, SSP(3), SSP(15), DSSP(3,12), softsync(4).")
     p.add_argument("--policy", action="append", default=None,
-                   help="policy spec (repeatable; default: bsp asp ssp:3 ssp:15 dssp:3:12 softsync:4)")
+                   help="policy spec (repeatable; default: bsp asp ssp:3 ssp:15 dssp:3:12 softsync:4): "
+                   + policies.spec_help())
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--resume", dest="resume_compare", action="store_true",
                    help="continue the comparison in --out: run only what is not done yet")

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from staleness import policies
 from staleness.cli.common import UsageError, check_out, count, natural, positive, print_table
 from staleness.procs import kill_groups
 
@@ -46,8 +47,7 @@ def add(sub) -> None:
                        "(--devices) or processes (--launch-local, --coordinator); write one table row per "
                        "configuration plus every Result.")
     p.add_argument("--policy", action="append", default=None,
-                   help=f"policy spec (repeatable; default {' '.join(DEFAULT_POLICIES)}); local-update methods "
-                   "too, e.g. diloco:10, async_diloco:5:bound=2, streaming_diloco:8:fragments=4")
+                   help=f"policy spec (repeatable; default {' '.join(DEFAULT_POLICIES)}): {policies.spec_help()}")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument("--lr-rules", default="constant",
                    help="comma-separated lr rules: constant, per_gradient, per_update, delay_adaptive:N")
@@ -127,18 +127,13 @@ def _policies(args) -> list:
         pols = out
     if len({p.local for p in pols}) > 1:
         raise UsageError("local-update methods and gradient policies need separate sweeps (their replays differ)")
-    streaming = {p.describe() for p in pols if isinstance(p.work, P.Streaming)}
-    if len(streaming) > 1:
-        raise UsageError(f"streaming_diloco: {', '.join(sorted(streaming))} need one sweep each (H and the fragment "
-                         "settings are compiled into its replay); sweep the other settings (seeds, lr rules, "
-                         "learning rates) within one")
+    compiled = {(type(p.work), p.work.replay_settings()): p for p in pols}
+    if len(compiled) > 1:
+        name = pols[0].describe().split(":")[0]
+        raise UsageError(f"{name}: {', '.join(sorted(p.describe() for p in compiled.values()))} need one sweep each "
+                         f"({pols[0].work.compiled_what} are compiled into its replay); sweep the other settings "
+                         "(seeds, lr rules, learning rates) within one")
     return list(dict.fromkeys(pols))
-
-
-def _policy_work(spec: str):
-    from staleness import policies as P
-
-    return P.parse(spec).work
 
 
 def _check(args):
@@ -270,8 +265,7 @@ def _table(results, args):
         c = r.config
         row = {"config": i, "policy": c["policy"], "seed": c["seed"], "lr_rule": c["lr_rule"], "lr": c["lr"]}
         if "local_steps" in c:   # H (Streaming DiLoCo's iterations are H / fragments steps)
-            work = _policy_work(c["policy"])
-            row["local_steps"] = max(c["local_steps"]) * getattr(work, "fragments", 1)
+            row["local_steps"] = max(c["local_steps"]) * r.schedule.policy.work.iterations_per_sync
         row.update({k: v for k, v in r.summary(target, metric).items() if k not in row})
         row["divergence"] = c.get("divergence", "")
         rows.append({**{k: row[k] for k in order}, **{k: v for k, v in row.items() if k not in order}})

@@ -108,8 +108,12 @@ class Cluster:
         return f"staleness.cluster.parse({self.describe()!r})"
 
     # -- composition --------------------------------------------------------
-    def _add(self, mod) -> Cluster:
-        return dataclasses.replace(self, modifiers=self.modifiers + (mod,))
+    def with_modifier(self, modifier) -> Cluster:
+        """This cluster with `modifier` on top of its stack: any frozen value with
+        `describe()` (its text in the spec grammar) and `wrap(inner, seed, stream)`
+        returning a `staleness.cluster.layers.Layer` (see `staleness.cluster.modifiers`;
+        a new kind of layer is one such class)."""
+        return dataclasses.replace(self, modifiers=self.modifiers + (modifier,))
 
     def jitter(self, sigma: float) -> Cluster:
         """Multiply every compute time by lognormal noise of mean 1.
@@ -120,7 +124,7 @@ class Cluster:
             mean is exactly 1 and the mean compute time is unchanged.
         """
         s = checks.finite("jitter", "sigma", sigma, low=0.0, high=_MAX_SIGMA)
-        return self._add(Jitter(s))
+        return self.with_modifier(Jitter(s))
 
     def stragglers(self, prob: float, slowdown: float, duration: float,
                    workers: Sequence[int] | None = None) -> Cluster:
@@ -142,7 +146,7 @@ class Cluster:
         p = checks.finite(fn, "prob", prob, low=0.0, high=1.0)
         s = checks.finite(fn, "slowdown", slowdown, low=1.0)
         d = checks.positive(fn, "duration", duration)
-        return self._add(Stragglers(p, s, d, checks.worker_ids(fn, workers, self.num_workers)))
+        return self.with_modifier(Stragglers(p, s, d, checks.worker_ids(fn, workers, self.num_workers)))
 
     def periodic(self, period: float, duration: float, slowdown: float,
                  workers: Sequence[int] | None = None, phase: float = 0.0) -> Cluster:
@@ -163,7 +167,7 @@ class Cluster:
         d = checks.finite(fn, "duration", duration, low=0.0, low_ok=False, high=p)
         s = checks.finite(fn, "slowdown", slowdown, low=1.0)
         ph = checks.finite(fn, "phase", phase)
-        return self._add(Periodic(p, d, s, checks.worker_ids(fn, workers, self.num_workers), ph))
+        return self.with_modifier(Periodic(p, d, s, checks.worker_ids(fn, workers, self.num_workers), ph))
 
     def network(self, push: float = 0.0, pull: float = 0.0, jitter: float = 0.0) -> Cluster:
         """Network latency for every worker: a latency-only link (no bandwidth limit).
@@ -177,7 +181,7 @@ class Cluster:
         :meth:`server`) add up.
         """
         fn = "network"
-        return self._add(Network(checks.finite(fn, "push", push, low=0.0),
+        return self.with_modifier(Network(checks.finite(fn, "push", push, low=0.0),
                                  checks.finite(fn, "pull", pull, low=0.0),
                                  checks.finite(fn, "jitter", jitter, low=0.0, high=_MAX_SIGMA)))
 
@@ -197,7 +201,7 @@ class Cluster:
         latencies and the :meth:`server` link).
         """
         fn = "links"
-        return self._add(Links(_bandwidth(fn, bandwidth), _latency(fn, latency),
+        return self.with_modifier(Links(_bandwidth(fn, bandwidth), _latency(fn, latency),
                                checks.worker_ids(fn, workers, self.num_workers)))
 
     def server(self, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
@@ -214,7 +218,7 @@ class Cluster:
         fn = "server"
         if any(isinstance(m, Server) for m in self.modifiers):
             raise ValueError(f"{fn}: this cluster already has a server link; give one server() only")
-        return self._add(Server(_bandwidth(fn, bandwidth), _latency(fn, latency)))
+        return self.with_modifier(Server(_bandwidth(fn, bandwidth), _latency(fn, latency)))
 
     def allreduce(self, algorithm: str, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
         """Synchronous rounds aggregate with an all-reduce instead of the server.
@@ -237,7 +241,7 @@ class Cluster:
             raise ValueError(f"{fn}: algorithm = {algorithm!r} must be one of {', '.join(ALGORITHMS)}")
         if any(isinstance(m, AllReduce) for m in self.modifiers):
             raise ValueError(f"{fn}: this cluster already has an all-reduce model; give one allreduce() only")
-        return self._add(AllReduce(algorithm, _bandwidth(fn, bandwidth), _latency(fn, latency)))
+        return self.with_modifier(AllReduce(algorithm, _bandwidth(fn, bandwidth), _latency(fn, latency)))
 
     def failures(self, events: Iterable[tuple[int, float, float | None]]) -> Cluster:
         """Workers that fail and possibly rejoin.
@@ -288,7 +292,7 @@ class Cluster:
                         f"[{format_number(a[1])}, {'never' if a[2] is None else format_number(a[2])}) and "
                         f"[{format_number(b[1])}, {'never' if b[2] is None else format_number(b[2])}); "
                         f"a worker must rejoin before it can fail again")
-        return self._add(Failures(tuple(new)))
+        return self.with_modifier(Failures(tuple(new)))
 
     # -- sampling -----------------------------------------------------------
     def sampler(self, seed: int) -> ClusterSampler:

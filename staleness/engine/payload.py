@@ -27,8 +27,6 @@ import math
 import jax
 import numpy as np
 
-from staleness import policies as _policies
-from staleness.engine import local as _local
 
 __all__ = ["tree_bytes", "quantized_bytes", "payload_bytes"]
 
@@ -68,13 +66,4 @@ def payload_bytes(task, policy) -> tuple[int, int]:
       policy: a `staleness.policies.Policy`.
     Returns: integers >= 0, for `simulate_schedule(payload_bytes=, push_bytes=)`.
     """
-    shapes = jax.eval_shape(task.init_fn, jax.random.key(0))
-    work = policy.work
-    if isinstance(work, _policies.Streaming):
-        frags = _local.fragment_keys(shapes, work.fragments)
-        full = sum(tree_bytes({k: shapes[k] for k in keys}) for keys in frags)
-        sent = sum(quantized_bytes({k: shapes[k] for k in keys}, work.bits) for keys in frags)
-        p = len(frags)
-        return -(-full // p), -(-sent // p)
-    n = tree_bytes(shapes)
-    return n, n
+    return policy.work.payload_bytes(jax.eval_shape(task.init_fn, jax.random.key(0)))

@@ -17,7 +17,7 @@ import numpy as np
 from staleness import lr as _lr
 from staleness import policies as _policies
 
-__all__ = ["RunSpec", "make_spec", "FAILURE_MODES", "SYNC_MODES", "collective_capable"]
+__all__ = ["RunSpec", "make_spec", "FAILURE_MODES", "SYNC_MODES", "collective_capable", "resolve_sync"]
 
 FAILURE_MODES = ("continue", "stop")
 SYNC_MODES = ("collective", "server")
@@ -27,8 +27,7 @@ def collective_capable(policy) -> bool:
     """Whether `policy` releases every worker at once and averages all of their
     gradients per update (BSP's barrier and aggregation), i.e. one round can be
     one `pmean` over the workers. Decided from the policy object's own parts."""
-    return (not policy.local and type(policy.gate) is _policies.ClockBound and policy.gate.s == 0
-            and type(policy.aggregation) is _policies.AllLive)
+    return policy.collective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +106,7 @@ def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = ""
     return int(value)
 
 
-def _resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int = 0) -> tuple[str, str]:
+def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int = 0) -> tuple[str, str]:
     """(sync, on_worker_failure) of a run: the explicit choice, checked, or the default
     ('collective' for a BSP-like policy unless worker-level fault tolerance was asked
     for (on_worker_failure='continue'), a cluster is given, or the job has several
@@ -142,7 +141,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
               on_worker_failure=None, checkpoint=None, checkpoint_every=None,
               resume=False, inner_optimizer=None, sync=None, processes=1) -> RunSpec:
     """Validate a real run's arguments; see `runtime.run`. processes: the job's
-    process count (several: sync='collective' only when asked for, see `_resolve_sync`)."""
+    process count (several: sync='collective' only when asked for, see `resolve_sync`)."""
     from staleness import cluster as _cluster
     from staleness.engine.run import _check_lr, policy_default, resolve_optimizer, resolve_task
 
@@ -173,7 +172,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     if on_worker_failure is not None and on_worker_failure not in FAILURE_MODES:
         raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES} "
                          "(or None: 'stop' under sync='collective', 'continue' under sync='server')")
-    sync, on_worker_failure = _resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed)
+    sync, on_worker_failure = resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed)
     checkpoint_every = _int("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")

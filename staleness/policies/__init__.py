@@ -1,0 +1,49 @@
+"""Synchronization policies: when a worker may start, when the server updates, what a worker computes.
+
+A policy is one immutable value (`Policy`) of three parts, each a declared
+protocol (in the spirit of optax's transformations: any value with the
+methods will do, and the layers ask it rather than test its type):
+
+- a **gate** (`Gate`, `gates`) decides when a worker may start its next
+  iteration: `Free` (ASP, softsync), `ClockBound(s)` (SSP; BSP's barrier at
+  s = 0), `DynamicBound(s_low, r_max, cap)` (DSSP), `RoundBound()` (backup workers);
+- an **aggregation** (`Aggregation`, `aggregations`) decides which gradients
+  the server keeps and when it applies an update: `EachGradient` (ASP, SSP,
+  DSSP), `AllLive` (BSP), `Count(n)` (Rudra n-softsync), `FirstOfRound(b)`
+  (backup workers);
+- a **work** (`Work`, `work`) says what a worker computes between a pull and a
+  push: `Gradient()`, `LocalSteps(H)` (Local SGD, DiLoCo), `Streaming(...)`
+  (Streaming DiLoCo), and answers every question the simulator, the engine,
+  the network model, the runtime and the CLI ask about it.
+
+    ssp(3)          == Policy(ClockBound(3), EachGradient(), "ssp:3")
+    bsp()           == Policy(ClockBound(0), AllLive(), "bsp")
+
+The driver protocol (`Policy.init/push/fail/join`, module `policy`) is the
+same for the simulator and the runtime. Your own policy is one file: a
+factory returning a `Policy`, named on every command as
+'package.module:factory[:ARGS]' or registered with `register(name, factory)`
+(module `registry`; `parse` turns spec strings into policies).
+"""
+
+from staleness.policies.aggregations import AllLive, Aggregation, Count, EachGradient, FirstOfRound
+from staleness.policies.factories import (asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd, softsync,
+                                          ssp, streaming_diloco)
+from staleness.policies.gates import ClockBound, DynamicBound, Free, Gate, RoundBound, dssp_controller
+from staleness.policies.policy import Policy, Unknown
+from staleness.policies.registry import names, parse, recorded, register, spec_help
+from staleness.policies.state import ClockTable, PushOutcome, SyncState
+from staleness.policies.work import Gradient, LocalSteps, Streaming, Work
+
+__all__ = [
+    "Policy", "PushOutcome", "SyncState", "ClockTable", "Gate", "Aggregation", "Work", "Unknown",
+    "Free", "ClockBound", "DynamicBound", "RoundBound",
+    "EachGradient", "AllLive", "Count", "FirstOfRound", "Gradient", "LocalSteps", "Streaming",
+    "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
+    "streaming_diloco",
+    "dssp_controller", "parse", "register", "names", "spec_help", "recorded",
+]
+
+
+def __dir__():
+    return sorted(__all__)

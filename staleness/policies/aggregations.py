@@ -1,0 +1,119 @@
+"""Aggregations: which gradients the server keeps and when it applies an update.
+
+An aggregation is any value with the methods and the attribute of
+`Aggregation` (a protocol: built-in aggregations share defaults by deriving
+from `EachGradient`, user ones need not):
+
+- `EachGradient`: every gradient is one update, applied on arrival (ASP, SSP, DSSP);
+- `AllLive`: one update per round from every live worker's gradient (BSP);
+- `Count(n)`: Rudra n-softsync, floor(λ/n) gradients from any workers;
+- `FirstOfRound(b)`: backup workers, the first λ − b gradients of a round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Protocol, runtime_checkable
+
+from staleness.policies.state import SyncState
+
+__all__ = ["Aggregation", "EachGradient", "AllLive", "Count", "FirstOfRound"]
+
+
+@runtime_checkable
+class Aggregation(Protocol):
+    """What the driver asks of an aggregation.
+
+    accepts(state, worker, pull_version): keep the gradient (False: it is dropped).
+    due(state): whether the buffered gradients make an update now.
+    size(num_live, num_workers): gradients per update (the engine's slots).
+    validate(num_workers): policy-specific checks (a ValueError naming the parameter).
+    all_live: every live worker's gradient of a round makes one update, so a
+      round can be one all-reduce (the network model's `allreduce`, the
+      runtime's collective rounds).
+    """
+
+    all_live: bool
+
+    def accepts(self, state: SyncState, worker: int, pull_version: int) -> bool: ...
+    def due(self, state: SyncState) -> bool: ...
+    def size(self, num_live: int, num_workers: int) -> int: ...
+    def validate(self, num_workers: int) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EachGradient:
+    """Every gradient is one update, applied on arrival (ASP, SSP, DSSP)."""
+
+    all_live: ClassVar[bool] = False
+
+    def accepts(self, state, worker, pull_version):
+        return True
+
+    def due(self, state):
+        return state.buffered >= 1
+
+    def size(self, num_live, num_workers):
+        return 1
+
+    def validate(self, num_workers):
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class AllLive(EachGradient):
+    """One update per round from every live worker's gradient (BSP). A worker that
+    dies after pushing still counts its gradient; one that dies before pushing is
+    no longer waited for."""
+
+    all_live: ClassVar[bool] = True
+
+    def due(self, state):
+        return state.live_contributors >= state.table.num_live
+
+    def size(self, num_live, num_workers):
+        return num_live
+
+
+@dataclasses.dataclass(frozen=True)
+class Count(EachGradient):
+    """Rudra n-softsync: an update after c = floor(λ/n) gradients from any workers
+    (the same worker may contribute several). n = λ is plain async; n = 1 is not
+    hardsync (no barrier)."""
+
+    n: int = 1
+
+    def due(self, state):
+        return state.buffered >= state.table.num_workers // self.n
+
+    def size(self, num_live, num_workers):
+        return num_workers // self.n
+
+    def validate(self, num_workers):
+        if self.n > num_workers:
+            raise ValueError(
+                f"softsync: n = {self.n} must be <= the number of workers ({num_workers}); "
+                "c = floor(workers / n) gradients per update must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstOfRound(EachGradient):
+    """Synchronous SGD with b backup workers (Chen et al. 2016): round k collects
+    gradients computed on version k; the update fires after the first (live − b);
+    gradients computed on an older version arrive late and are dropped (counted in
+    `SyncState.dropped`)."""
+
+    b: int = 1
+
+    def accepts(self, state, worker, pull_version):
+        return pull_version == state.version
+
+    def due(self, state):
+        return state.buffered >= max(1, state.table.num_live - self.b)
+
+    def size(self, num_live, num_workers):
+        return max(1, num_live - self.b)
+
+    def validate(self, num_workers):
+        if self.b >= num_workers:
+            raise ValueError(f"backup_workers: b = {self.b} must be < the number of workers ({num_workers})")

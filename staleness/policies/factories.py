@@ -1,0 +1,108 @@
+"""The built-in policies: the seeds' parameter-server family and the local-update methods.
+
+    ssp(3)            == Policy(ClockBound(3), EachGradient(), "ssp:3")
+    bsp()             == Policy(ClockBound(0), AllLive(), "bsp")
+    dssp(3, 12)       == Policy(DynamicBound(3, 12), EachGradient(), "dssp:3:12")
+    softsync(4)       == Policy(Free(), Count(4), "softsync:4")
+    backup_workers(1) == Policy(RoundBound(), FirstOfRound(1), "backup:1")
+    diloco(50)        == Policy(ClockBound(0), AllLive(), "diloco:50", LocalSteps(50), "nesterov:0.9,lr=0.7")
+
+Each factory checks its arguments (a ValueError naming the argument) and
+returns a `Policy` whose spec parses back to it (`staleness.policies.parse`).
+"""
+
+from __future__ import annotations
+
+from staleness import checks
+from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound
+from staleness.policies.gates import ClockBound, DynamicBound, Free, RoundBound
+from staleness.policies.policy import Policy
+from staleness.policies.work import LocalSteps, Streaming
+
+__all__ = ["bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
+           "streaming_diloco"]
+
+
+def bsp() -> Policy:
+    """Bulk synchronous parallel (hardsync): staleness 0, every live worker's gradient per update."""
+    return Policy(ClockBound(0), AllLive(), "bsp")
+
+
+def asp() -> Policy:
+    """Asynchronous parallel: apply on arrival, never block."""
+    return Policy(Free(), EachGradient(), "asp")
+
+
+def ssp(staleness: int = 3) -> Policy:
+    """Stale synchronous parallel with a fixed threshold `staleness` (clocks)."""
+    checks.integer("ssp", "staleness", staleness, low=0)
+    return Policy(ClockBound(staleness), EachGradient(), f"ssp:{staleness}")
+
+
+def dssp(s_low: int = 3, r_max: int = 12, cap: bool = True) -> Policy:
+    """Dynamic SSP with threshold in [s_low, s_low + r_max] (see `DynamicBound`)."""
+    checks.integer("dssp", "s_low", s_low, low=0)
+    checks.integer("dssp", "r_max", r_max, low=0)
+    if not isinstance(cap, bool):
+        raise ValueError(f"dssp: cap = {cap!r} must be True or False")
+    return Policy(DynamicBound(s_low, r_max, cap), EachGradient(), f"dssp:{s_low}:{r_max}" + ("" if cap else ":nocap"))
+
+
+def softsync(n: int = 1) -> Policy:
+    """Rudra n-softsync: one update per floor(λ/n) gradients."""
+    checks.integer("softsync", "n", n, low=1)
+    return Policy(Free(), Count(n), f"softsync:{n}")
+
+
+def backup_workers(b: int = 1) -> Policy:
+    """Synchronous SGD that drops the last `b` gradients of each round."""
+    checks.integer("backup_workers", "b", b, low=0)
+    return Policy(RoundBound(), FirstOfRound(b), f"backup:{b}")
+
+
+def local_sgd(steps: int = 10) -> Policy:
+    """Local SGD: every worker takes `steps` inner steps from the last global
+    parameters, then the server averages the workers' parameters (synchronous: the
+    outer step is plain SGD with learning rate 1 on the mean delta)."""
+    return Policy(ClockBound(0), AllLive(), f"local_sgd:{steps}", LocalSteps(steps), "sgd:lr=1")
+
+
+def diloco(steps: int = 50) -> Policy:
+    """DiLoCo (Douillard et al. 2023): Local SGD with an inner optimizer per worker
+    (state kept across rounds) and an outer optimizer on the mean delta, by default
+    Nesterov SGD with learning rate 0.7 and momentum 0.9."""
+    return Policy(ClockBound(0), AllLive(), f"diloco:{steps}", LocalSteps(steps), "nesterov:0.9,lr=0.7")
+
+
+def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = False) -> Policy:
+    """Asynchronous Local-SGD / DiLoCo (Liu et al. 2024): the server applies each
+    worker's delta on arrival; `bound` (clocks) blocks a worker that runs too far
+    ahead, as SSP does (None: never); `dynamic`: Dynamic Local Updates (fewer steps
+    for slower workers). The outer optimizer defaults to DiLoCo's; the paper's
+    Delayed Nesterov is `staleness.engine.optim.delayed_nesterov` (spec
+    `delayed_nesterov:N`)."""
+    if bound is not None:
+        checks.integer("async_diloco", "bound", bound, low=0)
+    spec = f"async_diloco:{steps}" + ("" if bound is None else f":bound={bound}") + (":dynamic" if dynamic else "")
+    gate = Free() if bound is None else ClockBound(bound)
+    return Policy(gate, EachGradient(), spec, LocalSteps(steps, dynamic), "nesterov:0.9,lr=0.7")
+
+
+def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alpha: float = 0.0,
+                     bits: int = 32) -> Policy:
+    """Streaming DiLoCo: DiLoCo whose parameters are synchronized one fragment at a time
+    (see `Streaming`): an update every H/P inner steps, of one fragment; `overlap` τ
+    inner steps pass before a worker merges it with mixing factor `alpha`; outer
+    gradients quantized to `bits`. The workers stay in lockstep (a synchronization
+    round every H/P steps, as in the paper); the overlap is in the numerics (the merge
+    comes τ steps late) and in the simulated time: the τ steps run while the fragment
+    is in flight, hiding up to τ steps of communication (see `staleness.sim`), and a
+    sync moves one fragment's bytes (`staleness.engine.payload`)."""
+    checks.integer("streaming_diloco", "steps", steps, low=1)
+    checks.integer("streaming_diloco", "fragments", fragments, low=1)
+    if steps % fragments:
+        raise ValueError(f"streaming_diloco: steps = {steps} must be a multiple of fragments = {fragments} "
+                         "(one fragment is synchronized every steps / fragments inner steps)")
+    work = Streaming(steps // fragments, False, fragments, overlap, float(alpha), bits)
+    spec = f"streaming_diloco:{steps}:fragments={fragments}:overlap={overlap}:alpha={float(alpha):g}:bits={bits}"
+    return Policy(ClockBound(0), AllLive(), spec, work, "nesterov:0.9,lr=0.7")

@@ -1,0 +1,253 @@
+"""Work: what a worker does between a pull and a push, as one value every layer asks.
+
+A work value answers each question a layer has about it, so that no layer
+tests its type (a new kind of work is one new class here):
+
+=====================  ==========================================================
+asked by               method or attribute
+=====================  ==========================================================
+policy, runtime, CLI   `local`: the push is a delta after local steps (an inner
+                       optimizer runs on the worker; the server's is an outer one)
+runtime                `collective_round`: every worker's iteration can be one
+                       collective step (a `pmean` of the workers' results)
+sim                    `steps_per_worker(mean_seconds)`, `timing(one_step, steps,
+                       num_workers)`: the compute time of an iteration
+sim (network model)    `payload_bytes(shapes)`: bytes pulled and pushed
+engine, runtime        `engine_local(inner_tx, max_steps, masked, shapes)`: the
+                       engine's per-worker local-step configuration (None: a gradient)
+CLI tables             `iterations_per_sync`: iterations between two synchronizations
+                       of the same parameters (H = steps per iteration times it)
+sweeps, CLI            `replay_settings()`: the settings compiled into the replay
+                       (a sweep needs one value of them), `compiled_what` names them
+=====================  ==========================================================
+
+The control-plane methods are plain Python; the two numeric ones
+(`payload_bytes`, `engine_local`) import the engine when called, so that
+`staleness.policies` itself imports no JAX.
+
+- `Gradient`: one minibatch gradient per iteration (the seeds' parameter-server family);
+- `LocalSteps(steps, dynamic)`: H inner steps, then a delta (Local SGD, DiLoCo, async DiLoCo);
+- `Streaming(...)`: Streaming DiLoCo's fragments, overlap and quantized outer gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from staleness import checks
+
+__all__ = ["Work", "Gradient", "LocalSteps", "Streaming", "ComputeTime"]
+
+#: compute_time(worker, iteration, start seconds) -> seconds, as `cluster.Sampler.compute_time`.
+ComputeTime = Callable[[int, int, float], float]
+
+
+@runtime_checkable
+class Work(Protocol):
+    """What a worker computes per iteration (see the module docstring for who asks what)."""
+
+    local: bool
+    collective_round: bool
+    compiled_what: str
+    iterations_per_sync: int
+
+    def steps_per_worker(self, mean_seconds: Sequence[float]) -> tuple[int, ...] | None: ...
+    def timing(self, one_step: ComputeTime, steps: tuple[int, ...] | None,
+               num_workers: int) -> tuple[ComputeTime, Callable[[int], None] | None]: ...
+    def payload_bytes(self, shapes) -> tuple[int, int]: ...
+    def engine_local(self, inner_tx, max_steps: int, masked: bool, shapes) -> Any: ...
+    def replay_settings(self) -> tuple: ...
+    def describe(self) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Gradient:
+    """One minibatch gradient per iteration (the papers' parameter-server family)."""
+
+    local: ClassVar[bool] = False
+    collective_round: ClassVar[bool] = True
+    compiled_what: ClassVar[str] = "nothing"
+    iterations_per_sync: ClassVar[int] = 1
+
+    def steps_per_worker(self, mean_seconds) -> tuple[int, ...] | None:
+        """None: an iteration is one step of the cluster's compute time."""
+        return None
+
+    def timing(self, one_step, steps, num_workers):
+        """(compute_time, forget): an iteration takes the cluster's time for one step."""
+        return one_step, None
+
+    def payload_bytes(self, shapes) -> tuple[int, int]:
+        """(pull, push) bytes: the parameters, then a gradient of the same pytree."""
+        from staleness.engine import payload
+
+        n = payload.tree_bytes(shapes)
+        return n, n
+
+    def engine_local(self, inner_tx, max_steps, masked, shapes):
+        """None: the engine's per-worker step is one gradient."""
+        return None
+
+    def replay_settings(self) -> tuple:
+        return ()
+
+    def describe(self) -> str:
+        return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSteps:
+    """`steps` inner optimizer steps per iteration on the worker's own copy of the
+    parameters (started from the version it pulled), then a push of the delta
+    Δ = θ_pulled − θ_after, which the server treats as a gradient (an outer step).
+    The worker's inner-optimizer state is kept across its iterations.
+
+    dynamic: Dynamic Local Updates (Liu et al. 2024): a worker slower than the
+    fastest takes proportionally fewer steps, round(steps · t_fastest / t_worker)
+    (at least 1), so that all workers finish a round in about the same time.
+    """
+
+    steps: int = 1
+    dynamic: bool = False
+
+    local: ClassVar[bool] = True
+    collective_round: ClassVar[bool] = False
+    compiled_what: ClassVar[str] = "nothing"
+    iterations_per_sync: ClassVar[int] = 1
+
+    def __post_init__(self):
+        checks.integer("local steps", "steps", self.steps, low=1)
+        if not isinstance(self.dynamic, bool):
+            raise ValueError(f"local steps: dynamic = {self.dynamic!r} must be True or False")
+
+    def steps_per_worker(self, mean_seconds) -> tuple[int, ...]:
+        """[λ] inner steps per iteration of each worker, from its mean seconds per step."""
+        if not self.dynamic:
+            return tuple(self.steps for _ in mean_seconds)
+        fastest = min(mean_seconds)
+        return tuple(max(1, round(self.steps * fastest / t)) for t in mean_seconds)
+
+    def timing(self, one_step, steps, num_workers):
+        """(compute_time, forget): an iteration is steps[w] inner steps, each the cluster's step time."""
+        def compute_time(w, it, start, _one=one_step, _steps=steps):
+            return _steps[w] * _one(w, it, start)
+        return compute_time, None
+
+    def payload_bytes(self, shapes) -> tuple[int, int]:
+        """(pull, push) bytes: the parameters, then a delta of the same pytree."""
+        from staleness.engine import payload
+
+        n = payload.tree_bytes(shapes)
+        return n, n
+
+    def engine_local(self, inner_tx, max_steps, masked, shapes):
+        """The engine's local-step configuration: `max_steps` H_max inner steps of
+        `inner_tx`, masked when workers take different numbers of steps."""
+        from staleness.engine import local
+
+        return local.Local(inner_tx, max_steps, masked)
+
+    def replay_settings(self) -> tuple:
+        return ()   # H is data of the replay (steps per worker), not compiled into it
+
+    def describe(self) -> str:
+        return f"local:{self.steps}" + (":dynamic" if self.dynamic else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Streaming(LocalSteps):
+    """Streaming DiLoCo (Douillard et al. 2025): the parameters are split into
+    `fragments` P groups of modules (strided: top-level module j is in fragment
+    j mod P), and one fragment is synchronized every H/P inner steps, round robin,
+    so each is synchronized every H steps. An iteration is these H/P steps
+    (`steps` per iteration = H/P). The workers keep their own parameters across
+    iterations; the outer update of fragment p is merged into a worker's copy
+    `overlap` (τ) inner steps later, θ_p ← α·θ_p(local) + (1−α)·θ_p(global); the
+    outer gradients are sent quantized to `bits` bits (32: not quantized; fewer:
+    a sign and a (bits−1)-bit exponent per value, an E(bits−1)M0 float, scaled by
+    the tensor's largest magnitude) and averaged in float32.
+    """
+
+    fragments: int = 1
+    overlap: int = 0
+    alpha: float = 0.0
+    bits: int = 32
+
+    compiled_what: ClassVar[str] = "H and the fragment settings"
+
+    @property
+    def iterations_per_sync(self) -> int:
+        """P: one fragment is synchronized per iteration, each every P iterations."""
+        return self.fragments
+
+    def __post_init__(self):
+        super().__post_init__()
+        checks.integer("streaming_diloco", "fragments", self.fragments, low=1)
+        checks.integer("streaming_diloco", "overlap", self.overlap, low=0)
+        if self.overlap >= max(1, self.steps):
+            raise ValueError(f"streaming_diloco: overlap = {self.overlap} must be < the {self.steps} inner steps "
+                             "between two synchronizations (H / fragments)")
+        if not (isinstance(self.alpha, (int, float)) and 0.0 <= self.alpha <= 1.0):
+            raise ValueError(f"streaming_diloco: alpha = {self.alpha!r} must be in [0, 1] (the local weight)")
+        if self.bits not in (2, 3, 4, 8, 32):
+            raise ValueError(f"streaming_diloco: bits = {self.bits!r} must be one of 2, 3, 4, 8 or 32")
+
+    def timing(self, one_step, steps, num_workers):
+        """(compute_time, forget) with an overlap of τ inner steps.
+
+        A worker does not stop at a synchronization: it runs on for τ inner steps
+        while its fragment is in flight and merges the outer update after them.
+        So the τ steps after iteration k's end overlap whatever comes before
+        iteration k+1's parameters arrive (the push, the aggregation, the wait for
+        the round's other workers, the pull). Iteration k+1, whose parameters
+        arrive at `start`, ends at max(start + (H/P − τ)·t, end_k + (H/P)·t) for a
+        step time t: the communication is hidden up to τ steps and the steps
+        themselves still take their time. The first iteration, and the first after
+        a worker (re)joins, has nothing to overlap. `forget(w)` is called when
+        worker w fails.
+        """
+        if self.overlap == 0:
+            return super().timing(one_step, steps, num_workers)
+        tau = self.overlap
+        last: list = [None] * num_workers   # [λ] (iteration, end seconds) of each worker's last computation
+
+        def compute_time(w, it, start):
+            t = one_step(w, it, start)
+            full = steps[w] * t
+            prev = last[w]
+            if prev is not None and prev[0] == it - 1 and start > prev[1]:
+                full = max(full - tau * t, prev[1] + full - start)
+            last[w] = (it, start + full)
+            return full
+
+        def forget(w):
+            last[w] = None
+        return compute_time, forget
+
+    def payload_bytes(self, shapes) -> tuple[int, int]:
+        """(pull, push) bytes of one synchronization: one fragment (the mean over
+        fragments, rounded up), pushed quantized to `bits`."""
+        from staleness.engine import local, payload
+
+        frags = local.fragment_keys(shapes, self.fragments)
+        full = sum(payload.tree_bytes({k: shapes[k] for k in keys}) for keys in frags)
+        sent = sum(payload.quantized_bytes({k: shapes[k] for k in keys}, self.bits) for keys in frags)
+        p = len(frags)
+        return -(-full // p), -(-sent // p)
+
+    def engine_local(self, inner_tx, max_steps, masked, shapes):
+        """The engine's configuration: fragments of the parameter pytree `shapes`,
+        the overlap, the mixing factor and the bits, compiled into the replay."""
+        from staleness.engine import local
+
+        keys = local.fragment_keys(shapes, self.fragments)
+        return local.Local(inner_tx, max_steps, False, self.fragments, self.overlap, self.alpha, self.bits, keys)
+
+    def replay_settings(self) -> tuple:
+        return (self.steps, self.fragments, self.overlap, self.alpha, self.bits)
+
+    def describe(self) -> str:
+        return (f"streaming:{self.steps}:fragments={self.fragments}:overlap={self.overlap}:"
+                f"alpha={self.alpha:g}:bits={self.bits}")
