@@ -565,7 +565,7 @@ def plot_staleness(records, lambdas, path: Path) -> Path:
             if rec["lam"] == lam and rec["label"] != "hardsync" and key not in seen:
                 seen.add(key)
                 scheds.append(rec["result"].schedule)
-        plots.staleness_histogram(scheds, ax=ax, label_fn=lambda s: s.policy.replace("softsync:", "") + "-softsync")
+        plots.staleness_histogram(scheds, ax=ax, label_fn=lambda s: s.policy.describe().replace("softsync:", "") + "-softsync")
         ax.set_title(f"λ = {lam} learners (μ = {mu_for(lam)})", fontsize="medium")
     fig.suptitle("Staleness of applied gradients under n-softsync (dashed: mean; Rudra: mean ≈ n, max ≈ 2n)")
     plots.save(fig, path)

@@ -162,6 +162,26 @@ def test_async_diloco_with_delayed_nesterov_trains(digits4):
     assert res.status == "complete" and res.final["accuracy"] > res.history["accuracy"].iloc[0]
 
 
+def test_async_diloco_bound_0_with_delayed_nesterov_is_diloco_in_time_and_parameters(digits4):
+    """async_diloco(H, bound=0): every worker waits at the barrier after its delta, so a
+    round's λ deltas are all computed on the same version; Delayed Nesterov with N = λ
+    applies each as g/N and folds the round's mean into the momentum at the λ-th, so
+    the round adds up to DiLoCo's one Nesterov step on the mean delta. Update times:
+    async update (k+1)·λ − 1 is DiLoCo's update k, exactly (the same simulated pushes).
+    Parameters: equal up to float32 rounding of the order of the sums (λ separate
+    g/λ additions against one mean): rtol 1e-5 after 5 rounds."""
+    cluster = st.cluster.heterogeneous([1.0, 1.3, 2.0, 2.6]).jitter(0.1)
+    rounds, lam = 5, 4
+    inner = "sgd:lr=0.05"
+    a = st.simulate(digits4, st.policies.async_diloco(3, bound=0), cluster, num_updates=rounds * lam, seed=0,
+                    optimizer=f"delayed_nesterov:{lam},lr=0.7", inner_optimizer=inner)
+    b = st.simulate(digits4, st.policies.diloco(3), cluster, num_updates=rounds, seed=0, inner_optimizer=inner)
+    np.testing.assert_array_equal(a.schedule.update_time[lam - 1::lam], b.schedule.update_time)
+    assert (a.schedule.staleness[a.schedule.applied] < lam).all()
+    for x, y in zip(_leaves(a.params), _leaves(b.params)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
 def test_streaming_diloco_with_one_fragment_no_overlap_alpha_0_full_precision_is_diloco(digits4):
     a = st.simulate(digits4, "streaming_diloco:4:fragments=1:overlap=0:alpha=0:bits=32", CLUSTER, num_updates=6,
                     seed=0, inner_optimizer="adamw:lr=1e-3")

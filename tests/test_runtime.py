@@ -48,7 +48,7 @@ def test_recorded_trace_keeps_policy_invariants(digits8, spec):
     sched = res.schedule
     assert res.status == "complete" and sched.num_updates == 200
     check_invariants(sched, P.parse(spec), 8)
-    assert sched.policy == spec and sched.meta["recorded"] == "runtime"
+    assert sched.policy.describe() == spec and sched.meta["recorded"] == "runtime"
     # one worker per device; the history is the simulator's, times are wall seconds
     assert res.config["devices"] == [str(d) for d in jax.local_devices()]
     assert list(res.history["update"])[0] == 0 and list(res.history["update"])[-1] == 200
