@@ -35,6 +35,8 @@ from collections.abc import Iterable
 import numpy as np
 
 __all__ = [
+    "ArgumentError",
+    "at_least",
     "finite",
     "format_number",
     "format_workers",
@@ -43,9 +45,26 @@ __all__ = [
     "number",
     "positive",
     "positive_int",
+    "seconds",
     "worker_id",
     "worker_ids",
 ]
+
+
+class ArgumentError(ValueError):
+    """A bad argument, as structured data: `name` (the keyword argument), `value`, and
+    `must` (what would be valid), optionally `where` (the function). Its text is
+    "[where: ]name = value must ..."; the command line renders the same fields with
+    the flag the argument came from (``--max-time = -1 must ...``), so no layer
+    rewrites another's message."""
+
+    def __init__(self, name: str, value, must: str, where: str | None = None):
+        self.name, self.value, self.must, self.where = name, value, must, where
+        super().__init__(self.render(name))
+
+    def render(self, name: str) -> str:
+        """The message with the argument called `name` (e.g. its command-line flag)."""
+        return f"{self.where + ': ' if self.where else ''}{name} = {self.value!r} {self.must}"
 
 
 def number(fn: str, name: str, value) -> float:
@@ -105,12 +124,32 @@ def integer(fn: str, name: str, value, *, low: int = 0) -> int:
     return i
 
 
+def at_least(name: str, value, low: int, *, allow_none: bool = False, what: str = "") -> int | None:
+    """``value`` as an int >= ``low`` (a Python or NumPy int, not a bool); None passes
+    with ``allow_none``. ``what`` follows the bound in the message (" (updates)")."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ArgumentError(name, value, f"must be an integer >= {low}{what}")
+    return int(value)
+
+
+def seconds(name: str, value, *, allow_none: bool = False) -> float | None:
+    """``value`` as a finite float > 0 of seconds; None passes with ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ArgumentError(name, value, "must be a finite number of seconds > 0")
+    return float(value)
+
+
 def positive_int(name: str, value) -> int:
     """``value`` as an int >= 1 (a Python or NumPy int, not a bool), for a
     keyword argument such as ``num_batches`` or ``eval_every``; the message
     names the argument only: ``"num_batches = 0 must be an integer >= 1"``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} = {value!r} must be an integer >= 1")
+        raise ArgumentError(name, value, "must be an integer >= 1")
     return int(value)
 
 
@@ -122,7 +161,7 @@ def learning_rate(value, allow_none: bool = False) -> float | None:
         return None
     if (isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value)
             or value <= 0):
-        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the learning rate)")
+        raise ArgumentError("lr", value, "must be a finite number > 0 (the learning rate)")
     return float(value)
 
 

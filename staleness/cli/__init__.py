@@ -10,7 +10,8 @@ import argparse
 import sys
 
 from staleness import interrupts
-from staleness.cli.common import UsageError, _Parser
+from staleness.checks import ArgumentError
+from staleness.cli.common import Parser, UsageError
 from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
 
 __all__ = ["main", "entry"]
@@ -19,9 +20,10 @@ __all__ = ["main", "entry"]
 def build_parser() -> argparse.ArgumentParser:
     from staleness import __version__
 
-    parser = _Parser(prog="staleness", description="Stale-synchronous distributed training: simulate, compare, run.")
+    parser = Parser(prog="staleness", description="Stale-synchronous distributed training: simulate, compare, run.")
     parser.add_argument("--version", action="version", version=f"staleness {__version__}")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    parser.commands = sub.choices   # command name -> its Parser
     schedule_cmd.add(sub)
     simulate_cmd.add_simulate(sub)
     simulate_cmd.add_compare(sub)
@@ -63,6 +65,10 @@ def main(argv=None) -> int:
             parser.print_help()
             return 2
         return int(args.func(args) or 0)
+    except ArgumentError as e:   # a library's argument, named as the flag it came from
+        print(f"staleness: error: {e.render(_flag(parser, sys.argv[1:] if argv is None else argv, e.name))}",
+              file=sys.stderr)
+        return 2
     except (UsageError, ValueError, OSError) as e:  # OSError: a file or directory that cannot be used
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"staleness: error: {msg}", file=sys.stderr)
@@ -75,6 +81,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("staleness: interrupted", file=sys.stderr)
         return 130
+
+
+def _flag(parser: argparse.ArgumentParser, argv, name: str) -> str:
+    """The flag of keyword argument `name` in the sub-command `argv` names."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    sub = parser.commands.get(command) if command else None
+    return sub.flag_of(name) if sub is not None else name
 
 
 def _attach_dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

@@ -7,14 +7,33 @@ import sys
 
 import math
 
-__all__ = ["UsageError", "print_table", "count", "natural", "positive", "nonnegative", "check_out"]
+__all__ = ["UsageError", "Parser", "print_table", "count", "natural", "positive", "nonnegative", "check_out"]
 
 
 class UsageError(ValueError):
     """A bad command-line argument: one line on stderr, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors (exit 2) that records each option's
+    flag by its destination (`flags`), so a library's `checks.ArgumentError` about
+    keyword argument `name` is shown with the flag it came from (`flag_of`)."""
+
+    def __init__(self, *args, **kwargs):
+        self.flags: dict[str, str] = {}   # destination -> its longest flag
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.option_strings:
+            self.flags[action.dest] = max(action.option_strings, key=len)
+        return action
+
+    def flag_of(self, name: str) -> str:
+        """The flag of keyword argument `name` ('max_time' -> '--max-time', 'num_updates'
+        -> '--updates'); `name` itself when no option has it."""
+        return self.flags.get(name) or self.flags.get(name.removeprefix("num_")) or name
+
     def error(self, message):  # argparse's own errors: one line, exit 2
         raise UsageError(message)
 

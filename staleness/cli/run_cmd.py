@@ -160,20 +160,10 @@ def _settle_lr(args, policy) -> None:
 def _check_sync(args, policy, processes: int) -> None:
     """--sync and its conflicts, as one line before JAX starts."""
     from staleness import cluster as _cluster
-    from staleness.runtime.spec import FAILURE_MODES, SYNC_MODES, resolve_sync
+    from staleness.runtime.spec import resolve_sync
 
-    if args.sync is not None and args.sync not in SYNC_MODES:
-        raise UsageError(f"--sync = {args.sync!r} must be one of {', '.join(SYNC_MODES)}")
-    if args.on_worker_failure is not None and args.on_worker_failure not in FAILURE_MODES:
-        raise UsageError(f"--on-worker-failure = {args.on_worker_failure!r}: on_worker_failure must be one of "
-                         f"{', '.join(FAILURE_MODES)}")
     cluster = _cluster.parse(args.cluster) if args.cluster is not None else None
-    try:
-        resolve_sync(args.sync, policy, cluster, args.on_worker_failure,
-                      processes, args.seed)
-    except ValueError as e:
-        raise UsageError(str(e).replace("sync = ", "--sync = ").replace("on_worker_failure = ",
-                                                                          "--on-worker-failure = ")) from None
+    resolve_sync(args.sync, policy, cluster, args.on_worker_failure, processes, args.seed)
 
 
 def _check_checkpoint(args) -> None:

@@ -14,20 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from staleness import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
 
-__all__ = ["RunSpec", "make_spec", "FAILURE_MODES", "SYNC_MODES", "collective_capable", "resolve_sync"]
+__all__ = ["RunSpec", "make_spec", "FAILURE_MODES", "SYNC_MODES", "resolve_sync"]
 
 FAILURE_MODES = ("continue", "stop")
 SYNC_MODES = ("collective", "server")
-
-
-def collective_capable(policy) -> bool:
-    """Whether `policy` releases every worker at once and averages all of their
-    gradients per update (BSP's barrier and aggregation), i.e. one round can be
-    one `pmean` over the workers. Decided from the policy object's own parts."""
-    return policy.collective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,23 +83,6 @@ class RunSpec:
         return [(t * self.time_scale, kind, w) for t, kind, w in events if t * self.time_scale > after]
 
 
-def _positive(name: str, value, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} = {value!r} must be a finite number of seconds > 0")
-    return float(value)
-
-
-def _int(name: str, value, low: int, *, allow_none: bool = False, what: str = "") -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} = {value!r} must be an integer >= {low}{what}")
-    return int(value)
-
-
 def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int = 0) -> tuple[str, str]:
     """(sync, on_worker_failure) of a run: the explicit choice, checked, or the default
     ('collective' for a BSP-like policy unless worker-level fault tolerance was asked
@@ -113,20 +90,24 @@ def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int 
     processes (there the server keeps BSP's fault tolerance and rejoins); 'server'
     otherwise). An explicit 'collective' takes a cluster's delays, not its failure model."""
     if sync is not None and sync not in SYNC_MODES:
-        raise ValueError(f"sync = {sync!r} must be one of {SYNC_MODES} (or None: collective for synchronous "
-                         "policies, server otherwise)")
-    capable = collective_capable(policy)
+        raise checks.ArgumentError("sync", sync, f"must be one of {SYNC_MODES} (or None: collective for "
+                                   "synchronous policies, server otherwise)")
+    if on_worker_failure is not None and on_worker_failure not in FAILURE_MODES:
+        raise checks.ArgumentError("on_worker_failure", on_worker_failure, f"must be one of {FAILURE_MODES} "
+                                   "(or None: 'stop' under sync='collective', 'continue' under sync='server')")
+    capable = policy.collective
     if sync is None:
         sync = "collective" if (capable and on_worker_failure != "continue" and cluster is None
                                 and processes == 1) else "server"
     if sync == "collective":
         if not capable:
-            raise ValueError(f"sync = 'collective' needs a policy that releases every worker at once and "
-                             f"averages all their gradients (bsp); {policy.describe()!r} needs sync='server'")
+            raise checks.ArgumentError("sync", sync, "needs a policy that releases every worker at once and "
+                                       f"averages all their gradients (bsp); {policy.describe()!r} needs "
+                                       "sync='server'")
         if on_worker_failure == "continue":
-            raise ValueError("on_worker_failure = 'continue' needs sync='server' (worker-level fault "
-                             "tolerance): a collective round cannot go on once a worker is lost; or use "
-                             "on_worker_failure='stop'")
+            raise checks.ArgumentError("on_worker_failure", on_worker_failure, "needs sync='server' "
+                                       "(worker-level fault tolerance): a collective round cannot go on once a "
+                                       "worker is lost; or use on_worker_failure='stop'")
         if cluster is not None and cluster.sampler(seed).membership_events():
             raise ValueError(f"the failure model of cluster = {cluster.describe()!r} needs sync='server': a "
                              "collective round cannot go on once a worker is lost (its delays alone work under "
@@ -143,7 +124,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     """Validate a real run's arguments; see `runtime.run`. processes: the job's
     process count (several: sync='collective' only when asked for, see `resolve_sync`)."""
     from staleness import cluster as _cluster
-    from staleness.engine.run import _check_lr, policy_default, resolve_optimizer, resolve_task
+    from staleness.engine.run import policy_default, resolve_optimizer, resolve_task
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -159,29 +140,26 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
             raise ValueError(f"num_workers = {num_workers!r} differs from the cluster's {cluster.num_workers} "
                              "workers; give one or make them agree")
         num_workers = cluster.num_workers
-    num_workers = _int("num_workers", num_workers, 1)
-    num_updates = _int("num_updates", num_updates, 1, what=" (server updates)")
-    seed = _int("seed", seed, 0)
-    lr = _check_lr(lr, allow_none=True)
+    num_workers = checks.at_least("num_workers", num_workers, 1)
+    num_updates = checks.at_least("num_updates", num_updates, 1, what=" (server updates)")
+    seed = checks.at_least("seed", seed, 0)
+    lr = checks.learning_rate(lr, allow_none=True)
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     if not hasattr(rule, "scale"):
         raise ValueError(f"lr_rule = {lr_rule!r} must be a staleness.lr rule or a spec string")
-    max_time = _positive("max_time", max_time, allow_none=True)
-    time_scale = _positive("time_scale", time_scale)
-    worker_timeout = _positive("worker_timeout", worker_timeout)
-    if on_worker_failure is not None and on_worker_failure not in FAILURE_MODES:
-        raise ValueError(f"on_worker_failure = {on_worker_failure!r} must be one of {FAILURE_MODES} "
-                         "(or None: 'stop' under sync='collective', 'continue' under sync='server')")
+    max_time = checks.seconds("max_time", max_time, allow_none=True)
+    time_scale = checks.seconds("time_scale", time_scale)
+    worker_timeout = checks.seconds("worker_timeout", worker_timeout)
     sync, on_worker_failure = resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed)
-    checkpoint_every = _int("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
+    checkpoint_every = checks.at_least("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
     if eval_every is None:
-        num_evals = _int("num_evals", num_evals, 1)
+        num_evals = checks.at_least("num_evals", num_evals, 1)
         eval_every = max(1, -(-num_updates // num_evals))
-    eval_every = _int("eval_every", eval_every, 1, what=" (updates)")
+    eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
     task = resolve_task(task, num_workers, batch_size, data_dir)
     opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy.optimizer, lr), lr,
