@@ -17,7 +17,8 @@ devices (`run_devices`), with simulated time from the cluster models
 Modules: schedules (the schedule values), plan (tick tables), stage (the
 per-stage forward/backward/update), sim (one-device scan), devices (K-device
 shard_map), timing (simulated time), model (Staged models, split), tasks,
-packing, run (drivers producing `Result`s), multiprocess (one stage per
+packing, run (drivers producing `Result`s), training (what every driver
+shares: `set_up` a run, `drive` its engine), multiprocess (one stage per
 process: `train_distributed`, `launch_local`), sweep (a grid of lr × seed runs
 in one program: `sweep.sweep`, `sweep.tune_lr`).
 """

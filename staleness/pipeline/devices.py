@@ -176,8 +176,12 @@ class DeviceEngine:
 
     def stage_params(self, carry: DeviceCarry) -> tuple:
         """Per-stage params (NumPy) of a carry."""
-        host = jax.device_get(carry.state)
-        return tuple(self.head_layouts[j].unpack({d: np.asarray(v[j]) for d, v in host.items()})[0]
+        return self.unpack_params(jax.device_get(carry.state))
+
+    def unpack_params(self, state: dict) -> tuple:
+        """Per-stage params (NumPy) of a carry's packed state on the host (dtype -> [K, S]),
+        e.g. gathered from every process of a job."""
+        return tuple(self.head_layouts[j].unpack({d: np.asarray(v[j]) for d, v in state.items()})[0]
                      for j in range(self.num_stages))
 
     def _put_xs(self, xs):
@@ -191,12 +195,19 @@ class DeviceEngine:
 
     def compile_chunk(self, carry: DeviceCarry, xs: dict[str, np.ndarray]):
         """Compile `run_chunk` ahead of time for chunks shaped like `xs`; returns `fn(carry, xs)`."""
-        compiled = self._run.lower(self.ctx, carry, self._put_xs(xs)).compile()
+        program = self.compile_program(carry, xs)
 
         def run(carry, xs):
-            carry, loss = compiled(self.ctx, carry, self._put_xs(xs))
+            carry, loss = program(carry, xs)
             return carry, loss[:, -1]
         return run
+
+    def compile_program(self, carry: DeviceCarry, xs: dict[str, np.ndarray]):
+        """Compile the SPMD program ahead of time for chunks shaped like `xs`; returns
+        `fn(carry, xs) -> (carry, loss [L, K])`: column k is device k's (NaN but at the last
+        stage's forward ticks), a global array also where the mesh spans several processes."""
+        compiled = self._run.lower(self.ctx, carry, self._put_xs(xs)).compile()
+        return lambda carry, xs: compiled(self.ctx, carry, self._put_xs(xs))
 
     # -- the SPMD program ------------------------------------------------------------
     def _build(self):

@@ -9,11 +9,11 @@ global mesh of K devices, one per process (on CPU the cross-process
 SPMD program, the same per-stage code and the same tick tables as the
 single-process device run, so the numbers are those of `run_devices` on K
 local devices (bitwise on CPU in `tests/test_pipeline_multiprocess.py`).
-The setup and the chunk loop are `staleness.pipeline.run`'s (`_setup`, `_drive`);
-after every evaluation chunk the loss and the stages' states are gathered to
-every process (`process_allgather`, a collective every process enters); process 0
-evaluates the model, keeps the history and returns the `Result`, the others
-return None.
+The setup and the chunk loop are every driver's (`staleness.pipeline.training`:
+`set_up`, `drive`); after every evaluation chunk the loss and the stages'
+states are gathered to every process (`process_allgather`, a collective every
+process enters); process 0 evaluates the model, keeps the history and returns
+the `Result`, the others return None.
 
 Liveness: `jax.distributed`'s coordination service drops a job whose process
 stops sending heartbeats for `heartbeat_timeout` seconds, and a peer blocked
@@ -78,23 +78,26 @@ def train_distributed(ptask, schedule, num_batches: int, *, cluster=None, seed: 
     """
     import jax
 
+    from staleness.pipeline.training import RunArgs
+
     if jax.process_count() != ptask.num_stages:
         raise ValueError(f"this job has {jax.process_count()} processes but the pipeline has {ptask.num_stages} "
                          "stages; run one process per stage (connect first)")
-    return _train(ptask, schedule, num_batches, process_id=jax.process_index(), cluster=cluster, seed=seed, lr=lr,
-                  optimizer=optimizer, eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
-                  recompute_cost=recompute_cost, log=log or (lambda line: None))
+    args = RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
+                   eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
+                   recompute_cost=recompute_cost)
+    return _train(ptask, args, jax.process_index(), log or (lambda line: None))
 
 
-def _train(ptask, schedule, num_batches, *, process_id, cluster, seed, lr, optimizer, eval_every, num_evals,
-           backward_ratio, recompute_cost, log):
+def _train(ptask, args, process_id: int, log):
+    """Process `process_id`'s part of running `args` (a `training.RunArgs`) on `ptask`."""
     import jax
     from jax.experimental import multihost_utils
 
     from staleness.engine import core
     from staleness.pipeline import stage as S
+    from staleness.pipeline import training
     from staleness.pipeline.devices import DeviceEngine
-    from staleness.pipeline.run import _drive, _setup
 
     k = ptask.num_stages
     local = jax.local_devices()
@@ -106,33 +109,30 @@ def _train(ptask, schedule, num_batches, *, process_id, cluster, seed, lr, optim
     if devices[process_id] != local[0]:
         raise ValueError(f"process {process_id}'s device {local[0]} is not the job's device {process_id}; "
                          "give process ids 0..K-1 to the K processes")
-    setup = _setup(ptask, schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
-                   eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
-                   recompute_cost=recompute_cost)
+    setup = training.set_up(ptask, args)
     plan = setup.plan
-    init_key, data_key = core.keys(seed)
+    init_key, data_key = core.keys(args.seed)
     params = ptask.init_stage_params(init_key)
     engine = DeviceEngine(ptask, plan, setup.opt, params, S.Context(ptask, data_key), devices)
     carry = engine.init_carry()
     t0 = time.perf_counter()
-    compiled = engine._run.lower(engine.ctx, carry, engine._put_xs(plan.xs(0, setup.chunk))).compile()
+    program = engine.compile_program(carry, plan.xs(0, setup.chunk))
     compile_s = time.perf_counter() - t0
     log(f"stage {process_id}: compiled in {compile_s:.1f} s; running {plan.num_ticks} ticks")
 
     # Both are collectives (every process enters them, once per chunk): the loss and the
     # stages' states live one stage per process.
     def step(carry, xs):
-        carry, loss = compiled(engine.ctx, carry, engine._put_xs(xs))
+        carry, loss = program(carry, xs)
         return carry, np.asarray(multihost_utils.process_allgather(loss, tiled=True))[:, -1]   # the last stage's
 
     def gathered_params(carry):
-        host = multihost_utils.process_allgather(carry.state, tiled=True)
-        return tuple(engine.head_layouts[j].unpack({d: np.asarray(v[j]) for d, v in host.items()})[0]
-                     for j in range(k))
+        return engine.unpack_params(multihost_utils.process_allgather(carry.state, tiled=True))
 
-    return _drive(ptask, setup, params, (step, gathered_params, carry, [str(d) for d in devices], compile_s),
-                  engine_name="processes", wall_time=True, seed=seed, config={"processes": k},
-                  lead=process_id == 0, log=lambda line: log(f"stage {process_id}: {line}"))
+    return training.drive(ptask, setup, params,
+                          training.Engine(step, gathered_params, carry, [str(d) for d in devices], compile_s),
+                          training.Host(engine_name="processes", wall_time=True, config={"processes": k},
+                                        lead=process_id == 0, log=lambda line: log(f"stage {process_id}: {line}")))
 
 
 def _describe_exit(code: int) -> str:

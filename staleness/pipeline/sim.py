@@ -22,7 +22,8 @@ from staleness.engine.optim import Optimizer
 from staleness.pipeline import stage as S
 from staleness.pipeline.plan import Plan
 
-__all__ = ["SimCarry", "compile_chunk", "configs", "init", "run_chunk", "stage_params", "stored_bytes"]
+__all__ = ["SimCarry", "compile_chunk", "configs", "init", "run_chunk", "scan_chunk", "stage_params",
+           "stored_bytes"]
 
 
 class SimCarry(NamedTuple):
@@ -111,11 +112,13 @@ def _tick(cfgs, fdel, bdel, opt, ctx, carry: SimCarry, x):
     return SimCarry(tuple(states), fwd_links, bwd_links), loss
 
 
-def _chunk(cfgs, fdel, bdel, opt, ctx, carry, xs):
+def scan_chunk(cfgs, fdel, bdel, opt, ctx, carry, xs):
+    """The ticks in `xs` as one `lax.scan`, not compiled (`run_chunk` jits it; `staleness.pipeline.sweep`
+    vmaps it): cfgs from `init`, fdel/bdel the plan's forward/backward delays; returns (carry, loss per tick)."""
     return lax.scan(functools.partial(_tick, cfgs, fdel, bdel, opt, ctx), carry, xs)
 
 
-_run_chunk = jax.jit(_chunk, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+_run_chunk = jax.jit(scan_chunk, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 
 
 def run_chunk(cfgs, plan: Plan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):

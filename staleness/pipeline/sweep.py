@@ -32,13 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from staleness import checks
 from staleness.engine import core
 from staleness.engine import optim as _optim
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.model import join_params
 from staleness.pipeline.plan import IDLE, Plan, make_plan
-from staleness.pipeline.schedules import PipelineSchedule, parse
+from staleness.pipeline.schedules import PipelineSchedule
+from staleness.pipeline.training import eval_chunk, resolve_schedule
 
 __all__ = ["SweepResult", "sweep", "holdout", "tune_lr", "TUNE_SCORE"]
 
@@ -106,7 +108,7 @@ def _check_grid(name, values, kind):
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(6,))
 def _batched_chunk(cfgs, fdel, bdel, opt, ptask, data_keys, carry, xs):
     def one(key, c):
-        return sim._chunk(cfgs, fdel, bdel, opt, S.Context(ptask, key), c, xs)
+        return sim.scan_chunk(cfgs, fdel, bdel, opt, S.Context(ptask, key), c, xs)
     return jax.vmap(one)(data_keys, carry)
 
 
@@ -131,21 +133,12 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     Returns:
       A `SweepResult`, members in the order [(lr, seed) for lr in lrs for seed in seeds].
     """
-    from staleness.pipeline.run import _check_positive_int
-
-    num_batches = _check_positive_int("num_batches", num_batches)
+    num_batches = checks.positive_int("num_batches", num_batches)
     lrs = _check_grid("lrs", lrs, "lr")
     seeds = _check_grid("seeds", seeds, "seed")
-    sched = parse(schedule) if isinstance(schedule, str) else schedule
-    if not isinstance(sched, PipelineSchedule):
-        raise ValueError(f"schedule = {schedule!r} must be a PipelineSchedule or a spec like 'dsp:1,1,0'")
     k = ptask.num_stages
-    plan = make_plan(sched.resolve(k), k, num_batches)
-    if eval_every is None:
-        eval_every = max(1, -(-num_batches // _check_positive_int("num_evals", num_evals)))
-    eval_every = _check_positive_int("eval_every", eval_every)
-    ticks_per_batch = (plan.microbatches + plan.lags[0]) if plan.schedule.flush else 1
-    chunk = min(eval_every * ticks_per_batch, plan.num_ticks)
+    plan = make_plan(resolve_schedule(schedule, k), k, num_batches)
+    _, chunk = eval_chunk(plan, eval_every, num_evals)
     members = [(lr, s) for lr in lrs for s in seeds]
     opt = _optim.resolve(optimizer, lrs[0], num_batches)   # one transformation: its lr lives in the state
 
