@@ -153,3 +153,7 @@ def restore_tree(template, leaves, *, where: str = "checkpoint"):
         else:
             out.append(x)
     return jax.tree.unflatten(treedef, out)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

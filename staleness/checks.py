@@ -217,3 +217,7 @@ def format_workers(workers: Iterable[int]) -> str:
         parts.append(str(workers[i]) if i == j else f"{workers[i]}-{workers[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

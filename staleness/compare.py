@@ -422,3 +422,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     if out is not None:
         cmp.save(out, results=False)
     return cmp
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

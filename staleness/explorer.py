@@ -230,3 +230,7 @@ def table(settings: Settings, results):
     keep = ["policy", "seeds", "lr", f"final_{first}", "final_ci_low", "final_ci_high", "interval", "updates",
             "staleness_mean", "staleness_max", "wait_fraction", "diverged"]
     return t[[k for k in keep if k in t.columns]].set_index("policy")
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

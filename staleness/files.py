@@ -164,3 +164,7 @@ def write_dir(path, write: Callable[[Path], None], *, overwrite: bool = False) -
     else:
         os.replace(tmp, path)
     return path
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -58,3 +58,7 @@ def check() -> None:
 
 def clear() -> None:
     _pending.clear()
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -252,3 +252,7 @@ def get(spec: str | LrRule) -> LrRule:
     if key not in _FACTORIES or mods:
         raise specs.SpecError(f"lr_rule = {spec!r} is not a learning-rate rule; valid: {valid}")
     return specs.call(main, _FACTORIES[key], "lr_rule", spec)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -114,3 +114,7 @@ def resolve(names, declared=None) -> tuple[Metric, ...]:
         m = table.get(n)
         out.append((m if isinstance(m, Metric) else get(n)).validate())
     return tuple(out)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -445,3 +445,7 @@ def _title(items: list) -> str:
         parts.append("cluster " + " / ".join(clusters))
     parts.append(f"{'/'.join(map(str, workers))} worker{'s' if workers != [1] else ''}")
     return " — ".join(parts)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -56,3 +56,7 @@ def descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

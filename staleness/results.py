@@ -288,3 +288,7 @@ def _jsonable(obj):
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     return str(obj)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -397,3 +397,7 @@ class Schedule:
             if not np.array_equal(self.columns[k], other.columns[k], equal_nan=self.columns[k].dtype.kind == "f"):
                 return False
         return np.array_equal(self.update_time, other.update_time) and self.rstar == other.rstar
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

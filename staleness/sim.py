@@ -493,3 +493,7 @@ def _run_network(driver, sampler, compute_time, budgets, nbytes, overlap: bool, 
         if driver.num_updates >= update_budget or pushed >= grad_budget:
             break
     return now
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

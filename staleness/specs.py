@@ -164,3 +164,7 @@ def format_args(values: list[tuple[str, Any]]) -> str:
         return str(v)
 
     return ":".join(fmt(v) for _, v in values)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports

@@ -256,3 +256,7 @@ def is_evidence(label: str) -> bool:
     by details), not a model-set or not-tested label."""
     return isinstance(label, str) and any(label == v or label.startswith(v + " ") or label.startswith(v + ":")
                                           for v in VERDICTS)
+
+
+def __dir__():
+    return sorted(__all__)   # the public names only, not the imports
