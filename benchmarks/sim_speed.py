@@ -111,7 +111,7 @@ def chunks_only(task, sched, kw):
     opt = _run.resolve_optimizer(kw["optimizer"], kw["lr"], sched.num_updates, task)
     plan = _plan.make_plan(sched, kw["eval_every"])
     consts = {"data_key": core.keys(kw["seed"])[1], "rule": jnp.int32(0)}
-    xs = [_run.chunk_inputs(task, plan, k, consts["data_key"]) for k in range(plan.num_chunks)]
+    xs = [_plan.chunk_inputs(task, plan, k, consts["data_key"]) for k in range(plan.num_chunks)]
     rules = (st.lr.get("constant"),)
 
     def run():

@@ -27,8 +27,8 @@ from staleness.engine import local as _local
 from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer, set_lr
 
-__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "run_chunk_batched",
-           "evaluate", "evaluate_batched"]
+__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "chunk_batched",
+           "run_chunk_batched", "evaluate", "evaluate_batched"]
 
 
 class Carry(NamedTuple):
@@ -36,6 +36,16 @@ class Carry(NamedTuple):
     opt_state: Any   # optax state of the server's (outer) optimizer
     ring: Any        # params pytree with a leading [R] axis: version v in slot v % R (written at step v)
     local: Any = ()  # local-update methods: the workers' inner-optimizer states, leaves [λ, ...]
+
+
+class Static(NamedTuple):
+    """The static (compiled-in) settings of a replay step."""
+
+    opt: Any             # the optimizer's optax transformation
+    rules: tuple         # the lr rules a `consts['rule']` index picks from
+    slot_mode: str       # 'vmap' or 'map' (see `_chunk`)
+    local: Any           # an `engine.local.Local` for a local-update method, else None
+    padded: bool = True  # some update may have no real slot (see `_update_from`)
 
 
 # Columns of the packed per-update input (one int32 array [K, 5, C] per chunk, so
@@ -183,19 +193,19 @@ def _slots(task, local, slot_mode: str, consts, stale, worker, iteration, index,
     return losses, grads, None
 
 
-def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params, opt_state, inner, stale, update,
-                 x, index, padded: bool = True):
+def _update_from(task, static: Static, consts, params, opt_state, inner, stale, update, x, index):
     """Gradients (or local-update deltas) of one update's C slots on their `stale`
     params ([C, ...] leaves) and minibatch indices ([C, μ], or None), then one server
-    update (`engine.update.server_update`). padded (static): some update may have no
+    update (`engine.update.server_update`). static.padded: some update may have no
     real slot (then it changes nothing); False promises every update has one, which
     drops the per-update select of `server_update` (the same values: a select of the
     new params and state). Returns (params, opt_state, inner, losses [C])."""
+    opt, rules, local = static.opt, static.rules, static.local
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
-    losses, grads, new_inner = _slots(task, local, slot_mode, consts, stale, worker, iteration, index, inner)
+    losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, stale, worker, iteration, index, inner)
     extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
-    if padded:
+    if static.padded:
         params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask,
                                                   consts["rule"], **extra)
     else:   # = server_update with mask.any() known True
@@ -208,7 +218,7 @@ def _update_from(task, opt, rules: tuple, slot_mode: str, local, consts, params,
     return params, opt_state, inner, jnp.where(mask, losses, jnp.nan)
 
 
-def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, x, padded: bool = True):
+def _step(task, static: Static, consts, carry: Carry, x):
     params, opt_state, ring, inner = carry
     r = jax.tree.leaves(ring)[0].shape[0]
     update, x, index = x
@@ -222,12 +232,12 @@ def _step(task, opt, rules: tuple, slot_mode: str, local, consts, carry: Carry, 
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
-    params, opt_state, inner, losses = _update_from(task, opt, rules, slot_mode, local, consts, params, opt_state,
-                                                    inner, stale, update, x, index, padded)
+    params, opt_state, inner, losses = _update_from(task, static, consts, params, opt_state, inner, stale, update, x,
+                                                    index)
     return Carry(params, opt_state, ring, inner), losses
 
 
-def _step_batched(task, opt, rules: tuple, local, consts, carry: Carry, x):
+def _step_batched(task, static: Static, consts, carry: Carry, x):
     """`_step` for B configurations at once. The ring is laid out [R, B, ...]:
     the write of version u is one contiguous block, and the reads are one flat
     `take` (a vmapped per-configuration dynamic index became a gather about
@@ -240,7 +250,7 @@ def _step_batched(task, opt, rules: tuple, local, consts, carry: Carry, x):
     flat = ((x[:, PULL, :] % r) * b + jnp.arange(b)[:, None]).reshape(-1)   # [B*C]
     stale = jax.tree.map(
         lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape((b, c) + a.shape[2:]), ring)
-    update_one = functools.partial(_update_from, task, opt, rules, "vmap", local)
+    update_one = functools.partial(_update_from, task, static)
     params, opt_state, inner, losses = jax.vmap(update_one, in_axes=(0, 0, 0, 0, 0, None, 0, 0))(
         consts, params, opt_state, inner, stale, update, x, index)
     return Carry(params, opt_state, ring, inner), losses
@@ -258,19 +268,20 @@ def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).
     Returns (carry, losses [K, C]); losses are NaN on padded slots."""
-    return lax.scan(functools.partial(_step, task, opt, rules, slot_mode, local, consts, padded=padded), carry, xs)
+    return lax.scan(functools.partial(_step, task, Static(opt, rules, slot_mode, local, padded), consts), carry, xs)
 
 
 run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local", "padded"), donate_argnums=(1,))
 
 
-def _chunk_batched(task, carry, xs, consts, *, opt, rules, local=None):
+def chunk_batched(task, carry, xs, consts, *, opt, rules, local=None):
     """`_chunk` for B configurations: carry leaves [B, ...] (ring [R, B, ...]),
     xs = (update [K], packed [K, B, 5, C], index [K, B, C, μ] or None) — the update
-    index is shared."""
-    return lax.scan(functools.partial(_step_batched, task, opt, rules, local, consts), carry, xs)
+    index is shared. Not jitted: the per-device body of a sharded sweep
+    (`engine.grid`); `run_chunk_batched` is its jitted form."""
+    return lax.scan(functools.partial(_step_batched, task, Static(opt, rules, "vmap", local), consts), carry, xs)
 
 
-run_chunk_batched = jax.jit(_chunk_batched, static_argnames=("opt", "rules", "local"), donate_argnums=(1,))
+run_chunk_batched = jax.jit(chunk_batched, static_argnames=("opt", "rules", "local"), donate_argnums=(1,))
 evaluate = jax.jit(lambda task, params: task.evaluate(params))
 evaluate_batched = jax.jit(jax.vmap(lambda task, params: task.evaluate(params), in_axes=(None, 0)))

@@ -12,7 +12,7 @@ import numpy as np
 
 from staleness.schedule import Schedule
 
-__all__ = ["Plan", "make_plan", "fingerprint"]
+__all__ = ["Plan", "make_plan", "chunk_inputs", "fingerprint"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -104,6 +104,18 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
         ring=r,
         update_time=np.asarray(schedule.update_time),
     )
+
+
+def chunk_inputs(task, plan: Plan, k: int, data_key):
+    """Scan inputs of chunk k: (update [K], packed [K, 5, C], index [K, C, μ] or None).
+    For `indexed` tasks the minibatch indices of every slot are computed here, on the
+    host (`task.host_indices`), so the compiled replay only gathers, as a plain
+    training loop over a precomputed table does."""
+    update, packed = plan.xs(k)
+    if not task.indexed:
+        return update, packed, None
+    lo, hi = k * plan.chunk, (k + 1) * plan.chunk
+    return update, packed, task.host_indices(data_key, plan.worker[lo:hi], plan.iteration[lo:hi])
 
 
 def fingerprint(schedule: Schedule) -> str:

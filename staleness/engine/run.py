@@ -1,14 +1,19 @@
 """Drivers of the compiled replay: `replay`, `simulate` and `sweep`.
 
-The imperative shell: it prepares plans on the host, calls one compiled
-function per evaluation chunk, evaluates, records history, checkpoints, and
-reports progress. All numerics are in `staleness.engine.core`.
+The entry points: they check and resolve a run's settings (task, optimizers,
+lr rules, local-update configuration), prepare the plans on the host and hand
+them to the one chunk runner (`staleness.engine.runner`), which evaluates,
+records history, checks divergence, checkpoints and reports progress. `replay`
+is its one-configuration case (`runner.single`); `sweep` prepares a `Grid`
+(`prepare`) and replays it batched (`staleness.engine.grid.replay_grid`). All
+numerics are in `staleness.engine.core`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from pathlib import Path
 
@@ -16,19 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness import checkpoint as _checkpoint
 from staleness import lr as _lr
 from staleness import policies as _policies
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
+from staleness.engine import grid as _grid
 from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
-from staleness.engine.plan import Plan, fingerprint, make_plan
+from staleness.engine import runner as _runner
+from staleness.engine.plan import chunk_inputs, make_plan
 from staleness.results import Result
 from staleness.schedule import Schedule
 from staleness.sim import simulate_schedule
 
-__all__ = ["replay", "simulate", "sweep", "resolve_task"]
+__all__ = ["replay", "simulate", "sweep", "prepare", "resolve_task", "chunk_inputs"]
 
 def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir=None, partition: str | None = None):
     """A Task object, or a task name (built-in, registered or 'package.module:factory')
@@ -69,13 +75,11 @@ def policy_default(optimizer, lr):
     return dataclasses.replace(spec, lr=None) if spec.lr is not None else optimizer
 
 
-def policy_optimizer(policy_spec: str):
+def policy_optimizer(policy):
     """The outer optimizer a schedule's policy is defined with (DiLoCo's Nesterov SGD, Local
-    SGD's averaging), or None."""
-    try:
-        return _policies.parse(policy_spec).optimizer
-    except ValueError:   # a policy this build does not know (a trace from elsewhere)
-        return None
+    SGD's averaging), or None (also for a policy this build does not know: a trace from
+    elsewhere)."""
+    return policy.optimizer
 
 
 def local_setup(schedules, task, inner_optimizer):
@@ -85,32 +89,30 @@ def local_setup(schedules, task, inner_optimizer):
     if all(x is None for x in steps):
         if inner_optimizer is not None:
             raise ValueError("inner_optimizer is for local-update methods (local_sgd, diloco, async_diloco, "
-                             f"streaming_diloco); the policy {schedules[0].policy!r} computes gradients")
+                             f"streaming_diloco); the policy {schedules[0].policy.describe()!r} computes gradients")
         return None, None, None
     if any(x is None for x in steps):
         raise ValueError("sweep: local-update methods and gradient policies need separate sweeps")
     arr = np.asarray(steps, np.int32)
     rounds = max(int(s.columns["iteration"].max()) + 1 if s.num_gradients else 1 for s in schedules)
-    works = [_policies.parse(s.policy).work for s in schedules]
+    works = [s.policy.work for s in schedules]
     local, inner_opt = local_config(works, arr, rounds, task, inner_optimizer)
     return local, inner_opt, arr
 
 
 def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
     """(engine.local.Local, inner Optimizer) of local-update work values `works` whose
-    workers take `steps` [B, λ] inner steps per iteration, for `rounds` iterations."""
+    workers take `steps` [B, λ] inner steps per iteration, for `rounds` iterations.
+    Each work gives its own configuration (`Work.engine_local`); works whose settings
+    compiled into the replay differ (`Work.replay_settings`) need one sweep each."""
     h_max = int(steps.max())
     inner = inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd")
     inner_opt = resolve_optimizer(inner, None, rounds * h_max, task)
-    stream = {w for w in works if isinstance(w, _policies.Streaming)}
-    if stream:
-        if len(set(works)) > 1:
-            raise ValueError("sweep: Streaming DiLoCo settings (H, fragments, overlap, alpha, bits) need one sweep "
-                             "each: they are compiled into its replay")
-        w = stream.pop()
-        keys = _local_mod.fragment_keys(jax.eval_shape(task.init_fn, jax.random.key(0)), w.fragments)
-        return _local_mod.Local(inner_opt.tx, h_max, False, w.fragments, w.overlap, w.alpha, w.bits, keys), inner_opt
-    return _local_mod.Local(inner_opt.tx, h_max, bool((steps != h_max).any())), inner_opt
+    if len({(type(w), w.replay_settings()) for w in works}) > 1:
+        raise ValueError(f"sweep: {', '.join(sorted({w.describe() for w in works}))} need one sweep each: their "
+                         f"{works[0].compiled_what} are compiled into the replay")
+    shapes = jax.eval_shape(task.init_fn, jax.random.key(0))
+    return works[0].engine_local(inner_opt.tx, h_max, bool((steps != h_max).any()), shapes), inner_opt
 
 
 def streaming_outer(opt: _optim.Optimizer, local) -> _optim.Optimizer:
@@ -123,48 +125,6 @@ def streaming_outer(opt: _optim.Optimizer, local) -> _optim.Optimizer:
 @functools.lru_cache(maxsize=64)
 def _fragmented(tx, keys):
     return _local_mod.fragmented(tx, keys)   # cached: equal settings share one compiled replay
-
-
-def learning_rate(opt: _optim.Optimizer, opt_state) -> float | None:
-    """The learning rate a run starts from (for its config): the one set, else the state's."""
-    if opt.lr is not None:
-        return opt.lr
-    value = _optim.get_lr(opt_state)
-    return None if value is None else float(np.asarray(value).reshape(-1)[0])
-
-
-_chunk_length = _chunks.chunk_length
-
-
-def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> dict:
-    time = float(plan.update_time[update - 1]) if update > 0 else 0.0
-    row = {"update": int(update), "time": time, "train_loss": float(train_loss)}
-    row.update({k: float(v) for k, v in metrics.items()})
-    return row
-
-
-def _frame(rows):
-    import pandas as pd
-
-    return pd.DataFrame(rows)
-
-
-_update_losses = _chunks.update_losses
-
-
-def chunk_inputs(task, plan: Plan, k: int, data_key):
-    """Scan inputs of chunk k: (update [K], packed [K, 5, C], index [K, C, μ] or None).
-    For `indexed` tasks the minibatch indices of every slot are computed here, on the
-    host (`task.host_indices`), so the compiled replay only gathers, as a plain
-    training loop over a precomputed table does."""
-    update, packed = plan.xs(k)
-    if not task.indexed:
-        return update, packed, None
-    lo, hi = k * plan.chunk, (k + 1) * plan.chunk
-    return update, packed, task.host_indices(data_key, plan.worker[lo:hi], plan.iteration[lo:hi])
-
-
-_first_nonfinite = _chunks.first_nonfinite
 
 
 def replay(
@@ -216,8 +176,6 @@ def replay(
     Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
     non-finite loss, naming the update, worker and staleness.
     """
-    from tqdm.auto import tqdm
-
     lr = _check_lr(lr, allow_none=True)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
@@ -232,66 +190,21 @@ def replay(
     opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
     local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
     opt = streaming_outer(opt, local)
-    chunk = _chunk_length(schedule.num_updates, eval_every, num_evals)
+    chunk = _chunks.chunk_length(schedule.num_updates, eval_every, num_evals)
     plan = make_plan(schedule, chunk)
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
     if local is not None:
         consts["steps"] = jnp.asarray(steps[0])
-    rules = (rule,)
-
     carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers,
                             local is not None and local.streaming)
-    config = dict(config or {})
-    config.update(**task.config(), lr=learning_rate(opt, carry.opt_state),
-                  lr_rule=rule.describe(), optimizer=opt.describe(), seed=seed, policy=schedule.policy,
-                  cluster=schedule.cluster, workers=schedule.num_workers, eval_every=chunk)
-    if local is not None:
-        config.update(inner_optimizer=inner_opt.describe(), local_steps=[int(h) for h in steps[0]])
-    hist = _chunks.History(plan.num_updates, _history_row(0, plan, math.nan,
-                                                          jax.device_get(core.evaluate(task, carry.params))))
-    start = 0
-    ckpt = Path(checkpoint) if checkpoint is not None else None
-    identity = {"fingerprint": fingerprint(schedule),
-                **{k: config[k] for k in ("task", "lr", "lr_rule", "optimizer", "seed", "eval_every")}}
-    if ckpt is not None and resume:
-        meta, carry = _checkpoint.load(ckpt, carry, match=_checkpoint_identity(identity), name="replay")
-        hist.restore(meta)
-        start = int(meta["next_chunk"])
-    hist.params = jax.device_get(carry.params)
-
-    padded = plan.padded   # static: a plan without padding updates replays without the padding select
-
-    def step(carry, xs):
-        return core.run_chunk(task, carry, xs, consts, opt=opt.tx, rules=rules, slot_mode=slot_mode, local=local,
-                              padded=padded)
-
-    def record(k, carry, losses, _wall):
-        xs = plan.chunk_view(k)
-        lo, hi = k * chunk, min((k + 1) * chunk, plan.num_updates)
-        per_update = _update_losses(losses, xs["mask"])
-        hist.losses(lo, per_update[: hi - lo])
-        bad = _first_nonfinite(losses, xs["mask"])
-        if bad is not None:
-            row, slot = int(bad[0]), int(bad[1])
-            d = _chunks.Divergence(lo + row, int(xs["worker"][row, slot]), int(xs["staleness"][row, slot]),
-                                   f"iteration {int(xs['iteration'][row, slot])}")
-            _chunks.raise_divergence(hist, d, schedule, config, config["lr"], cut=lo + row)
-        metrics = jax.device_get(core.evaluate(task, carry.params))
-        hist.add(_history_row(hi, plan, float(np.mean(per_update[: hi - lo])), metrics), jax.device_get(carry.params))
-        return not (stop_after is not None and hi >= stop_after)
-
-    def save(k, carry):
-        if ckpt is not None:
-            _checkpoint.save(ckpt, carry, {"next_chunk": k + 1, **hist.state()},
-                             match=_checkpoint_identity(identity), name="replay")
-
-    bar = tqdm(total=plan.num_updates, initial=min(start * chunk, plan.num_updates), unit="upd",
-               disable=not progress, desc=f"{schedule.policy}", leave=False)
-    _chunks.run(step, carry, num_chunks=plan.num_chunks, inputs=lambda k: chunk_inputs(task, plan, k,
-                                                                                        consts["data_key"]),
-                record=record, start=start, save=save, histories=[hist], bar=bar,
-                bar_step=lambda k: min((k + 1) * chunk, plan.num_updates) - k * chunk)
-    return hist.result(schedule, config)
+    # static: a plan without padding updates replays without the padding select
+    static = core.Static(opt.tx, (rule,), slot_mode, local, plan.padded)
+    member = _runner.Member(schedule, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state),
+                            None if steps is None else steps[0], config)
+    options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
+                              stop_after=stop_after, checkpoint=None if checkpoint is None else Path(checkpoint),
+                              resume=resume, progress=progress, desc=schedule.policy.describe())
+    return _runner.run(_runner.single(task, plan, consts, static), carry, [member], options)[0]
 
 
 def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time: float | None = None,
@@ -322,17 +235,96 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
           inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
           batch_size: int | None = None, progress: bool = False, ring: int | None = None,
           slots: int | None = None, devices=None, block: int | None = None) -> list[Result]:
-    """Replay many configurations in one compiled, vmapped call per chunk (policies × seeds ×
-    lr_rules × lrs), optionally sharded over local `devices`: `staleness.engine.sweeps.sweep`."""
-    from staleness.engine import sweeps
+    """Replay many configurations in one compiled, vmapped call per chunk.
 
-    return sweeps.sweep(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
-                        max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer,
-                        eval_every=eval_every, num_evals=num_evals, batch_size=batch_size, progress=progress,
-                        ring=ring, slots=slots, devices=devices, block=block)
+    Configurations are the product policies × seeds × lr_rules × lrs (in that
+    order); every schedule is padded to the same number of updates, gradient
+    slots and ring size. Returns one Result per configuration; each equals
+    the corresponding `simulate` up to float rounding (vmap reorders sums).
+    A diverging configuration gets status 'diverged', its history stops at the
+    last finite chunk and `config['divergence']` names the update, worker and
+    staleness (as `replay`'s DivergenceError does).
+
+    Args:
+      ring: parameter versions kept (>= the largest staleness + 1; default the
+        next power of two); slots: gradient slots per update (>= the largest
+        update). Pin both to compile once for several grids.
+      devices: shard the configuration axis over local devices: True (all), a
+        count, or a list of devices; the Results are bitwise those of one device.
+      block: configurations per device per compiled call (default min(8, grid size));
+        the Results depend on it (in the last bits), not on the devices or processes.
+    Each Result's config holds ring, slots, devices, compile_s (seconds spent
+    compiling during the sweep) and sweep_s (the sweep's wall time).
+    """
+    grid = prepare(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
+                   max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, eval_every=eval_every,
+                   num_evals=num_evals, batch_size=batch_size, ring=ring, slots=slots)
+    return _grid.replay_grid(grid, devices=devices, progress=progress, block=block)
 
 
-# -- checkpoints -------------------------------------------------------------------
-def _checkpoint_identity(identity: dict) -> dict:
-    """What a replay checkpoint must agree with: the schedule's fingerprint and the run's settings."""
-    return {k: v for k, v in identity.items()}
+def prepare(task, policies, cluster, **settings) -> _grid.Grid:
+    """Simulate every schedule of a sweep and pad every plan to one shape: the `Grid`
+    that `engine.grid.replay_grid` replays (in blocks, over devices or processes).
+
+    settings: `sweep`'s keyword arguments seeds, lr_rules, lrs, num_updates, max_time,
+    optimizer, inner_optimizer, eval_every, num_evals, batch_size, ring and slots
+    (an `engine.grid.Settings`; see `sweep`)."""
+    from staleness import cluster as _cluster
+    from staleness.engine import payload as _payload
+
+    s = _grid.Settings(**settings)
+    pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
+    rules = [_lr.get(r) if isinstance(r, str) else r for r in s.lr_rules]
+    lrs = [_check_lr(v, allow_none=True) for v in s.lrs]
+    seeds = [int(x) for x in s.seeds]
+    if not pols or not seeds or not rules or not lrs:
+        raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
+    optimizer, lrs = _policy_rates(pols, s.optimizer, lrs)
+    if isinstance(cluster, str):
+        cluster = _cluster.parse(cluster)
+    task = resolve_task(task, cluster.num_workers, s.batch_size)
+    # as `simulate` does: transfers carry the bytes of the task's pytree (the method's payload)
+    payload = {p: _payload.payload_bytes(task, p) for p in pols}
+    schedules = {(p, x): simulate_schedule(p, cluster, num_updates=s.num_updates, max_time=s.max_time, seed=x,
+                                           payload_bytes=payload[p][0], push_bytes=payload[p][1])
+                 for p in pols for x in seeds}
+    configs = list(itertools.product(pols, seeds, rules, lrs))
+    u_max = max(x.num_updates for x in schedules.values())
+    chunk = _chunks.chunk_length(u_max, s.eval_every, s.num_evals)
+    ring, slots = _grid.padding(list(schedules.values()), chunk, s.ring, s.slots)
+    plans = [_grid.pad_plan(schedules[(p, x)], chunk, ring=ring, slots=slots, num_updates=u_max)
+             for p, x, _, _ in configs]
+    opt = _sweep_optimizer(optimizer, pols, lrs, u_max, task)
+    local, inner_opt, steps = local_setup([schedules[(p, x)] for p, x, _, _ in configs], task, s.inner_optimizer)
+    opt = streaming_outer(opt, local)
+    return _grid.Grid(task, configs, schedules, plans, chunk, ring, slots, opt, tuple(dict.fromkeys(rules)), local,
+                      inner_opt, steps, cluster.num_workers)
+
+
+def _policy_rates(pols, optimizer, lrs):
+    """(optimizer, lrs) of a sweep: with no optimizer given and the policies' own spec
+    naming lr= (DiLoCo's 'nesterov:0.9,lr=0.7'), swept rates replace its lr, and a None
+    rate (the optimizer's own) is that lr."""
+    own = {p.optimizer for p in pols}
+    if optimizer is None and len(own) == 1 and any(v is not None for v in lrs):
+        default = own.pop()
+        spec = _optim.get(default) if isinstance(default, str) else None
+        if spec is not None and spec.lr is not None:
+            return dataclasses.replace(spec, lr=None), [spec.lr if v is None else v for v in lrs]
+    return optimizer, lrs
+
+
+def _sweep_optimizer(optimizer, pols, lrs, horizon: int, task) -> _optim.Optimizer:
+    """The server (outer) optimizer of a sweep: `optimizer`, else the policies' own if they
+    agree on one; checked against every swept rate, set to the first."""
+    if optimizer is None:
+        own = {p.optimizer for p in pols}
+        if len(own) > 1:
+            raise ValueError(f"sweep: the policies are defined with different optimizers {sorted(map(str, own))}; "
+                             "pass optimizer= to compare them with one")
+        optimizer = own.pop()
+    set_lrs = list(dict.fromkeys(v for v in lrs if v is not None))
+    opt = resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, horizon, task)
+    for v in set_lrs[1:]:   # every rate, not only the first, must agree with an lr= the optimizer names
+        resolve_optimizer(optimizer, v, horizon, task)
+    return opt

@@ -1,0 +1,343 @@
+"""The replay of a prepared sweep: many configurations in one compiled call per chunk, on one device or a mesh.
+
+A `Grid` (made by `engine.run.prepare`: every schedule, the padding shared by
+all configurations, the optimizer) is replayed by `replay_grid(grid, indices,
+devices)`: the configurations `indices` (default: all) in blocks of `block`
+configurations batched under `vmap`, one block per device per call
+(`jax.shard_map` over the devices; no collective inside). Every block, wherever
+it runs, is the same compiled program on the same shapes, so any split of the
+grid (over devices here, over processes in `staleness.engine.distributed`)
+gives every configuration the same bits. History, divergence, evaluation and
+progress are the chunk runner's (`engine.runner`); this module passes it the
+batched program.
+
+Padding is pinned up front: `ring` (parameter versions kept, >= the largest
+staleness + 1) and `slots` (gradients per update, >= the largest update) fix
+the compiled shapes, so grids of different policies or budgets share one
+compiled replay. Compilation time is measured apart (JAX's own compile-event
+durations) and reported as `config['compile_s']`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from staleness.engine import core
+from staleness.engine import runner as _runner
+from staleness.engine.plan import Plan, chunk_inputs, make_plan
+
+__all__ = ["Grid", "Settings", "replay_grid", "grid_block", "resolve_devices", "compile_seconds", "needs",
+           "padding", "pad_plan"]
+
+AXIS = "configs"
+DEFAULT_BLOCK = 8   # configurations per device per compiled call
+
+
+# -- compile time ----------------------------------------------------------------------
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compile_lock = threading.Lock()
+_compile_total = [0.0]
+_listening = [False]
+
+
+def _on_duration(event: str, duration: float, **_kw) -> None:
+    if event in _COMPILE_EVENTS:
+        with _compile_lock:
+            _compile_total[0] += float(duration)
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent tracing, lowering and compiling JAX programs since
+    the first call (JAX's compile-event durations; all threads)."""
+    if not _listening[0]:
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _listening[0] = True
+    with _compile_lock:
+        return _compile_total[0]
+
+
+# -- the grid --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A sweep's settings, as `engine.run.sweep` takes them (see there); checked by `prepare`."""
+
+    seeds: Any = (0,)
+    lr_rules: Any = ("constant",)
+    lrs: Any = (None,)
+    num_updates: int | None = None
+    max_time: float | None = None
+    optimizer: Any = None
+    inner_optimizer: Any = None
+    eval_every: int | None = None
+    num_evals: int = 20
+    batch_size: int | None = None
+    ring: int | None = None
+    slots: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Grid:
+    """A prepared sweep: configurations, their schedules and padded plans, the optimizer."""
+
+    task: Any
+    configs: list            # [(policy, seed, rule, lr or None)] in product order
+    schedules: dict          # {(policy, seed): Schedule}
+    plans: list              # [Plan] one per configuration, all of the same shapes
+    chunk: int               # updates per compiled call
+    ring: int                # R: parameter versions kept
+    slots: int               # C: gradient slots per update
+    opt: Any                 # engine.optim.Optimizer (server / outer)
+    rules: tuple             # distinct lr rules (static)
+    local: Any               # engine.local.Local or None
+    inner_opt: Any
+    steps: np.ndarray | None  # [B, λ] inner steps of local-update methods
+    num_workers: int
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+
+def _check_pin(name: str, value, need: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} = {value!r} must be an integer >= 1")
+    if value < need:
+        what = "the largest staleness + 1" if name == "ring" else "the largest update's gradient count"
+        raise ValueError(f"{name} = {value} is too small for these schedules: they need {need} ({what}); "
+                         f"pass {name}={need} or more, or leave it unset")
+    return int(value)
+
+
+def needs(schedule) -> tuple[int, int]:
+    """(ring, slots) a schedule needs at least: largest staleness + 1, largest update."""
+    ring = int(schedule.staleness[schedule.applied].max()) + 1 if schedule.applied.any() else 1
+    counts = np.bincount(schedule.columns["apply_version"][schedule.applied], minlength=1)
+    return ring, max(1, int(counts.max()) if len(counts) else 1)
+
+
+def padding(schedules, chunk: int, ring: int | None, slots: int | None) -> tuple[int, int]:
+    """(ring, slots) shared by `schedules`: the pinned values (checked against what they
+    need), else the largest need, the ring rounded up to a power of two (grids whose
+    largest staleness differs a little share one compile)."""
+    need = [needs(s) for s in schedules]
+    need_ring, need_slots = max(r for r, _ in need), max(c for _, c in need)
+    slots = _check_pin("slots", slots, need_slots) or need_slots
+    if ring is None:
+        ring = max(make_plan(s, chunk).ring for s in schedules)
+    return _check_pin("ring", ring, need_ring), slots
+
+
+def pad_plan(schedule, chunk: int, *, ring: int | None, slots: int | None, num_updates: int | None = None) -> Plan:
+    """`make_plan` with the ring pinned to exactly `ring` (when given) and `slots` slots."""
+    need_ring, need_slots = needs(schedule)
+    ring = _check_pin("ring", ring, need_ring)
+    slots = _check_pin("slots", slots, need_slots)
+    plan = make_plan(schedule, chunk, slots=slots, num_updates=num_updates)
+    return plan if ring is None else dataclasses.replace(plan, ring=ring)
+
+
+# -- devices ---------------------------------------------------------------------------
+def resolve_devices(devices) -> list | None:
+    """None/False/1: one device (no mesh); True: every local device; an int n: the first
+    n local devices; or a list of devices."""
+    if devices is None or devices is False:
+        return None
+    local = jax.local_devices()
+    if devices is True:
+        devs = list(local)
+    elif isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+        if not 1 <= devices <= len(local):
+            raise ValueError(f"devices = {devices} must be in 1..{len(local)} (this process's local devices; "
+                             "more CPU devices: jax.config.update('jax_num_cpu_devices', N) before JAX starts)")
+        devs = list(local[: int(devices)])
+    elif isinstance(devices, (list, tuple)) and devices and all(isinstance(d, jax.Device) for d in devices):
+        devs = list(devices)
+    else:
+        raise ValueError(f"devices = {devices!r} must be True, a number of local devices or a list of jax devices")
+    return devs if len(devs) > 1 else None
+
+
+def grid_block(grid: Grid, block: int | None) -> int:
+    """Configurations per device per call: `block`, else min(DEFAULT_BLOCK, grid size)."""
+    if block is None:
+        return min(DEFAULT_BLOCK, len(grid))
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block = {block!r} must be an integer >= 1 (configurations per device per call)")
+    return int(block)
+
+
+def blocks_of(num: int, block: int) -> int:
+    return -(-num // block)
+
+
+_CARRY_SPEC = core.Carry(P(AXIS), P(AXIS), P(None, AXIS), P(AXIS))
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded_fns(mesh: Mesh, opt, rules, local, has_index: bool, const_keys: tuple):
+    """(chunk, evaluate) of the batched replay under `shard_map` over `mesh`'s configuration axis."""
+    consts_spec = {k: P(AXIS) for k in const_keys}
+    xs_spec = (P(), P(None, AXIS), P(None, AXIS) if has_index else None)
+
+    def chunk(task, carry, xs, consts):
+        return core.chunk_batched(task, carry, xs, consts, opt=opt, rules=rules, local=local)
+
+    sharded = jax.shard_map(chunk, mesh=mesh, in_specs=(P(), _CARRY_SPEC, xs_spec, consts_spec),
+                            out_specs=(_CARRY_SPEC, P(None, AXIS)), check_vma=False)
+    evaluate = jax.shard_map(_evaluate_each, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS),
+                             check_vma=False)
+    return jax.jit(sharded, donate_argnums=(1,)), jax.jit(evaluate)
+
+
+def _evaluate_each(task, params):
+    """Metrics of each configuration's params (leaves [B, ...]), one after the other: a
+    vmapped evaluation over the test set rounded differently on 1 and on 4 devices
+    (observed on CPU); one evaluation per configuration does not."""
+    return jax.lax.map(task.evaluate, params)
+
+
+_evaluate_each_jit = jax.jit(_evaluate_each)
+
+
+def _one_device_chunk(task, carry, xs, consts, *, opt, rules, local):
+    return core.run_chunk_batched(task, carry, xs, consts, opt=opt, rules=rules, local=local)
+
+
+def _place(tree, mesh, spec_tree):
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), spec_tree, is_leaf=lambda x: isinstance(x, P))
+    return jax.device_put(tree, shardings)
+
+
+# -- the replay of a grid --------------------------------------------------------------
+class _Layout(NamedTuple):
+    """Where the configurations of one replay_grid call run."""
+
+    devices: list      # the devices (one per block of a call)
+    mesh: Mesh
+    padded: list       # grid indices, the last repeated to fill every call: [calls * devices * block]
+    spans: list        # [calls] the positions in `padded` of each call's configurations
+
+
+def _layout(grid: Grid, indices: list, devices, block: int) -> _Layout:
+    devs = resolve_devices(devices) or [jax.local_devices()[0]]
+    rounds = blocks_of(blocks_of(len(indices), block), len(devs))   # calls per chunk: one block per device
+    width = len(devs) * block
+    padded = indices + [indices[-1]] * (rounds * width - len(indices))
+    spans = [list(range(r * width, (r + 1) * width)) for r in range(rounds)]
+    return _Layout(devs, Mesh(np.asarray(devs), (AXIS,)), padded, spans)
+
+
+def _compiled(grid: Grid, lay: _Layout):
+    """(chunk, evaluate, task placed) of the batched replay on `lay`'s devices."""
+    task = grid.task
+    if len(lay.devices) > 1:
+        const_keys = ("data_key", "rule") + (("steps",) if grid.local is not None else ())
+        chunk_fn, eval_fn = _sharded_fns(lay.mesh, grid.opt.tx, grid.rules, grid.local, task.indexed, const_keys)
+        return chunk_fn, eval_fn, jax.device_put(task, NamedSharding(lay.mesh, P()))
+    # one device: the engine's own batched replay (the per-device program of the sharded one)
+    chunk_fn = functools.partial(_one_device_chunk, opt=grid.opt.tx, rules=grid.rules, local=grid.local)
+    return chunk_fn, _evaluate_each_jit, jax.device_put(task, lay.devices[0])
+
+
+def _init_call(grid: Grid, lay: _Layout, sel: list, data_keys: list):
+    """(carry, consts, learning rates) of one call's configurations `sel` (positions in
+    `lay.padded`), placed on the mesh."""
+    idx = [lay.padded[i] for i in sel]
+    cfgs = [grid.configs[i] for i in idx]
+    # the configurations' minibatch keys, stacked on the host (a vmapped `keys` compiles)
+    cs = {"data_key": jax.random.wrap_key_data(np.stack([np.asarray(jax.random.key_data(data_keys[i]))
+                                                         for i in sel])),
+          "rule": jnp.asarray([grid.rules.index(r) for _, _, r, _ in cfgs], jnp.int32)}
+    if grid.local is not None:
+        cs["steps"] = jnp.asarray(grid.steps[idx])        # [W, λ]
+    c = core.init_carry_batched(grid.task, [s for _, s, _, _ in cfgs], grid.opt, grid.ring,
+                                lrs=[v for *_, v in cfgs], inner=grid.inner_opt, num_workers=grid.num_workers,
+                                streaming=grid.local is not None and grid.local.streaming)
+    rates = [v if v is not None else _runner.learning_rate(grid.opt, jax.tree.map(lambda a, i=i: a[i], c.opt_state))
+             for i, (*_, v) in enumerate(cfgs)]
+    return _place(c, lay.mesh, _CARRY_SPEC), _place(cs, lay.mesh, {k: P(AXIS) for k in cs}), rates
+
+
+def _feed(task, plans: list, data_keys: list, sel: list):
+    """k -> the scan inputs of one call's configurations `sel` for chunk k."""
+    def inputs(k):
+        parts = [chunk_inputs(task, plans[i], k, data_keys[i]) for i in sel]
+        index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, W, C, μ]
+        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, W, 5, C]
+    return inputs
+
+
+def _program(grid: Grid, lay: _Layout, n: int):
+    """(runner.Program, carries [calls], learning rates [padded]) of the first `n`
+    configurations of `lay` (the rest repeat the last to fill every call)."""
+    plans = [grid.plans[i] for i in lay.padded]
+    data_keys = [core.keys(grid.configs[i][1])[1] for i in lay.padded]
+    chunk_fn, eval_fn, task_rep = _compiled(grid, lay)
+    feeds = [_feed(grid.task, plans, data_keys, sel) for sel in lay.spans]
+    calls = [_init_call(grid, lay, sel, data_keys) for sel in lay.spans]
+    consts = [c[1] for c in calls]
+
+    def step(carries, xs):
+        outs = [chunk_fn(task_rep, c, x, k) for c, x, k in zip(carries, xs, consts)]
+        return [o[0] for o in outs], [o[1] for o in outs]
+
+    def metrics(carries):
+        parts = jax.device_get([eval_fn(task_rep, c.params) for c in carries])
+        both = {m: np.concatenate([p[m] for p in parts]) for m in parts[0]}
+        return [{m: v[i] for m, v in both.items()} for i in range(n)]
+
+    def params(carries):
+        host = jax.tree.map(lambda *xs: np.concatenate(xs), *jax.device_get([c.params for c in carries]))
+        return [jax.tree.map(lambda a, i=i: a[i], host) for i in range(n)]
+
+    program = _runner.Program(step=step, inputs=lambda k: [f(k) for f in feeds],
+                              losses=lambda out: np.swapaxes(np.concatenate(out, axis=1), 0, 1),   # [B, K, C]
+                              metrics=metrics, params=params)
+    return program, [c[0] for c in calls], [r for c in calls for r in c[2]]
+
+
+def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = False, block: int | None = None) -> list:
+    """Replay configurations `indices` of `grid` (default: all), `block` configurations per
+    device per compiled call, over `devices` (see `resolve_devices`). Returns their Results
+    in the order of `indices`.
+
+    Every device runs the same program on a block of exactly `block` configurations
+    (the last block padded by repeating its last configuration), so a configuration's
+    numbers do not depend on the device count, the process count or the grid's size
+    beyond the block: XLA picks other kernels, with other rounding, for other batch
+    sizes, and a fixed block makes every placement one compiled program."""
+    indices = list(range(len(grid))) if indices is None else [int(i) for i in indices]
+    if not indices:
+        return []
+    block = grid_block(grid, block)
+    lay = _layout(grid, indices, devices, block)
+    compile0, t_start = compile_seconds(), time.perf_counter()
+    program, carries, rates = _program(grid, lay, len(indices))
+    layout = {"sweep": True, "sweep_size": len(grid), "ring": grid.ring, "slots": grid.slots, "block": block,
+              "devices": [str(d) for d in lay.devices]}
+    members = []
+    for i, idx in enumerate(indices):
+        pol, seed, rule, _ = grid.configs[idx]
+        members.append(_runner.Member(grid.schedules[(pol, seed)], grid.plans[idx], seed, rule, rates[i],
+                                      None if grid.local is None else grid.steps[idx],
+                                      {**layout, "sweep_index": idx}))
+    options = _runner.Options(grid.chunk, grid.task.config(), grid.opt.describe(),
+                              None if grid.inner_opt is None else grid.inner_opt.describe(), on_divergence="mark",
+                              progress=progress, desc=f"sweep x{len(indices)}")
+    results = _runner.run(program, carries, members, options)
+    timing = {"compile_s": compile_seconds() - compile0, "sweep_s": time.perf_counter() - t_start}
+    for r in results:
+        r.config.update(timing)
+    return results

@@ -1,0 +1,223 @@
+"""The chunk runner: history, divergence, evaluation, checkpoints and progress of every compiled replay.
+
+    results = runner.run(program, carry, members, options)
+
+`engine.run.replay` (one configuration) and `engine.grid.replay_grid` (B
+configurations batched under `vmap`, sharded over devices) prepare their
+compiled program and pass what differs, as mctx passes its loop:
+
+  Program.step(carry, xs) -> (carry, out)   one compiled chunk (donates its carry)
+  Program.inputs(k) -> xs                   host inputs of chunk k (built while chunk k-1 runs)
+  Program.losses(out) -> [B, K, C]          each configuration's per-slot losses (NaN on padding)
+  Program.metrics(carry) -> [B] dicts       each configuration's evaluation, on the host
+  Program.params(carry) -> [B] pytrees      each configuration's parameters, on the host
+
+with one `Member` per configuration (its schedule, padded plan, seed, lr rule,
+rate) and the run's `Options`. Everything else happens here, the same way for
+every caller: the history rows (one per chunk, at simulated time), the
+per-update train loss, the first non-finite loss (raised as `DivergenceError`,
+or marked 'diverged' while the other configurations go on), `stop_after`,
+checkpoints and resume, the progress bar, Ctrl-C, and each Result's config
+(`config`: assembled here only). The loop itself is `engine.chunks.run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from staleness import checkpoint as _checkpoint
+from staleness.engine import chunks as _chunks
+from staleness.engine import core
+from staleness.engine.optim import get_lr
+from staleness.engine.plan import Plan, chunk_inputs, fingerprint
+
+__all__ = ["Program", "Member", "Options", "run", "single", "config", "learning_rate"]
+
+DIVERGENCE = ("raise", "mark")   # Options.on_divergence
+
+
+class Program(NamedTuple):
+    """What differs between compiled replays (see the module docstring)."""
+
+    step: Callable      # (carry, xs) -> (carry, out)
+    inputs: Callable    # k -> xs of chunk k
+    losses: Callable    # out (NumPy) -> [B, K, C] float
+    metrics: Callable   # carry -> B dicts {metric: value}
+    params: Callable    # carry -> B host pytrees
+
+
+class Member(NamedTuple):
+    """One configuration of a replay: what it replays and what its Result reports."""
+
+    schedule: Any                  # its Schedule
+    plan: Plan                     # its plan, padded to the program's shapes
+    seed: int
+    rule: Any                      # its `staleness.lr` rule
+    lr: float | None               # its learning rate (`learning_rate`; named by a divergence message)
+    steps: np.ndarray | None = None   # [λ] inner steps per iteration of a local-update method
+    extra: dict | None = None      # further config entries (replay's `config=`, a sweep's index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What every configuration of one run shares.
+
+    Args:
+      chunk: updates per compiled call (the evaluation interval).
+      task_config: `task.config()`; optimizer, inner_optimizer: the optimizers' descriptions.
+      on_divergence: 'raise' (`DivergenceError` with the Result so far: replay) or
+        'mark' (status 'diverged', the others go on: a sweep).
+      stop_after: stop (status 'stopped') after the chunk that reaches this many updates.
+      checkpoint: directory to checkpoint into after every chunk (one configuration);
+        resume: continue from the checkpoint found there.
+      progress: show a progress bar, labelled `desc`.
+    """
+
+    chunk: int
+    task_config: dict
+    optimizer: str
+    inner_optimizer: str | None = None
+    on_divergence: str = "raise"
+    stop_after: int | None = None
+    checkpoint: Path | None = None
+    resume: bool = False
+    progress: bool = False
+    desc: str = ""
+
+
+def single(task, plan: Plan, consts: dict, static) -> Program:
+    """The program of one configuration (`engine.run.replay`): `core.run_chunk` with
+    `static` (a `core.Static`) and `consts` on `plan`'s chunks, `core.evaluate`."""
+    def step(carry, xs):
+        return core.run_chunk(task, carry, xs, consts, opt=static.opt, rules=static.rules, slot_mode=static.slot_mode,
+                              local=static.local, padded=static.padded)
+
+    return Program(step=step, inputs=lambda k: chunk_inputs(task, plan, k, consts["data_key"]),
+                   losses=lambda out: out[None], metrics=lambda carry: [jax.device_get(core.evaluate(task, carry.params))],
+                   params=lambda carry: [jax.device_get(carry.params)])
+
+
+def learning_rate(opt, opt_state) -> float | None:
+    """The learning rate a run starts from (for its config): the one `opt` (an
+    `engine.optim.Optimizer`) sets, else the one in `opt_state`."""
+    if opt.lr is not None:
+        return opt.lr
+    value = get_lr(opt_state)
+    return None if value is None else float(np.asarray(value).reshape(-1)[0])
+
+
+def config(options: Options, member: Member) -> dict:
+    """The config of `member`'s Result: its extra entries, the task's, then the run's settings."""
+    s = member.schedule
+    cfg = dict(member.extra or {})
+    cfg.update(**options.task_config, lr=member.lr, lr_rule=member.rule.describe(), optimizer=options.optimizer,
+               seed=member.seed, policy=s.policy.describe(), cluster=s.cluster, workers=s.num_workers,
+               eval_every=options.chunk)
+    if member.steps is not None:
+        cfg.update(inner_optimizer=options.inner_optimizer, local_steps=[int(h) for h in member.steps])
+    return cfg
+
+
+def run(program: Program, carry, members, options: Options) -> list:
+    """Replay every chunk of `members` with `program` from `carry`; one Result per member.
+
+    Raises `DivergenceError` (with `.result`) on a non-finite loss when
+    `options.on_divergence` is 'raise', naming the update, worker and staleness."""
+    from tqdm.auto import tqdm
+
+    if options.on_divergence not in DIVERGENCE:
+        raise ValueError(f"on_divergence = {options.on_divergence!r} must be one of {DIVERGENCE}")
+    if options.checkpoint is not None and len(members) != 1:
+        raise ValueError(f"checkpoint: a replay of one configuration checkpoints, not {len(members)}")
+    state = _Run(program, list(members), options)
+    carry, start = state.begin(carry)
+    chunk, total = options.chunk, max(m.plan.num_updates for m in members)
+    bar = tqdm(total=total, initial=min(start * chunk, total), unit="upd", disable=not options.progress,
+               desc=options.desc, leave=False)
+    _chunks.run(program.step, carry, num_chunks=members[0].plan.num_chunks, inputs=program.inputs,
+                record=state.record, start=start, save=state.save if options.checkpoint is not None else None,
+                histories=state.hists, bar=bar, bar_step=lambda k: min((k + 1) * chunk, total) - k * chunk)
+    return [h.result(m.schedule, c) for m, h, c in zip(members, state.hists, state.configs)]
+
+
+def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> dict:
+    time = float(plan.update_time[update - 1]) if update > 0 else 0.0
+    row = {"update": int(update), "time": time, "train_loss": float(train_loss)}
+    row.update({k: float(v) for k, v in metrics.items()})
+    return row
+
+
+def divergence(losses: np.ndarray, plan: Plan, k: int) -> _chunks.Divergence | None:
+    """The first non-finite loss among the real slots of chunk k (`losses` [K, C]), or None."""
+    view = plan.chunk_view(k)
+    bad = _chunks.first_nonfinite(losses, view["mask"])
+    if bad is None:
+        return None
+    row, slot = int(bad[0]), int(bad[1])
+    return _chunks.Divergence(k * plan.chunk + row, int(view["worker"][row, slot]),
+                              int(view["staleness"][row, slot]), f"iteration {int(view['iteration'][row, slot])}")
+
+
+class _Run:
+    """The host state of one run: each member's config and `chunks.History`."""
+
+    def __init__(self, program: Program, members: list, options: Options):
+        self.program, self.members, self.options = program, members, options
+        self.configs = [config(options, m) for m in members]
+        self.hists: list[_chunks.History] = []
+        self.identity = None
+        if options.checkpoint is not None:   # what a checkpoint must agree with: schedule and settings
+            self.identity = {"fingerprint": fingerprint(members[0].schedule),
+                             **{k: self.configs[0][k] for k in ("task", "lr", "lr_rule", "optimizer", "seed",
+                                                                 "eval_every")}}
+
+    def begin(self, carry):
+        """(carry, first chunk): the initial rows, then the checkpoint's state when resuming."""
+        metrics = self.program.metrics(carry)
+        self.hists = [_chunks.History(m.plan.num_updates, _history_row(0, m.plan, math.nan, x))
+                      for m, x in zip(self.members, metrics)]
+        start = 0
+        if self.options.checkpoint is not None and self.options.resume:
+            meta, carry = _checkpoint.load(self.options.checkpoint, carry, match=self.identity, name="replay")
+            self.hists[0].restore(meta)
+            start = int(meta["next_chunk"])
+        for h, p in zip(self.hists, self.program.params(carry)):
+            h.params = p
+        return carry, start
+
+    def record(self, k: int, carry, out, _wall: float) -> bool:
+        """Chunk k's losses, divergence checks and history rows; False after `stop_after`."""
+        losses = self.program.losses(out)
+        chunk = self.options.chunk
+        lo = k * chunk
+        live = []
+        for i, (m, h, cfg) in enumerate(zip(self.members, self.hists, self.configs)):
+            if not h.active or lo >= m.plan.num_updates:
+                continue
+            hi = min(lo + chunk, m.plan.num_updates)
+            per_update = _chunks.update_losses(losses[i], m.plan.chunk_view(k)["mask"])[: hi - lo]
+            h.losses(lo, per_update)
+            d = divergence(losses[i], m.plan, k)
+            if d is None:
+                live.append((i, hi, float(np.mean(per_update))))
+            elif self.options.on_divergence == "raise":
+                _chunks.raise_divergence(h, d, m.schedule, cfg, cfg["lr"], cut=d.update)
+            else:
+                h.diverge(d, cfg["lr"])
+        if live:
+            metrics, params = self.program.metrics(carry), self.program.params(carry)
+            for i, hi, loss in live:
+                self.hists[i].add(_history_row(hi, self.members[i].plan, loss, metrics[i]), params[i])
+        end = min(lo + chunk, max(m.plan.num_updates for m in self.members))
+        return not (self.options.stop_after is not None and end >= self.options.stop_after)
+
+    def save(self, k: int, carry) -> None:
+        _checkpoint.save(self.options.checkpoint, carry, {"next_chunk": k + 1, **self.hists[0].state()},
+                         match=self.identity, name="replay")
