@@ -18,11 +18,13 @@ dirichlet:ALPHA, sizes:F1,...,Fλ (`partitions`).
 """
 
 from staleness.tasks import cifar, data, models, partitions
-from staleness.tasks.base import NO_EXAMPLE, PARTITIONS, Task, concat_batches
+from staleness.tasks.base import Task
+from staleness.tasks.batches import NO_EXAMPLE, concat_batches
 from staleness.tasks.builders import from_flax, from_functions
 from staleness.tasks.classification import classification_task
 from staleness.tasks.errors import (DataError, FactoryError, LabelShapeError, LossError, ModelKindError,
                                     MutableStateError, TaskError)
+from staleness.tasks.partitions import PARTITIONS
 from staleness.tasks.registry import get, names, options, register, resolve
 
 __all__ = [

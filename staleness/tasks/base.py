@@ -28,24 +28,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-PARTITIONS = ("iid", "shard", "dirichlet:ALPHA", "sizes:F1,...,Fλ")
-"""Valid values of `partition`: `iid` samples every worker's minibatches from the
-whole training set; `shard` gives worker w its own disjoint, label-skewed shard;
-`dirichlet:ALPHA` Dirichlet(ALPHA) label proportions per worker; `sizes:...`
-unequal iid shards (see `staleness.tasks.partitions`)."""
-
-NO_EXAMPLE = -1
-"""Sentinel in `batch["index"]` for tasks without a training set (quadratic)."""
-
-PyTree = Any
-Batch = dict[str, jax.Array]
+from staleness.tasks import data as _data
+from staleness.tasks import partitions, sampling
+from staleness.tasks.batches import Batch, PyTree
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -194,16 +185,12 @@ class Task:
 
     @functools.cached_property
     def _layout(self):
-        from staleness.tasks import sampling
-
         return None if self.partition == "iid" else sampling.layout_of(self.data)
 
     def host_indices(self, key: jax.Array, worker, iteration) -> np.ndarray:
         """[..., μ] int32 training indices of the minibatches of `worker`/`iteration`
         (NumPy arrays of one shape), computed on the host: exactly the indices
         `minibatch(key, worker, iteration)` draws. Only for `indexed` tasks."""
-        from staleness.tasks import sampling
-
         if not self.indexed:
             raise ValueError(f"task {self.name!r} draws its minibatches on the device (no gather_fn)")
         bits = np.asarray(jax.random.key_data(key), np.uint32).reshape(-1)[:2]
@@ -247,8 +234,6 @@ class Task:
         (the quadratic: its objective is the held-out metric). Raises ValueError for
         tasks whose data layout has no such split; a task with its own `holdout_fn`
         (the language model: the tail of its training stream) splits itself."""
-        from staleness.tasks import data as _data
-
         if self.train_size == 0:
             return self
         if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
@@ -286,8 +271,6 @@ class Task:
         {"partition", "worker_examples": [λ] examples each worker draws from,
         "label_skew": mean total-variation distance between each worker's label
         distribution and the training set's (None without integer labels)}."""
-        from staleness.tasks import partitions
-
         return partitions.info(self.partition, self.num_workers, self.train_size, self._layout,
                                partitions.labels_of(self.data) if self.train_size else None)
 
@@ -309,48 +292,3 @@ jax.tree_util.register_dataclass(
         "optimizer", "options", "holdout_fn",
     ],
 )
-
-
-def concat_batches(batches: Sequence[Batch]) -> Batch:
-    """Concatenate minibatches along the example axis.
-
-    The large-batch equivalent of one BSP round is
-    `concat_batches([task.minibatch(key, w, i) for w in range(λ)])`; since every
-    loss is a mean over equal-sized batches, `task.loss` on it equals the mean of
-    the λ per-worker losses. A batch stacked by `vmap` over workers ([λ, μ, ...])
-    is `concat_batches(list_of_it)` or `jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), b)`.
-    """
-    if not batches:
-        raise ValueError("concat_batches needs at least one batch; got an empty sequence.")
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *batches)
-
-
-def check_common(batch_size: Any, num_workers: Any, partition: Any, seed: Any) -> None:
-    """Validate the arguments every task shares, with messages that say what is valid."""
-    for arg, value in (("batch_size", batch_size), ("num_workers", num_workers), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{arg} must be an int; got {value!r} of type {type(value).__name__}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 (examples per worker minibatch); got {batch_size}.")
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1; got {num_workers}.")
-    from staleness.tasks import partitions
-
-    partitions.parse(partition)   # ValueError naming the valid partitions
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0; got {seed}.")
-
-
-def check_shard(partition: str, num_workers: int, train_size: int, name: str) -> None:
-    """Under `shard` every worker needs at least one example of its own."""
-    if partition == "shard" and num_workers > train_size:
-        raise ValueError(
-            f"partition='shard' gives each worker a disjoint shard of the {train_size} training "
-            f"examples of {name!r}, so num_workers must be <= {train_size}; got {num_workers}. "
-            f"Use fewer workers or partition='iid'."
-        )
-
-
-def example_key(key: jax.Array, worker: Any, iteration: Any) -> jax.Array:
-    """The per-(worker, iteration) key every minibatch is drawn from."""
-    return jax.random.fold_in(jax.random.fold_in(key, worker), iteration)

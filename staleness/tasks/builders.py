@@ -22,7 +22,8 @@ a loss that is not a scalar, labels of the wrong shape or dtype for the loss,
 data arrays of different lengths.
 
 The models' (init, apply) pairs live in `staleness.tasks.flax_models`; the named
-losses, held-out metrics and their checks in `staleness.tasks.losses`.
+losses, held-out metrics and their checks in `staleness.tasks.losses`; the
+checks and the test split of the user's arrays in `staleness.tasks.examples`.
 """
 
 from __future__ import annotations
@@ -35,75 +36,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from staleness import metrics as _metrics
 from staleness.metrics import Metric
 from staleness.tasks import data as _data
 from staleness.tasks import partitions as _partitions
-from staleness.tasks.base import PyTree, Task, check_common
+from staleness.tasks.base import Task
+from staleness.tasks.batches import PyTree
+from staleness.tasks.checks import check_common, check_name
 from staleness.tasks.errors import DataError, LabelShapeError, LossError, TaskError
-from staleness.tasks.flax_models import first_line, linen_model, model_kind, nnx_model
+from staleness.tasks.examples import DEFAULT_TEST_FRACTION, Examples, split_examples
+from staleness.tasks.flax_models import Model, first_line, linen_model, model_kind, nnx_model
 from staleness.tasks.losses import (DEFAULT_METRICS, LOSSES, callable_per_example, check_labels, check_per_example,
                                     check_scalar_loss, metric_table, metrics_eval_fn, named_per_example)
 
 __all__ = ["LOSSES", "DEFAULT_METRICS", "from_flax", "from_functions", "model_kind"]
-
-DEFAULT_TEST_FRACTION = 0.2
-_SPLIT_STREAM = 0x7465
-
-
-# ---------------------------------------------------------------------------
-# Data
-
-
-def _arrays(value: Any, what: str) -> dict[str, np.ndarray]:
-    """(x, y) / {field: array} / a single array (-> {"x": it}) as NumPy arrays of one length."""
-    if isinstance(value, Mapping):
-        out = {str(k): v for k, v in value.items()}
-    elif isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise DataError(f"{what} must be (x, y), a dict of arrays, or one array; got a sequence of "
-                            f"{len(value)} items.")
-        out = {"x": value[0], "y": value[1]}
-    else:
-        out = {"x": value}
-    if not out:
-        raise DataError(f"{what} has no arrays.")
-    arrays = {}
-    for k, v in out.items():
-        a = np.asarray(v)
-        if a.dtype == object or a.ndim == 0:
-            raise DataError(f"{what}[{k!r}] must be an array with a leading example axis; got "
-                            f"{type(v).__name__} of shape {a.shape} and dtype {a.dtype}.")
-        if a.dtype == np.float64:
-            a = a.astype(np.float32)
-        elif a.dtype == np.int64:
-            a = a.astype(np.int32)
-        arrays[k] = a
-    if "index" in arrays:
-        raise DataError(f"{what} has a field 'index'; the name is reserved (every batch carries the examples' "
-                        "training-set positions under it). Rename the field.")
-    lengths = {k: len(a) for k, a in arrays.items()}
-    if len(set(lengths.values())) != 1:
-        raise DataError(f"the arrays of {what} must have the same leading length (one row per example); got "
-                        + ", ".join(f"{k}: {n}" for k, n in lengths.items()) + ".")
-    if next(iter(lengths.values())) == 0:
-        raise DataError(f"{what} has no examples.")
-    return arrays
-
-
-def _split(arrays: dict[str, np.ndarray], fraction: Any, seed: int):
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-        raise DataError(f"test_fraction must be a number in [0, 1) (0: evaluate on the training data); "
-                        f"got {fraction!r}.")
-    n = len(next(iter(arrays.values())))
-    if fraction == 0:
-        return arrays, arrays
-    m = max(1, int(round(fraction * n)))
-    if m >= n:
-        raise DataError(f"test_fraction = {fraction} leaves no training examples of {n}; give more data or "
-                        "a smaller test_fraction.")
-    perm = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(n)
-    test_idx, train_idx = np.sort(perm[:m]), np.sort(perm[m:])
-    return ({k: a[train_idx] for k, a in arrays.items()}, {k: a[test_idx] for k, a in arrays.items()})
 
 
 # ---------------------------------------------------------------------------
@@ -175,148 +121,38 @@ def from_flax(
     Returns:
       The `Task` (indexed: its minibatches come from host index tables).
     """
-    from staleness.tasks.registry import check_name
-
-    sizes_spec = None if sizes is None else _partitions.Partition(
-        "sizes", sizes=_partitions.check_sizes(sizes)).describe()
-    if sizes_spec is not None:
-        if partition not in ("iid", sizes_spec):
-            raise TaskError(f"give either sizes= or partition={partition!r}, not both.")
-        partition = sizes_spec
+    partition = _sized_partition(partition, sizes)
     check_common(batch_size, num_workers, partition, seed)
     partition = _partitions.parse(partition).describe()
     if isinstance(eval_chunk, bool) or not isinstance(eval_chunk, int) or eval_chunk < 1:
         raise TaskError(f"eval_chunk must be an int >= 1 (test examples per evaluation step); got {eval_chunk!r}.")
     model_kwargs = dict(model_kwargs or {})
     kind = model_kind(model)
-    if isinstance(loss, str):
-        if loss not in LOSSES:
-            raise LossError(f"loss = {loss!r} is not a known loss; valid: {', '.join(LOSSES)}, or a callable "
-                            "loss(outputs, batch) -> scalar.")
-        loss_name = loss
-    elif callable(loss):
-        loss_name = None
-    else:
-        raise LossError(f"loss = {loss!r} must be one of {LOSSES} or a callable loss(outputs, batch) -> scalar.")
-
-    arrays = _arrays(data, "data")
-    label_field = None
-    if isinstance(labels, str):
-        if labels not in arrays:
-            raise DataError(f"labels = {labels!r} is not a field of data; fields: {sorted(arrays)}.")
-        label_field = labels
-    elif labels is not None:
-        lab = np.asarray(labels)
-        n = len(next(iter(arrays.values())))
-        if lab.shape != (n,):
-            raise DataError(f"labels must hold one entry per example of data: shape ({n},); got {lab.shape}.")
-        label_field = "\0labels"
-        arrays[label_field] = lab
-    if input_key not in arrays:
-        raise DataError(f"the model reads field {input_key!r} (input_key) but data has {sorted(arrays)}.")
-    if test is None:
-        train, test_arrays = _split(arrays, test_fraction, seed)
-    else:
-        train = arrays
-        test_arrays = _arrays(test, "test")
-        missing = sorted(set(train) - set(test_arrays) - {"\0labels"})
-        if missing:
-            raise DataError(f"test lacks the fields {missing} that data has.")
-        test_arrays = {k: test_arrays[k] for k in train if k in test_arrays}
-    part_labels = train.pop(label_field) if label_field == "\0labels" else (
-        train[label_field] if label_field is not None else None)
-    test_arrays.pop("\0labels", None)
-    if part_labels is None and "y" in train and train["y"].ndim == 1:
-        part_labels = train["y"]
-    train_size, test_size = len(train[input_key]), len(test_arrays[input_key])
-
-    x = train[input_key]
-    if loss_name == "next_token":
-        if x.ndim != 2 or x.shape[1] < 2 or not np.issubdtype(x.dtype, np.integer):
-            raise LabelShapeError(f"loss 'next_token' needs integer token sequences [N, T + 1] (T >= 1) in field "
-                                  f"{input_key!r}; got shape {x.shape} and dtype {x.dtype}.")
-        example = jax.ShapeDtypeStruct((batch_size, x.shape[1] - 1), x.dtype)
-    else:
-        example = jax.ShapeDtypeStruct((batch_size, *x.shape[1:]), x.dtype)
+    loss_name = _loss_name(loss)
+    ex = split_examples(data, test, test_fraction, labels, input_key, seed)
+    example = _model_input(ex.train[input_key], loss_name, batch_size, input_key)
     m = linen_model(model, example, params, model_kwargs) if kind == "linen" else nnx_model(model, params,
                                                                                             model_kwargs)
-    apply = m.apply
-
-    def inputs_of(batch):
-        v = batch[input_key]
-        return v[:, :-1] if loss_name == "next_token" else v
-
-    batch_spec = {k: jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype) for k, a in train.items()}
-    try:
-        outputs = jax.eval_shape(apply, m.params_shape, example)
-    except Exception as e:  # noqa: BLE001 - the user's model: say on what it failed
-        hint = ""
-        if kind == "nnx" and type(e).__name__ == "TraceContextError":
-            hint = (" (an nnx module that draws random numbers, e.g. Dropout in training mode, cannot run "
-                    "inside a compiled replay: call model.eval() first, or make those layers deterministic)")
-        raise TaskError(f"model {type(model).__name__} failed on inputs of shape {example.shape} "
-                        f"({example.dtype}): {type(e).__name__}: {first_line(e)}{hint}") from e
-    if loss_name is not None:
-        if not isinstance(outputs, jax.ShapeDtypeStruct):
-            raise LabelShapeError(f"loss {loss_name!r} needs one output array from the model; got "
-                                  f"{jax.tree.structure(outputs)}.")
-        check_labels(loss_name, outputs, train, test_arrays, input_key)
-        per_example = named_per_example(loss_name, input_key)
-    else:
-        per_example = callable_per_example(loss, outputs, batch_spec)
-
-    def loss_fn(p: PyTree, batch: dict) -> jax.Array:
-        out = apply(p, inputs_of(batch))
-        if loss_name is None:
-            value = loss(out, batch)
-            return jnp.mean(value)
-        return jnp.mean(per_example(out, batch))
-
+    inputs_of = _inputs_of(input_key, loss_name == "next_token")
+    outputs = _output_shape(model, m, example)
+    batch_spec = {k: jax.ShapeDtypeStruct((batch_size, *a.shape[1:]), a.dtype) for k, a in ex.train.items()}
+    per_example = _per_example(loss, loss_name, outputs, ex, input_key, batch_spec)
+    loss_fn = _loss_fn(loss, loss_name, per_example, m.apply, inputs_of)
     check_scalar_loss(loss_fn, m.params_shape, {**batch_spec, "index": jax.ShapeDtypeStruct((batch_size,),
                                                                                             jnp.int32)},
                       f"the loss of task {name or type(model).__name__!r}")
-    table = metric_table(metrics, loss_name, per_example, input_key)
-    test_spec = {k: jax.ShapeDtypeStruct((min(eval_chunk, test_size), *a.shape[1:]), a.dtype)
-                 for k, a in test_arrays.items()}
-    for metric, fn, _ in table:
-        check_per_example(metric.name, fn, apply, inputs_of, m.params_shape, test_spec)
-
+    table = _checked_metrics(metrics, loss_name, per_example, input_key, m, inputs_of, ex.test, eval_chunk)
     task_name = check_name(name) if name is not None else type(model).__name__
-
-    def layout(train, held_out, labels, label_name):
-        """The task's data, eval_fn and sample_fn for these training and held-out examples."""
-        chunks, mask = _data.chunked(held_out, eval_chunk)
-        out = {_data.EXAMPLES: train, "test_examples": chunks, "mask_test": mask,
-               **_data.sampler_data(labels, partition, num_workers, seed, train_size=len(train[input_key]),
-                                    name=label_name)}
-        if labels is not None and labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer):
-            out["labels"] = labels.astype(np.int32)
-        n = len(train[input_key])
-        return (jax.tree.map(jnp.asarray, out),
-                metrics_eval_fn(apply, inputs_of, tuple(table), len(held_out[input_key])),
-                _data.make_sample_fn(batch_size, partition, n, source=_data.EXAMPLES))
-
-    def holdout(task, fraction, split_seed):
-        """`Task.holdout`: `fraction` of the training examples (drawn with `split_seed`)
-        become the held-out set, the rest the training set (partitioned again); the test
-        set is not used."""
-        val, keep = task.holdout_split(fraction, split_seed)
-        labels = None if part_labels is None else part_labels[keep]
-        data, eval_fn, sample_fn = layout({f: a[keep] for f, a in train.items()},
-                                          {f: a[val] for f, a in train.items()}, labels,
-                                          repr(f"{task.name}[validation]"))
-        return dataclasses.replace(task, name=f"{task.name}[validation]", train_size=len(keep), test_size=len(val),
-                                   data=data, eval_fn=eval_fn, sample_fn=sample_fn)
-
-    task_data, eval_fn, sample_fn = layout(train, test_arrays, part_labels, repr(name or type(model).__name__))
+    layout = _Layout(batch_size, num_workers, partition, seed, input_key, eval_chunk, m.apply, inputs_of, table)
+    task_data, eval_fn, sample_fn = layout.pieces(ex.train, ex.test, ex.labels, repr(name or type(model).__name__))
     return Task(
         name=task_name,
         batch_size=batch_size,
         num_workers=num_workers,
         partition=partition,
         metric_names=tuple(mt.name for mt, _, _ in table),
-        train_size=train_size,
-        test_size=test_size,
+        train_size=len(ex.train[input_key]),
+        test_size=len(ex.test[input_key]),
         seed=seed,
         init_fn=m.init,
         loss_fn=loss_fn,
@@ -326,8 +162,163 @@ def from_flax(
         data=task_data,
         metrics=tuple(mt for mt, _, _ in table),
         optimizer=optimizer,
-        holdout_fn=holdout,
+        holdout_fn=_holdout_fn(layout, ex.train, ex.labels),
     )
+
+
+def _sized_partition(partition: str, sizes: Sequence[float] | None) -> str:
+    """The partition spec of `from_flax(partition=, sizes=)`: sizes=[F1, ...] is
+    'sizes:F1,...'; giving both (a partition other than the default) is an error."""
+    if sizes is None:
+        return partition
+    sizes_spec = _partitions.Partition("sizes", sizes=_partitions.check_sizes(sizes)).describe()
+    if partition not in ("iid", sizes_spec):
+        raise TaskError(f"give either sizes= or partition={partition!r}, not both.")
+    return sizes_spec
+
+
+def _loss_name(loss: Any) -> str | None:
+    """The name of a named loss (one of `LOSSES`), None for a callable; LossError otherwise."""
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise LossError(f"loss = {loss!r} is not a known loss; valid: {', '.join(LOSSES)}, or a callable "
+                            "loss(outputs, batch) -> scalar.")
+        return loss
+    if callable(loss):
+        return None
+    raise LossError(f"loss = {loss!r} must be one of {LOSSES} or a callable loss(outputs, batch) -> scalar.")
+
+
+# ---------------------------------------------------------------------------
+# The model on a batch: its inputs and the shape of its outputs
+
+
+def _model_input(x: np.ndarray, loss_name: str | None, batch_size: int, input_key: str) -> jax.ShapeDtypeStruct:
+    """The shape of the model's input batch for training inputs `x` ([N, ...]): [μ, ...],
+    or the first T tokens of each [N, T + 1] sequence under 'next_token'."""
+    if loss_name == "next_token":
+        if x.ndim != 2 or x.shape[1] < 2 or not np.issubdtype(x.dtype, np.integer):
+            raise LabelShapeError(f"loss 'next_token' needs integer token sequences [N, T + 1] (T >= 1) in field "
+                                  f"{input_key!r}; got shape {x.shape} and dtype {x.dtype}.")
+        return jax.ShapeDtypeStruct((batch_size, x.shape[1] - 1), x.dtype)
+    return jax.ShapeDtypeStruct((batch_size, *x.shape[1:]), x.dtype)
+
+
+def _inputs_of(input_key: str, next_token: bool) -> Callable[[dict], jax.Array]:
+    """batch -> the model's inputs: field `input_key` (without its last token under 'next_token')."""
+
+    def inputs_of(batch):
+        v = batch[input_key]
+        return v[:, :-1] if next_token else v
+
+    return inputs_of
+
+
+def _output_shape(model: Any, m: Model, example: jax.ShapeDtypeStruct) -> Any:
+    """The shapes of the model's outputs on `example`; TaskError saying on what it failed."""
+    try:
+        return jax.eval_shape(m.apply, m.params_shape, example)
+    except Exception as e:  # noqa: BLE001 - the user's model: say on what it failed
+        hint = ""
+        if m.kind == "nnx" and type(e).__name__ == "TraceContextError":
+            hint = (" (an nnx module that draws random numbers, e.g. Dropout in training mode, cannot run "
+                    "inside a compiled replay: call model.eval() first, or make those layers deterministic)")
+        raise TaskError(f"model {type(model).__name__} failed on inputs of shape {example.shape} "
+                        f"({example.dtype}): {type(e).__name__}: {first_line(e)}{hint}") from e
+
+
+# ---------------------------------------------------------------------------
+# Loss and held-out metrics
+
+
+def _per_example(loss: Any, loss_name: str | None, outputs: Any, ex: Examples, input_key: str,
+                 batch_spec: dict) -> Callable:
+    """The per-example loss (outputs, batch) -> [B] of a named loss (labels checked
+    against the outputs) or of a callable one."""
+    if loss_name is None:
+        return callable_per_example(loss, outputs, batch_spec)
+    if not isinstance(outputs, jax.ShapeDtypeStruct):
+        raise LabelShapeError(f"loss {loss_name!r} needs one output array from the model; got "
+                              f"{jax.tree.structure(outputs)}.")
+    check_labels(loss_name, outputs, ex.train, ex.test, input_key)
+    return named_per_example(loss_name, input_key)
+
+
+def _loss_fn(loss: Any, loss_name: str | None, per_example: Callable, apply: Callable,
+             inputs_of: Callable) -> Callable[[PyTree, dict], jax.Array]:
+    """The task's loss_fn(params, batch): the mean of the loss over the batch."""
+
+    def loss_fn(p: PyTree, batch: dict) -> jax.Array:
+        out = apply(p, inputs_of(batch))
+        if loss_name is None:
+            value = loss(out, batch)
+            return jnp.mean(value)
+        return jnp.mean(per_example(out, batch))
+
+    return loss_fn
+
+
+def _checked_metrics(metrics: Any, loss_name: str | None, per_example: Callable, input_key: str, m: Model,
+                     inputs_of: Callable, test: dict[str, np.ndarray], eval_chunk: int) -> tuple:
+    """The held-out metrics table [(Metric, per-example fn, finalize)] of `metrics`, each
+    checked on one chunk of the test examples."""
+    table = tuple(metric_table(metrics, loss_name, per_example, input_key))
+    chunk = min(eval_chunk, len(test[input_key]))
+    test_spec = {k: jax.ShapeDtypeStruct((chunk, *a.shape[1:]), a.dtype) for k, a in test.items()}
+    for metric, fn, _ in table:
+        check_per_example(metric.name, fn, m.apply, inputs_of, m.params_shape, test_spec)
+    return table
+
+
+# ---------------------------------------------------------------------------
+# Data layout and the validation split
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How a from_flax task lays out (training, held-out) examples as its data, eval_fn
+    and sample_fn: one recipe for the task and for its `holdout` split."""
+
+    batch_size: int
+    num_workers: int
+    partition: str
+    seed: int
+    input_key: str
+    eval_chunk: int
+    apply: Callable
+    inputs_of: Callable
+    table: tuple
+
+    def pieces(self, train: dict, held_out: dict, labels: np.ndarray | None, label_name: str):
+        """The task's data, eval_fn and sample_fn for these training and held-out examples."""
+        n = len(train[self.input_key])
+        chunks, mask = _data.chunked(held_out, self.eval_chunk)
+        out = {_data.EXAMPLES: train, "test_examples": chunks, "mask_test": mask,
+               **_data.sampler_data(labels, self.partition, self.num_workers, self.seed, train_size=n,
+                                    name=label_name)}
+        if labels is not None and labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer):
+            out["labels"] = labels.astype(np.int32)
+        return (jax.tree.map(jnp.asarray, out),
+                metrics_eval_fn(self.apply, self.inputs_of, self.table, len(held_out[self.input_key])),
+                _data.make_sample_fn(self.batch_size, self.partition, n, source=_data.EXAMPLES))
+
+
+def _holdout_fn(layout: _Layout, train: dict, labels: np.ndarray | None) -> Callable[[Task, float, int], Task]:
+    """The `holdout_fn` of a from_flax task trained on `train` (partitioned by `labels`)."""
+
+    def holdout(task, fraction, split_seed):
+        """`Task.holdout`: `fraction` of the training examples (drawn with `split_seed`)
+        become the held-out set, the rest the training set (partitioned again); the test
+        set is not used."""
+        val, keep = task.holdout_split(fraction, split_seed)
+        kept_labels = None if labels is None else labels[keep]
+        data, eval_fn, sample_fn = layout.pieces({f: a[keep] for f, a in train.items()},
+                                                 {f: a[val] for f, a in train.items()}, kept_labels,
+                                                 repr(f"{task.name}[validation]"))
+        return dataclasses.replace(task, name=f"{task.name}[validation]", train_size=len(keep), test_size=len(val),
+                                   data=data, eval_fn=eval_fn, sample_fn=sample_fn)
+
+    return holdout
 
 
 # ---------------------------------------------------------------------------
@@ -376,8 +367,6 @@ def from_functions(
     Returns:
       The `Task` (its minibatches are drawn by `sample` inside the replay).
     """
-    from staleness.tasks.registry import check_name
-
     check_common(batch_size, num_workers, partition, seed)
     partition = _partitions.parse(partition).describe()
     for arg, fn in (("init", init), ("loss", loss), ("sample", sample), ("evaluate", evaluate)):
@@ -395,8 +384,6 @@ def from_functions(
     names = tuple(m.name if isinstance(m, Metric) else m for m in metrics)
     if not names:
         raise TaskError("metrics is empty; name the metrics `evaluate` returns.")
-    from staleness import metrics as _metrics
-
     resolved = tuple(d if d is not None else _metrics.get(n) for d, n in zip(declared, names))
     if data is None:
         def sample_fn(d, key, worker, iteration):

@@ -13,8 +13,11 @@ import numpy as np
 import optax
 
 from staleness.tasks import data
-from staleness.tasks.base import PyTree, Task, check_common, check_shard
+from staleness.tasks.base import Task
+from staleness.tasks.batches import PyTree
+from staleness.tasks.checks import check_common, check_shard
 from staleness.tasks.errors import ModelKindError
+from staleness.tasks.flax_models import model_kind
 
 
 @functools.lru_cache(maxsize=64)
@@ -75,8 +78,6 @@ def classification_task(
       A `Task` with metric_names ("loss", "accuracy").
     """
     if not isinstance(model, nn.Module):
-        from staleness.tasks.builders import model_kind
-
         kind = model_kind(model)   # ModelKindError for a class or a non-flax object
         raise ModelKindError(f"classification_task takes a flax.linen Module; got a flax {kind} module "
                              f"{type(model).__name__}. Build nnx models with staleness.tasks.from_flax(model, "

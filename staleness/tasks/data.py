@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from staleness.tasks import partitions, sampling
-from staleness.tasks.base import NO_EXAMPLE, Batch, PyTree, example_key
+from staleness.tasks.batches import NO_EXAMPLE, Batch, PyTree, example_key
 
 DEFAULT_EVAL_CHUNK = 1000
 """Test examples evaluated per step of the chunked evaluation loop."""

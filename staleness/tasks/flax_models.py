@@ -7,7 +7,7 @@ optimizers, checkpoints and `Result.save` see ordinary pytrees. `model_kind`
 says which kind a model is (ModelKindError for anything else); both builders
 refuse models with mutable state besides their parameters (BatchNorm
 statistics), since a stale-synchronous task trains parameters only. Used by
-`staleness.tasks.builders.from_flax`.
+`staleness.tasks.builders.from_flax` (and `model_kind` by `classification_task`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness.tasks.base import PyTree
+from staleness.tasks.batches import PyTree
 from staleness.tasks.errors import ModelKindError, MutableStateError, TaskError
 
 __all__ = ["Model", "first_line", "linen_model", "model_kind", "nnx_model"]

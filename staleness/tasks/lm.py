@@ -77,7 +77,9 @@ import optax
 from staleness.tasks import data as _data
 from staleness.tasks import partitions as _partitions
 from staleness.tasks import sampling
-from staleness.tasks.base import Batch, PyTree, Task, check_common
+from staleness.tasks.base import Task
+from staleness.tasks.batches import Batch, PyTree
+from staleness.tasks.checks import check_common
 from staleness.tasks.transformer import VOCAB, Transformer
 
 __all__ = ["Corpus", "DEFAULT_OPTIMIZER", "corpus", "fingerprint", "lm_task", "stdlib_files", "stdlib_lm"]

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from staleness.metrics import Metric
-from staleness.tasks.base import PyTree
+from staleness.tasks.batches import PyTree
 from staleness.tasks.errors import LabelShapeError, LossError, TaskError
 from staleness.tasks.flax_models import first_line
 

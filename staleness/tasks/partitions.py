@@ -42,7 +42,10 @@ __all__ = ["KINDS", "PARTITIONS", "Partition", "parse", "layout", "shard_layout"
 
 KINDS = ("iid", "shard", "dirichlet", "sizes")
 PARTITIONS = ("iid", "shard", "dirichlet:ALPHA", "sizes:F1,...,Fλ")
-"""The partition specs, for error messages and help strings."""
+"""Valid values of `partition` (also for error messages and help strings): `iid`
+samples every worker's minibatches from the whole training set; `shard` gives
+worker w its own disjoint, label-skewed shard; `dirichlet:ALPHA` Dirichlet(ALPHA)
+label proportions per worker; `sizes:...` unequal iid shards."""
 
 MAX_RESAMPLES = 100
 """Dirichlet draws tried before empty workers are filled from the largest one."""

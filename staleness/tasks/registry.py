@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from staleness.tasks import cifar, data, lm, models
-from staleness.tasks.base import Task, check_common
+from staleness.tasks.base import Task
+from staleness.tasks.checks import check_common, check_name
 from staleness.tasks.classification import classification_task
 from staleness.tasks.errors import FactoryError
 from staleness.tasks.synthetic import linreg, quadratic
@@ -112,13 +113,6 @@ _REGISTERED: dict[str, Callable[..., Task]] = {}
 
 _COMMON = ("batch_size", "num_workers", "partition", "seed", "data_dir")
 GET_DEFAULTS = {"batch_size": 32, "partition": "iid", "seed": 0}   # `get`'s, where a factory has none
-
-
-def check_name(name: Any) -> str:
-    """A task name: a non-empty string."""
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"name = {name!r} must be a non-empty string (the task's name).")
-    return name
 
 
 def register(name: str, factory: Callable[..., Task] | None = None, *, overwrite: bool = False):

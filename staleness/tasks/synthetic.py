@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from staleness.tasks import data
-from staleness.tasks.base import PyTree, Task, check_common, check_shard, example_key
+from staleness.tasks.base import Task
+from staleness.tasks.batches import PyTree, example_key
+from staleness.tasks.checks import check_common, check_shard
 
 
 def quadratic(batch_size: int, num_workers: int, partition: str, seed: int, *,

@@ -1,0 +1,70 @@
+"""RL tasks for data staleness (asynchronous RL): actors generate, a learner trains on stale rollouts.
+
+    from staleness.tasks import rl
+    task = rl.get("rl-digits", num_workers=4, objective="decoupled_ppo", seed=0, eps=0.2)
+    params = task.init_params(jax.random.key(0))             # rl-digits: after a short supervised warm start
+    idx = task.prompt_indices(seed, actor, iteration)         # [B] prompts, counter-based
+    rollout = task.generate(params_v, key, idx)               # tokens/logp/mask [B, G, T], rewards [B, G]
+    grads = jax.grad(task.loss)(params_u, rollout, task.logp(params_prev, rollout))
+    task.evaluate(params)                                     # {"reward", "greedy_reward"}
+    task.decode_tokens(idx)                                   # tokens the batch decodes (timing)
+
+Built-in names: rl-bandit (a contextual bandit with a float64 expected-gradient reference),
+rl-digits (reverse a digit string with a small transformer). Your own:
+`from_functions(Policy(init_fn, logits_fn, max_length), PromptSet(prompts, length_rule), reward_fn)`. Objectives
+(`OBJECTIVES`): reinforce, ppo, decoupled_ppo, tis (see `objectives`). Length rules: `lengths`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from staleness.tasks.rl import bandit, decode, digits, lengths, objectives
+from staleness.tasks.rl.base import RLTask, Rollout
+from staleness.tasks.rl.builders import Policy, PromptSet, from_functions
+from staleness.tasks.rl.objectives import OBJECTIVES, Objective
+
+__all__ = ["OBJECTIVES", "NAMES", "Objective", "Policy", "PromptSet", "RLTask", "Rollout", "bandit", "decode",
+           "digits", "from_functions", "get", "lengths", "names", "objectives"]
+
+_BUILTINS = {bandit.NAME: bandit.rl_bandit, digits.NAME: digits.rl_digits}
+NAMES = tuple(_BUILTINS)
+"""The built-in RL task names."""
+
+
+def names() -> tuple[str, ...]:
+    """The built-in RL task names."""
+    return NAMES
+
+
+def get(name: str, num_workers: int = 4, objective: str = "decoupled_ppo", seed: int = 0,
+        **options: Any) -> RLTask:
+    """The built-in RL task `name` for `num_workers` actors, trained with `objective`.
+
+    Args:
+      name: "rl-bandit" or "rl-digits".
+      num_workers: actors.
+      objective: one of OBJECTIVES (reinforce, ppo, decoupled_ppo, tis).
+      seed: seed of the prompts, their lengths and the evaluation key.
+      **options: the objective's parameters (eps for ppo/decoupled_ppo, c for tis,
+        std_advantages) and the task's own options (see `bandit.rl_bandit`, `digits.rl_digits`:
+        group_size, prompts_per_rollout, num_prompts, length_rule, warm_start_steps, ...).
+    """
+    if name not in _BUILTINS:
+        raise ValueError(f"name = {name!r} is not a built-in RL task; valid: {', '.join(NAMES)} "
+                         "(build your own with staleness.tasks.rl.from_functions)")
+    factory = _BUILTINS[name]
+    task_options = [p for p in inspect.signature(factory).parameters
+                    if p not in ("options", "objective_params", "num_workers", "objective", "seed")]
+    task_options += list(getattr(factory, "model_options", ()))
+    objective_params = sorted({k for params in objectives.DEFAULTS.values() for k in params})
+    for key in options:
+        if key not in task_options and key not in objective_params:
+            raise ValueError(f"{key} = {options[key]!r} is not an option of {name!r}; valid: task options "
+                             f"{', '.join(task_options)}; objective parameters {', '.join(objective_params)}")
+    return factory(num_workers=num_workers, objective=objective, seed=seed, **options)
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,292 @@
+"""The `RLTask` value: policy + prompts + reward + length rule + objective, as pure functions.
+
+An RL task is what actors sample from and the learner trains. Its methods are pure and
+jittable with fixed shapes, so a whole asynchronous run replays inside one `lax.scan`:
+
+    params  = task.init_params(key)
+    idx     = task.prompt_indices(seed, actor, iteration)    # [B] int32, counter-based (host or traced)
+    rollout = task.generate(params_v, key, idx)              # Rollout of B prompts × G completions × T
+    prox    = task.logp(params_prev, rollout)                # [B, G, T] π_prox for decoupled_ppo
+    grads   = jax.grad(task.loss)(params_u, rollout, prox)   # the objective chosen at construction
+    task.evaluate(params)                                    # {"reward": ..., "greedy_reward": ...}
+    task.decode_tokens(idx)                                  # tokens the batch decodes (timing; host)
+
+Data staleness is u − v: the actor generated with version v, the learner's gradient is at u.
+Time comes from the prompt: `lengths[i]` tokens are decoded for prompt i whatever the params,
+so a batch's generation time is prefill + max(lengths[idx]) × per-token time, computable
+before any numerics.
+
+`RLTask` is a pytree like `staleness.tasks.Task`: its leaves are its arrays (prompts, lengths);
+everything else (functions, sizes, objective) is static. Closing over a task inside `jit`
+embeds its prompts as constants (small here); passing it as an argument makes them inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from staleness.tasks import sampling
+from staleness.tasks.rl import decode
+from staleness.tasks.rl import lengths as _lengths
+from staleness.tasks.rl.objectives import Objective
+
+__all__ = ["Rollout", "RLTask", "EVAL_SALT"]
+
+PyTree = Any
+
+EVAL_SALT = 0x5EED
+"""Folded into the task seed's key for the fixed-key sampled evaluation (`reward`)."""
+
+
+class Rollout(NamedTuple):
+    """What an actor pushes: G completions of each of B prompts, padded to T positions."""
+
+    prompt_idx: jax.Array   # [B] int32, rows of task.prompts
+    tokens: jax.Array       # [B, G, T] int32, the completions (pad_token past each prompt's length)
+    logp: jax.Array         # [B, G, T] float32, behavior log-probs log π_v(token) (0.0 past the length)
+    mask: jax.Array         # [B, G, T] float32, 1.0 on generated tokens (t < length), 0.0 on padding
+    rewards: jax.Array      # [B, G] float32, one reward per completion
+    lengths: jax.Array      # [B] int32, the completion length of each prompt (= mask.sum(-1))
+
+
+def _gather(tree: PyTree, idx: jax.Array) -> PyTree:
+    return jax.tree.map(lambda a: jnp.asarray(a)[idx], tree)
+
+
+def _complete(task: "RLTask", params: PyTree, keys: jax.Array, prompts: PyTree, lengths: jax.Array,
+              greedy: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(tokens [n, T], logp [n, T], rewards [n]) of one completion per prompt (keys [n])."""
+    one = functools.partial(decode.sample, task.logits_fn, max_length=task.max_length, pad_token=task.pad_token,
+                            greedy=greedy)
+    tokens, logp = jax.vmap(one, (None, 0, 0, 0))(params, keys, prompts, lengths)
+    rewards = jax.vmap(task.reward_fn)(prompts, tokens, lengths).astype(jnp.float32)
+    return tokens, logp, rewards
+
+
+@jax.jit
+def _generate(task: "RLTask", params: PyTree, key: jax.Array, prompt_idx: jax.Array) -> Rollout:
+    idx = jnp.asarray(prompt_idx, jnp.int32)                                 # [B]
+    b, g, t = idx.shape[0], task.group_size, task.max_length
+    prompts = _gather(task.prompts, jnp.repeat(idx, g))                     # [B·G, ...]
+    lengths = jnp.asarray(task.completion_lengths)[idx]                      # [B]
+    keys = jax.random.split(key, b * g)                                      # [B·G]
+    tokens, logp, rewards = _complete(task, params, keys, prompts, jnp.repeat(lengths, g), greedy=False)
+    mask = (jnp.arange(t) < lengths[:, None, None]).astype(jnp.float32)     # [B, 1, T]
+    return Rollout(prompt_idx=idx, tokens=tokens.reshape(b, g, t), logp=logp.reshape(b, g, t),
+                   mask=jnp.broadcast_to(mask, (b, g, t)), rewards=rewards.reshape(b, g), lengths=lengths)
+
+
+@jax.jit
+def _logp(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
+    b, g, t = rollout.tokens.shape
+    prompts = _gather(task.prompts, jnp.repeat(rollout.prompt_idx, g))      # [B·G, ...]
+    logp = jax.vmap(functools.partial(decode.token_logp, task.logits_fn), (None, 0, 0, 0))(
+        params, prompts, rollout.tokens.reshape(b * g, t), rollout.mask.reshape(b * g, t))
+    return logp.reshape(b, g, t)
+
+
+@jax.jit
+def _evaluate(task: "RLTask", params: PyTree) -> dict[str, jax.Array]:
+    n, s = _lengths.num_prompts(task.eval_prompts), task.eval_samples
+    lengths = jnp.asarray(task.eval_lengths)                                  # [E]
+    _, _, greedy = _complete(task, params, jax.random.split(jax.random.key(0), n), task.eval_prompts, lengths,
+                             greedy=True)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(task.seed), EVAL_SALT), n * s)
+    prompts = _gather(task.eval_prompts, jnp.repeat(jnp.arange(n), s))        # [E·S, ...]
+    _, _, sampled = _complete(task, params, keys, prompts, jnp.repeat(lengths, s), greedy=False)
+    return {"reward": jnp.mean(sampled), "greedy_reward": jnp.mean(greedy)}
+
+
+def _seed_bits(seed: Any, xp) -> Any:
+    """The 2 uint32 words of the data key: those of jax.random.key(seed) for an int seed."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        s = int(seed)
+        return xp.asarray([(s >> 32) & 0xFFFFFFFF, s & 0xFFFFFFFF], dtype=xp.uint32)
+    if isinstance(seed, jax.Array) and jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        seed = jax.random.key_data(seed)   # a typed key; a raw uint32 key is its own words
+    seed = xp.asarray(seed)
+    if seed.ndim == 0:                     # an integer array (traced): the words of key(seed), seed < 2^32
+        return xp.stack([xp.zeros((), xp.uint32), seed.astype(xp.uint32)])
+    return seed.reshape(-1)[:2].astype(xp.uint32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RLTask:
+    """One RL problem: policy, prompts, reward, length rule and objective.
+
+    Build the built-ins with `staleness.tasks.rl.get(name, ...)` and your own with
+    `staleness.tasks.rl.from_functions(...)`, which check every argument.
+
+    Attributes:
+      name: e.g. "rl-bandit".
+      num_workers: actors the task is built for (prompt_indices checks actor ids against it).
+      group_size: G, completions per prompt (the group of the baseline), >= 2.
+      prompts_per_rollout: B, prompts per rollout.
+      max_length: T, the completion axis of rollouts (the most tokens the policy generates).
+      seed: the seed the prompts, lengths and evaluation key were drawn from.
+      objective: the validated `Objective` that `loss` computes.
+      init_fn: key -> params (float32 pytree).
+      logits_fn: (params, prompt, completion [T] int32) -> logits [T, V], causal (see `decode`).
+      reward_fn: (prompt, completion [T] int32, length int32) -> scalar reward.
+      prompts: pytree of host arrays with leading axis num_prompts (rows are prompts).
+      completion_lengths: [num_prompts] int32 in [1, T]: tokens generated per completion (the mask).
+      lengths: [num_prompts] int32: tokens each prompt's completion decodes (timing). The same
+        array as completion_lengths except where the numerics are shorter than the simulated
+        decode (the bandit: one action, a long-tailed simulated length).
+      eval_prompts: pytree of held-out prompts (leading axis num_eval_prompts).
+      eval_lengths: [num_eval_prompts] int32 completion lengths of the held-out prompts.
+      eval_samples: completions sampled per held-out prompt for `evaluate`'s "reward".
+      pad_token: token id stored past each completion's length.
+      metrics: `staleness.metrics.Metric` of "reward" and "greedy_reward" (higher is better).
+      options: ((key, value), ...) the task-specific options it was built with.
+    """
+
+    name: str
+    num_workers: int
+    group_size: int
+    prompts_per_rollout: int
+    max_length: int
+    seed: int
+    objective: Objective
+    init_fn: Callable[[jax.Array], PyTree]
+    logits_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array]
+    reward_fn: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+    prompts: PyTree
+    completion_lengths: np.ndarray
+    lengths: np.ndarray
+    eval_prompts: PyTree
+    eval_lengths: np.ndarray
+    eval_samples: int = 4
+    pad_token: int = 0
+    metrics: tuple = ()
+    options: tuple = ()
+
+    metric_names = ("reward", "greedy_reward")
+
+    @property
+    def num_prompts(self) -> int:
+        """N, the number of training prompts."""
+        return _lengths.num_prompts(self.prompts)
+
+    @property
+    def num_eval_prompts(self) -> int:
+        """Held-out prompts `evaluate` averages over."""
+        return _lengths.num_prompts(self.eval_prompts)
+
+    def init_params(self, key: jax.Array) -> PyTree:
+        """Initial parameters from a PRNG key (for rl-digits: after the supervised warm start)."""
+        return self.init_fn(key)
+
+    def prompt_indices(self, seed: Any, actor: Any, iteration: Any) -> Any:
+        """The B prompts actor `actor` generates for at its `iteration`: [..., B] int32 in [0, N).
+
+        Counter-based like `staleness.tasks.sampling` (uniform with replacement, a hash of
+        (seed, actor, iteration, j)): pure, so a schedule's rollouts can be recovered. NumPy on
+        the host when every argument is a Python/NumPy value; jax.numpy when any is a JAX array
+        (traced inside `jit`/`scan`); both give the same indices.
+
+        Args:
+          seed: an int (or an int array, possibly traced, < 2^32), or a JAX PRNG key; an int s
+            gives the indices of jax.random.key(s).
+          actor: actor id in [0, num_workers) (checked when a Python int).
+          iteration: the actor's rollout counter, >= 0.
+        """
+        if isinstance(actor, (int, np.integer)) and not 0 <= actor < self.num_workers:
+            raise ValueError(f"actor = {actor} is out of range for task {self.name!r} with num_workers = "
+                             f"{self.num_workers}; valid actors are 0..{self.num_workers - 1}")
+        if isinstance(iteration, (int, np.integer)) and iteration < 0:
+            raise ValueError(f"iteration = {iteration} must be >= 0")
+        on_device = any(isinstance(v, jax.Array) for v in (seed, actor, iteration))
+        if on_device:
+            d = sampling.draws(jnp, _seed_bits(seed, jnp), actor, iteration, self.prompts_per_rollout)
+            return sampling.positions(jnp, d, actor, self.num_prompts)
+        return sampling.host_indices(_seed_bits(seed, np), np.asarray(actor), np.asarray(iteration),
+                                     self.prompts_per_rollout, self.num_prompts)
+
+    def generate(self, params: PyTree, key: jax.Array, prompt_idx: jax.Array) -> Rollout:
+        """G sampled completions (temperature 1) of each prompt in `prompt_idx` ([B] int32).
+
+        Each completion of prompt i has exactly completion_lengths[i] tokens; rewards are
+        reward_fn of each. Pure in (params, key, prompt_idx): the same key gives the same
+        rollout. Give each actor and iteration its own key, e.g.
+        fold_in(fold_in(key, actor), iteration). Jittable; B may differ from prompts_per_rollout.
+        """
+        return _generate(self, params, key, prompt_idx)
+
+    def logp(self, params: PyTree, rollout: Rollout) -> jax.Array:
+        """[B, G, T] log π_params of the rollout's tokens (0.0 on padding): the learner's
+        log-probs, and π_prox when called with the params before the current update."""
+        return _logp(self, params, rollout)
+
+    def loss(self, params: PyTree, rollout: Rollout, prox_logp: jax.Array | None = None) -> jax.Array:
+        """The objective (scalar, to minimise) at `params` on `rollout`.
+
+        Args:
+          params: the learner's current params (version u).
+          rollout: generated with version v <= u (its logp are the behavior log-probs).
+          prox_logp: [B, G, T] log π_prox (decoupled_ppo; None: π_prox = π_behav). Not read by
+            the other objectives.
+        """
+        return self.objective.loss(self.logp(params, rollout), rollout.logp, prox_logp, rollout.mask,
+                                   rollout.rewards)
+
+    def evaluate(self, params: PyTree) -> dict[str, jax.Array]:
+        """{"reward": mean reward of `eval_samples` completions of each held-out prompt sampled at
+        temperature 1 with a fixed key (from the task seed; what RL maximises, and the same
+        random numbers at every evaluation, so differences between params are not sampling
+        noise), "greedy_reward": of the greedy (argmax) completion of each}. Jittable."""
+        return _evaluate(self, params)
+
+    def decode_tokens(self, prompt_idx: Any) -> np.ndarray:
+        """Tokens a batch of prompts `prompt_idx` ([..., B]) decodes: max of their `lengths`
+        (host NumPy; a batch decodes as long as its longest completion)."""
+        return np.max(self.lengths[np.asarray(prompt_idx)], axis=-1)
+
+    @functools.cached_property
+    def param_count(self) -> int:
+        """Number of scalar parameters."""
+        shapes = jax.eval_shape(self.init_fn, jax.random.key(0))
+        return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)))
+
+    def metric(self, name: str):
+        """The `staleness.metrics.Metric` `name` (ValueError naming the valid ones)."""
+        for m in self.metrics:
+            if m.name == name:
+                return m
+        raise ValueError(f"metric = {name!r} is not a metric of task {self.name!r}; "
+                         f"valid: {', '.join(self.metric_names)}")
+
+    def config(self) -> dict:
+        """What a Result's config records of its task: name, seed, objective and its parameters,
+        sizes, the length distribution (tokens) and the metrics."""
+        return {"task": self.name, "task_seed": self.seed, "num_workers": self.num_workers,
+                "objective": self.objective.name, "objective_params": dict(self.objective.params),
+                "group_size": self.group_size, "prompts_per_rollout": self.prompts_per_rollout,
+                "num_prompts": self.num_prompts, "num_eval_prompts": self.num_eval_prompts,
+                "max_length": self.max_length, "eval_samples": self.eval_samples, "param_count": self.param_count,
+                "lengths": _lengths.summary(self.lengths),
+                "completion_lengths": _lengths.summary(self.completion_lengths),
+                "task_options": {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+                                 for k, v in self.options},
+                "metrics": {m.name: m.to_json() for m in self.metrics}}
+
+    def __repr__(self) -> str:
+        return (f"RLTask(name={self.name!r}, objective={self.objective.describe()}, num_workers={self.num_workers}, "
+                f"num_prompts={self.num_prompts}, group_size={self.group_size}, "
+                f"prompts_per_rollout={self.prompts_per_rollout}, max_length={self.max_length})")
+
+
+jax.tree_util.register_dataclass(
+    RLTask,
+    data_fields=["prompts", "completion_lengths", "lengths", "eval_prompts", "eval_lengths"],
+    meta_fields=["name", "num_workers", "group_size", "prompts_per_rollout", "max_length", "seed", "objective",
+                 "init_fn", "logits_fn", "reward_fn", "eval_samples", "pad_token", "metrics", "options"],
+)
