@@ -31,6 +31,7 @@ Prints ratios measured in this run; ends with one JSON line.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -163,9 +164,8 @@ def serve_loop_alone(task, updates, lr=0.05):
     for n in (50, updates):
         params = jax.device_put(task.init_params(init_key), dev)
         grad = zeros_like(params)
-        server = Server(policy=spec.policy, num_workers=8, update=numerics.update, params=params,
-                        opt_state=numerics.init_state(params), zeros=grad, link=Ready(grad), num_updates=n,
-                        eval_every=n)
+        server = Server(dataclasses.replace(spec, num_updates=n, eval_every=n), link=Ready(grad),
+                        update=numerics.update, params=params, opt_state=numerics.init_state(params), zeros=grad)
         server.start()
         t0 = time.perf_counter()
         server.serve()

@@ -218,6 +218,19 @@ class Driver:
         self.epoch = [0] * num_workers
         self.buffer: list[int] = []
 
+    @classmethod
+    def resume(cls, policy, num_workers: int, now: float, *, state, recorder: Recorder, epoch) -> "Driver":
+        """A driver that continues a run from saved state (a checkpoint's): the policy's
+        `SyncState`, the trace so far (`recorder`, kept and appended to) and the
+        membership epochs. No worker is in flight: `start` releases every live worker
+        that is not blocked, on the current version, ready since `now`."""
+        d = cls(policy, num_workers, now, state=state)
+        d.rec = recorder
+        d.epoch = [int(e) for e in epoch]
+        if len(d.epoch) != num_workers:
+            raise ValueError(f"resume: {len(d.epoch)} membership epochs for {num_workers} workers")
+        return d
+
     @property
     def num_updates(self) -> int:
         return self.rec.num_updates

@@ -260,7 +260,7 @@ def test_cli_run_writes_a_result_that_replays_bitwise(tmp_path, capsys):
 @pytest.mark.parametrize("argv, fragment", [
     (["run", "--policy", "dssp:x", "--updates", "5"], "dssp:x"),
     (["run", "--time-scale", "-1", "--cluster", "1*2", "--updates", "5"], "--time-scale"),
-    (["run", "--on-worker-failure", "maybe", "--updates", "5"], "on_worker_failure"),
+    (["run", "--on-worker-failure", "maybe", "--updates", "5"], "--on-worker-failure = 'maybe' must be one of"),
     (["run", "--coordinator", "127.0.0.1:1"], "--num-processes"),
     (["launch", "--local", "0"], "--local = 0"),
     (["replay", "/nonexistent/trace"], "nonexistent"),

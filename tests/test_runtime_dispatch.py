@@ -125,6 +125,7 @@ def test_time_the_serve_loop_spends_blocked_does_not_make_workers_late():
 
     from staleness.runtime.messages import Push
     from staleness.runtime.serve import Server
+    from staleness.runtime.spec import make_spec
     from staleness.runtime.transport import Arrival, ServerLink
 
     class Blocking(ServerLink):
@@ -151,8 +152,9 @@ def test_time_the_serve_loop_spends_blocked_does_not_make_workers_late():
     def update(params, opt_state, grads, staleness, v, zeros):
         return params, opt_state
 
-    server = Server(policy=P.asp(), num_workers=4, update=update, params=np.zeros(1), opt_state=(), zeros=None,
-                    link=Blocking(), num_updates=1000, worker_timeout=0.5)
+    spec = make_spec(st.tasks.get("quadratic", num_workers=4), P.asp(), None, num_updates=1000, num_workers=4,
+                     eval_every=1, worker_timeout=0.5)
+    server = Server(spec, link=Blocking(), update=update, params=np.zeros(1), opt_state=())
     server.start()
     assert server.serve() == "complete"
     f = server.driver.to_schedule(policy="asp", cluster="", seed=0, end_time=server.end_time, meta={}).columns

@@ -26,7 +26,7 @@ import staleness as st
 import staleness.runtime as rt
 from staleness import policies as P
 from staleness.cli import main
-from staleness.runtime.collective import CollectiveLink
+from staleness.runtime.collective import RunAhead
 from staleness.runtime.replay import compare_params
 from staleness.runtime.spec import make_spec
 from test_sim import check_invariants
@@ -67,13 +67,13 @@ def test_collective_bsp_matches_server_bsp_and_the_replay_of_its_trace(digits8):
 @pytest.mark.timeout(300)
 def test_pipelined_rounds_are_bitwise_the_unpipelined_ones(digits8, monkeypatch):
     """Within one process the next round is computed while the serve loop handles the
-    last one (`CollectiveLink._run_ahead`): every round after the first is computed
+    last one (`RunAhead.start_after`): every round after the first is computed
     ahead and released by the policy, and the run is bitwise the one without it
     (same step, same inputs), trace and losses included."""
     kw = dict(num_updates=30, lr=0.05, seed=1, optimizer="adam")
     piped = rt.run(digits8, "bsp", None, **kw)
     assert piped.schedule.meta["rounds_ahead"] == 29
-    monkeypatch.setattr(CollectiveLink, "_run_ahead", lambda self, rnd: None)
+    monkeypatch.setattr(RunAhead, "start_after", lambda self, rnd: None)
     plain = rt.run(digits8, "bsp", None, **kw)
     assert plain.schedule.meta["rounds_ahead"] == 0
     assert compare_params(piped.params, plain.params).bitwise

@@ -15,9 +15,10 @@ Several processes or hosts: `run_process` in each process of a
 `launch_local` for N processes on this machine (parameter server).
 
 A run flows one way: `spec` (arguments, checked) -> `build` (numerics, server
-state, workers, transport; the collective path and the sharded server are its
-two builders) -> `serve` (the one serve loop: the driver step of
-`staleness.driver` with real updates and faults) -> `result`. Parts they use:
+state, workers, transport: one builder per transport, `build.server`,
+`build.collective`, `build.distributed`) -> `execute` (start, serve, stop) with
+`serve` (the one serve loop: the driver step of `staleness.driver` with real
+updates and faults) -> `result`. `run` is `local_run.run`. Parts they use:
 `numerics` (the jitted functions), `sharding` (the server's layout),
 `collective` (the pmean step and its transport), `dispatch` (workers
 dispatched from the serve loop's thread), `worker` (worker loop, injected
@@ -28,7 +29,7 @@ service and `jax.experimental.transfer`), `checkpoint`, `progress`,
 """
 
 from staleness.runtime.errors import RunFailure, WorkerError, WorkerLostError
-from staleness.runtime.run import resolve_devices, run
+from staleness.runtime.local_run import resolve_devices, run
 from staleness.runtime.transport import LocalTransport, ServerLink, WorkerLink
 
 __all__ = ["run", "run_process", "launch_local", "replay_trace", "RunFailure", "WorkerError",

@@ -1,24 +1,29 @@
-"""The second step of a run: a `RunSpec` -> everything the serve loop needs.
+"""The second step of a run: a `RunSpec` -> a `Built`, everything the serve loop needs.
 
-    spec = make_spec(...)                 # runtime.spec: arguments, checked
-    built = build(spec, devices, ...)     # here: numerics, server state, workers, transport
-    status = built.server.serve()         # runtime.serve: the one serve loop
-    result = build_result(...)            # runtime.result
+    spec = make_spec(...)                                  # runtime.spec: arguments, checked
+    built = build.server(spec, devs, server_device, ...)   # here: one builder per transport
+    result = execute(built, spec, stop_event, close)       # runtime.execute: start, serve, stop
 
-Two builders, one serve loop:
+One builder per transport, one serve loop (`runtime.serve.Server`, made here
+only, by `_serve_loop`, with the run's checkpointer and resumed state):
 
-  - `sync='server'` (`_build_server`): the parameter server. Its parameters and
-    optimizer state live on `server_devices`, sharded over them
-    (`runtime.sharding`) when there are several and the policy applies one
-    gradient per update; the update is `Numerics.update` (the engine's
-    `server_update`, jitted). At the hardware's speed (no cluster) the serve
-    loop's thread dispatches every worker's step (`runtime.dispatch`, no
-    worker threads); with a cluster's injected delays a thread per worker runs
-    `worker_loop` behind a `LocalTransport`.
-  - `sync='collective'` (`_build_collective`): no worker threads; the
+  - `server(spec, devs, server_device, ...)` (`sync='server'`, one process): the
+    parameter server. Its parameters and optimizer state live on
+    `server_devices`, sharded over them (`runtime.sharding`) when there are
+    several and the policy applies one gradient per update; the update is
+    `Numerics.update` (the engine's `server_update`, jitted). At the hardware's
+    speed (no cluster) the serve loop's thread dispatches every worker's step
+    (`runtime.dispatch`, no worker threads); with a cluster's injected delays a
+    thread per worker runs `worker_loop` behind a `LocalTransport`.
+  - `collective(spec, devs, ...)` (`sync='collective'`, one process or, given a
+    `coord`, this process's part of a multi-process job): no worker threads; the
     transport and the update are a `CollectiveLink`, one `pmean` step per round.
+  - `distributed(spec, coord, ...)` (`sync='server'` across processes): process 0
+    hosts the server behind `DistributedServerLink`; every process runs the
+    worker threads of its workers behind a `DistributedWorkerLink`.
 
-A resumed run reads its checkpoint here, before anything is placed.
+A resumed run reads its checkpoint first (its identity is checked before
+anything compiles) and the server continues from it once built.
 """
 
 from __future__ import annotations
@@ -28,38 +33,42 @@ import threading
 from typing import Callable
 
 import jax
+import numpy as np
 
 from staleness.engine import core
-from staleness.runtime import checkpoint as _ckpt
+from staleness.engine.payload import payload_bytes
+from staleness.runtime import checkpoint
 from staleness.runtime.dispatch import DispatchTransport
 from staleness.runtime.numerics import Numerics, zeros_like
+from staleness.runtime.result import evaluate_snapshots
 from staleness.runtime.serve import Server
-from staleness.engine.payload import payload_bytes
 from staleness.runtime.sharding import ServerPlacement
 from staleness.runtime.spec import RunSpec
-from staleness.runtime.transport import LocalTransport
+from staleness.runtime.transport import LocalTransport, WorkerLink
 from staleness.runtime.worker import worker_loop
 
-__all__ = ["Built", "build", "resolve_server_devices"]
+__all__ = ["Built", "build", "server", "collective", "distributed", "resolve_server_devices", "worker_placement"]
 
 
 @dataclasses.dataclass
 class Built:
     """A run ready to serve.
 
-    server: the serve loop (`runtime.serve.Server`), not started.
-    state: the policy's SyncState to start from (a checkpoint's), or None.
+    server: the serve loop (`runtime.serve.Server`), not started (resumed runs: with
+      the checkpoint's state); None in a process of a multi-process job that hosts
+      workers only.
     workers: [(worker, target, args)] of the worker threads to start once the
       server's clock runs (target(*args, delays) is the thread's body).
     config: the Result's config.
     evaluate: params -> metrics (history rows).
+    worker_link: the worker threads' end of the transport (stopped at the end), or None.
     """
 
-    server: Server
-    state: object
+    server: Server | None
     workers: list
     config: dict
     evaluate: Callable
+    worker_link: WorkerLink | None = None
 
 
 def resolve_server_devices(server_devices, devs, server_device, slots: int) -> list:
@@ -92,35 +101,49 @@ def resolve_server_devices(server_devices, devs, server_device, slots: int) -> l
     return out
 
 
+def worker_placement(num_workers: int, num_processes: int, num_local_devices: int, process_id: int) -> dict:
+    """{worker: local device index} of the workers that `process_id` hosts."""
+    return {w: (w // num_processes) % num_local_devices
+            for w in range(num_workers) if w % num_processes == process_id}
+
+
 def build(spec: RunSpec, devs: list, server_device, *, server_devices=None, stop_event: threading.Event,
           progress=None) -> Built:
-    """Build the run of `spec` on `devs` (this process's devices); see the module docstring."""
+    """The run of `spec` on `devs` (this process's devices), by the builder of `spec.sync`."""
     if spec.sync == "collective":
-        return _build_collective(spec, devs, stop_event=stop_event, progress=progress)
-    return _build_server(spec, devs, server_device, server_devices=server_devices, stop_event=stop_event,
-                         progress=progress)
+        return collective(spec, devs, stop_event=stop_event, progress=progress)
+    return server(spec, devs, server_device, server_devices=server_devices, stop_event=stop_event,
+                  progress=progress)
 
 
-def _evaluate(spec):
+# -- the serve loop, made once ---------------------------------------------------------------
+def _serve_loop(spec: RunSpec, config: dict, link, update, params, opt_state, *, zeros=None, row_bytes,
+                stop_event, progress) -> Server:
+    """The one place a `Server` is made: the run's serve loop with its checkpointer."""
+    evaluate = _evaluate(spec)
+    on_checkpoint = None
+    if spec.checkpoint is not None and spec.checkpoint_every is not None:
+        def on_checkpoint(srv: Server) -> None:
+            evaluate_snapshots(srv, evaluate, srv.rec.update_losses())
+            checkpoint.save(spec.checkpoint, srv.saved_state(), config)
+
+    return Server(spec, link=link, update=update, params=params, opt_state=opt_state, zeros=zeros,
+                  row_bytes=row_bytes, progress=progress, on_checkpoint=on_checkpoint, stop_event=stop_event)
+
+
+def _evaluate(spec: RunSpec) -> Callable:
     return lambda p: core.evaluate(spec.task, p)
 
 
-def _checkpointer(spec: RunSpec, config: dict, evaluate):
-    if spec.checkpoint is None or spec.checkpoint_every is None:
-        return None
-    return lambda server: _ckpt.save(spec.checkpoint, server, config, evaluate)
+def _saved(spec: RunSpec, config: dict):
+    """The checkpoint a resumed run continues from (identity checked), or None."""
+    return checkpoint.load(spec.checkpoint, config, spec.num_updates) if spec.resume else None
 
 
-def _server(spec, *, update, params, opt_state, zeros, link, config, evaluate, row_bytes, stop_event, progress):
-    return Server(policy=spec.policy, num_workers=spec.num_workers, update=update, params=params,
-                  opt_state=opt_state, zeros=zeros, link=link, num_updates=spec.num_updates,
-                  max_time=spec.max_time, eval_every=spec.eval_every, worker_timeout=spec.worker_timeout,
-                  on_worker_failure=spec.on_worker_failure, progress=progress,
-                  on_checkpoint=_checkpointer(spec, config, evaluate), checkpoint_every=spec.checkpoint_every,
-                  stop_event=stop_event, row_bytes=row_bytes)
-
-
-def _build_server(spec, devs, server_device, *, server_devices, stop_event, progress) -> Built:
+# -- the builders ------------------------------------------------------------------------------
+def server(spec: RunSpec, devs: list, server_device, *, server_devices=None, stop_event: threading.Event,
+           progress=None) -> Built:
+    """The parameter server in this process: workers on `devs`, its state on `server_devices`."""
     worker_devices = [devs[w % len(devs)] for w in range(spec.num_workers)]
     shards = resolve_server_devices(server_devices, devs, server_device, spec.slots)
     placement = ServerPlacement(shards) if len(shards) > 1 else None
@@ -128,7 +151,7 @@ def _build_server(spec, devs, server_device, *, server_devices, stop_event, prog
     config = spec.config(devices=[str(d) for d in dict.fromkeys(worker_devices)], server_device=str(server_device),
                          server_devices=[str(d) for d in shards], processes=1,
                          transport="local" if threads else "dispatch")
-    meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
+    saved = _saved(spec, config)
     put = placement.put if placement is not None else (lambda tree: jax.device_put(tree, server_device))
 
     init_key, data_key = core.keys(spec.seed)
@@ -141,63 +164,96 @@ def _build_server(spec, devs, server_device, *, server_devices, stop_event, prog
     pushed_to = placement.of(params) if placement is not None else server_device
     link = (LocalTransport(pushed_to, worker_devices) if threads
             else DispatchTransport(numerics, pushed_to, worker_devices))
-    evaluate = _evaluate(spec)
-    server = _server(spec, update=numerics.update, params=params, opt_state=opt_state, zeros=zeros_like(params),
-                     link=link, config=config, evaluate=evaluate, row_bytes=payload_bytes(spec.task, spec.policy),
-                     stop_event=stop_event, progress=progress)
-    state = _ckpt.restore(server, meta, put) if meta is not None else None
-    server.membership.extend(spec.membership(after=server.t_offset))
+    srv = _serve_loop(spec, config, link, numerics.update, params, opt_state, zeros=zeros_like(params),
+                      row_bytes=payload_bytes(spec.task, spec.policy), stop_event=stop_event, progress=progress)
+    if saved is not None:
+        srv.restore(checkpoint.restore(saved, (params, opt_state), put))
     workers = [(w, worker_loop, (w, link, numerics, worker_devices[w])) for w in range(spec.num_workers)
                if threads]
-    return Built(server, state, workers, config, evaluate)
+    return Built(srv, workers, config, _evaluate(spec), link if threads else None)
 
 
-def _build_collective(spec, devs, *, stop_event, progress, coord=None, liveness_wait: float = 5.0) -> Built:
-    """The collective builder; `coord` (a multi-process job's Coordination): `devs` are
-    every process's devices and this process builds its part of the global mesh."""
-    from staleness.runtime.collective import CollectiveLink, mesh_devices
+def collective(spec: RunSpec, devs: list, *, stop_event: threading.Event, progress=None, coord=None,
+               liveness_wait: float = 5.0) -> Built:
+    """Collective rounds over `devs`; `coord` (a multi-process job's Coordination):
+    `devs` are every process's devices and this process builds its part of the global
+    mesh (compiling: every process takes part)."""
+    from staleness.runtime.collective import (CollectiveLink, CollectiveMesh, Liveness, RoundStep, StopAgreement,
+                                              mesh_devices)
 
-    mesh = mesh_devices(spec.num_workers, devs)
-    processes = len({d.process_index for d in mesh})
-    across = processes > 1
+    mesh = CollectiveMesh(spec.num_workers, mesh_devices(spec.num_workers, devs))
+    across = mesh.across
     me = jax.process_index()
-    names = [f"p{d.process_index}:{d}" if across else str(d) for d in mesh]
-    config = spec.config(devices=names, server_device="collective", processes=processes, transport="collective")
-    meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
+    names = [f"p{d.process_index}:{d}" if across else str(d) for d in mesh.devices]
+    config = spec.config(devices=names, server_device="collective",
+                         processes=len({d.process_index for d in mesh.devices}), transport="collective")
+    saved = _saved(spec, config)
     init_key, data_key = core.keys(spec.seed)
     params = spec.task.init_params(init_key)
-    opt_state = spec.opt.init(params)
-    link = CollectiveLink(spec.task, spec.opt.tx, spec.rule, spec.num_workers, mesh, data_key, opt_state,
-                          worker_timeout=spec.worker_timeout, coord=coord, liveness_wait=liveness_wait)
-    params = link.place(params)
+    step = RoundStep(spec.task, spec.opt.tx, spec.rule, mesh, data_key, spec.opt.init(params))
+    # across processes every process stops after the same round: the one dispatched after a
+    # stop request (any process's) or process 0's max_time carries the flag; a process that
+    # dies is named by liveness. Within one process and at the hardware's speed, the next
+    # round runs while the serve loop handles this one (across processes every process must
+    # dispatch the same rounds). BSP: round i makes update i + 1; none after the last is needed.
+    link = CollectiveLink(step, worker_timeout=spec.worker_timeout, max_iteration=spec.num_updates,
+                          pipelined=not across and spec.cluster is None, delays=spec.delays,
+                          stop=StopAgreement(mesh, stop_event, spec.max_time if me == 0 else None) if across else None,
+                          liveness=Liveness(coord, mesh.process_of, liveness_wait) if across else None)
+    params = mesh.place(params)
     link.warm_up(params)
-    params, opt_state = link.set_state(params, link.opt_state)
-    evaluate = _evaluate(spec)
+    params, opt_state = link.set_state(params, step.opt_state)
     # a round moves no parameters (each device holds a replica); each worker sends
     # its share of a ring all-reduce of the gradient: 2 (λ - 1) / λ of its bytes
     nbytes = payload_bytes(spec.task, spec.policy)[1]
     push = 2 * (spec.num_workers - 1) * nbytes // spec.num_workers
     here, stop_here = spec, stop_event
-    if across:
-        # every process stops after the same round: the one dispatched after a stop request
-        # (any process's) or process 0's max_time carries the flag (`CollectiveLink`); only
-        # process 0 checkpoints
+    if across:   # the link decides when to stop (`agreed_stop`); only process 0 checkpoints
         here = dataclasses.replace(spec, max_time=None, checkpoint_every=spec.checkpoint_every if me == 0 else None)
         stop_here = threading.Event()
-    server = _server(here, update=link.update, params=params, opt_state=opt_state, zeros=None, link=link,
-                     config=config, evaluate=evaluate, row_bytes=(0, push), stop_event=stop_here, progress=progress)
-    if across:
-        max_time = spec.max_time if me == 0 else None
-        link.should_stop = lambda: ("stopped" if stop_event.is_set() else
-                                    "complete" if max_time is not None and server.now() >= max_time else None)
-    link.max_iteration = spec.num_updates   # BSP: round i makes update i + 1; none after the last is needed
-    if spec.cluster is not None:   # injected delays: each round lasts as long as its slowest worker's
-        link.delays = lambda: spec.delays(server.t0 - server.t_offset)
-    # within one process and at the hardware's speed, the next round runs while the serve loop
-    # handles this one (across processes every process must dispatch the same rounds)
-    link.pipelined = not across and spec.cluster is None
-    state = None
-    if meta is not None:
-        state = _ckpt.restore(server, meta, link.place)
-        server.params, server.opt_state = link.set_state(server.params, server.opt_state)
-    return Built(server, state, [], config, evaluate)
+    srv = _serve_loop(here, config, link, link.update, params, opt_state, row_bytes=(0, push),
+                      stop_event=stop_here, progress=progress)
+    if saved is not None:
+        state = checkpoint.restore(saved, (params, opt_state), mesh.place)
+        state.params, state.opt_state = link.set_state(state.params, state.opt_state)
+        srv.restore(state)
+    return Built(srv, [], config, _evaluate(spec))
+
+
+def distributed(spec: RunSpec, coord, *, stop_event: threading.Event, progress=None) -> Built:
+    """This process's part of a multi-process parameter-server job (`coord`: its
+    Coordination): process 0 hosts the server, worker w runs in process w % N on that
+    process's local device (w // N) % (local devices)."""
+    from staleness.runtime.coordination import DistributedServerLink, DistributedWorkerLink
+
+    pid, n = coord.process_id, coord.num_processes
+    local = jax.local_devices()
+    placement = {w: local[i] for w, i in worker_placement(spec.num_workers, n, len(local), pid).items()}
+    worker_process = [w % n for w in range(spec.num_workers)]
+    server_device = local[0]
+    init_key, data_key = core.keys(spec.seed)
+    params_shape = jax.eval_shape(spec.task.init_params, init_key)
+    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key, spec.local, spec.inner,
+                        spec.local_steps)
+    config = spec.config(devices=sorted({f"p{worker_process[w]}" for w in range(spec.num_workers)}),
+                         server_device=f"p0:{server_device}", server_devices=[f"p0:{server_device}"], processes=n,
+                         transport="coordination-service+jax.experimental.transfer")
+    srv = None
+    if pid == 0:
+        saved = _saved(spec, config)
+        params = jax.device_put(spec.task.init_params(init_key), server_device)
+        numerics.place_inputs(server_device)
+        opt_state = numerics.init_state(params)
+        srv = _serve_loop(spec, config, DistributedServerLink(coord, worker_process, server_device, params_shape),
+                          numerics.update, params, opt_state, zeros=zeros_like(params),
+                          row_bytes=payload_bytes(spec.task, spec.policy), stop_event=stop_event, progress=progress)
+        if saved is not None:
+            srv.restore(checkpoint.restore(saved, (params, opt_state),
+                                           lambda tree: jax.device_put(tree, server_device)))
+        warm = params
+    else:
+        warm = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), params_shape)
+    numerics.warm_up(warm, list(placement.values()), server_device if pid == 0 else None)
+    link = DistributedWorkerLink(coord, placement, params_shape) if placement else None
+    workers = [(w, worker_loop, (w, link, numerics, placement[w])) for w in placement]
+    return Built(srv, workers, config, _evaluate(spec), link)

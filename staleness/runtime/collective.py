@@ -15,6 +15,12 @@ release of all λ workers dispatches the round's step; the round's gradients
 computed). The policy object still decides: a round is dispatched when, and
 only when, the driver has released every worker on the same version.
 
+Parts, each made by the builder with what it needs: `CollectiveMesh` (the
+mesh and where arrays live), `RoundStep` (the compiled step and the state the
+next round reads), `RunAhead` (pipelined rounds), `StopAgreement` and
+`Liveness` (across processes), and `CollectiveLink` over them (the transport:
+rounds in flight, their deadlines, injected delays, arrivals).
+
 Numerics: the per-gradient function is `engine.core.gradient` and the step
 is `engine.update.apply` of (Σ_w scale(0)·g_w) / λ, where the server path
 computes the same mean with `aggregate`'s tensordot over stacked slots; the
@@ -29,8 +35,8 @@ the devices and are fetched in batches (`Server._settle`), never one scalar
 at a time.
 
 Pipelined rounds (within one process, at the hardware's speed: the builder
-sets `pipelined`): while round r runs, the waiter thread starts round r + 1 on
-round r's outputs (`_run_ahead`), the same step on the same inputs that
+asks for them, `RunAhead`): while round r runs, the waiter thread starts round
+r + 1 on round r's outputs (`RunAhead.start_after`), the same step on the same inputs that
 dispatching it at its release would use, so the parameters are bitwise those
 of unpipelined rounds. The policy still decides: the round computed ahead
 counts only if the policy then releases exactly that round (every worker,
@@ -72,9 +78,9 @@ stop request (Ctrl-C), process 0 also after its `max_time`, and every process
 stops after that round (`agreed_stop`), so no process waits in a round the
 others never start. A process that dies is named by liveness (the
 coordination's live set, within the heartbeat timeout; its peers' all-reduce
-fails at once): the round turns into `WorkerLost` for its workers. The serve loop's parameters are then this
-process's replica (`local`), so evaluation and checkpoints never enter a
-collective.
+fails at once): the round turns into `WorkerLost` for its workers. The serve
+loop's parameters are then this process's replica (`CollectiveMesh.local`), so
+evaluation and checkpoints never enter a collective.
 """
 
 from __future__ import annotations
@@ -93,10 +99,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from staleness import lr as _lr
 from staleness.engine import core
 from staleness.engine import update as _update
-from staleness.runtime.messages import Push, WorkerLost
+from staleness.runtime.messages import LateLoss, Push, RoundGradient, WorkerLost
 from staleness.runtime.transport import Arrival, ServerLink
 
-__all__ = ["CollectiveLink", "collective_step", "mesh_devices", "AXIS", "WAIT_SECONDS"]
+__all__ = ["CollectiveLink", "CollectiveMesh", "RoundStep", "RunAhead", "StopAgreement", "Liveness",
+           "collective_step", "mesh_devices", "injected_round", "AXIS", "WAIT_SECONDS"]
 
 AXIS = "workers"
 WAIT_SECONDS = 2e-4   # shortest wait for a round on the devices
@@ -168,137 +175,26 @@ def collective_step(tx, rule, num_workers: int, mesh: Mesh, across: bool = False
     return jax.jit(fn)
 
 
-class _Round:
-    __slots__ = ("index", "releases", "iteration", "version", "outputs", "dispatched", "done", "error", "finished",
-                 "spans", "hold", "after", "since")
-
-    def __init__(self, index, releases, iteration, version, outputs, dispatched, spans=None, hold=None, after=None):
-        self.index, self.releases, self.iteration, self.version = index, releases, iteration, version
-        self.outputs, self.dispatched = outputs, dispatched
-        self.since = dispatched          # its worker_timeout runs from here (`CollectiveLink._since`)
-        self.done = threading.Event()   # set by the waiter thread once the round finished
-        self.error: BaseException | None = None
-        self.finished = dispatched       # when it finished (the waiter's clock reading)
-        self.spans = spans               # injected delays: [(start, end)] of each worker's computation
-        self.hold = hold                 # injected delays: its gradients reach the serve loop at this time
-        self.after = after               # computed ahead: the round whose outputs it starts from
-
-
-def injected_round(delays, iteration: int, num_workers: int, now: float):
-    """([(start, end)] per worker, hold) of a round dispatched at `now` under injected
-    delays (`runtime.worker.Delays`): worker w computes from now + its pull delay for
-    its compute time, then its push delay passes; the all-reduce completes once the
-    last worker's push has, as the parameter server's BSP update does."""
-    spans, hold = [], now
-    for w in range(num_workers):
-        start = now + delays.pull(w, iteration)
-        end = start + delays.compute(w, iteration, start)
-        spans.append((start, end))
-        hold = max(hold, end + delays.push(w, iteration))
-    return spans, hold
-
-
-def _waiter(rounds: "queue.SimpleQueue", clock, ahead=None) -> None:
-    """Block on each dispatched round in turn and mark it done: `block_until_ready`
-    takes no timeout, so it runs here (a daemon thread, abandoned if a round hangs)
-    and the serve loop waits on `done` with one. `ahead(rnd)`, called before the
-    wait, may start the round after `rnd` (pipelined rounds, `CollectiveLink`)."""
-    while True:
-        rnd = rounds.get()
-        if rnd is None:
-            return
-        if ahead is not None:
-            ahead(rnd)
-        try:
-            jax.block_until_ready(rnd.outputs)
-        except BaseException as e:  # noqa: BLE001 - reported by the serve loop
-            rnd.error = e
-        rnd.finished = clock()
-        rnd.done.set()
-
-
-class CollectiveLink(ServerLink):
-    """The serve loop's transport and update under collective sync (module docstring).
+class CollectiveMesh:
+    """The mesh of a collective run and where its arrays live.
 
     Args:
-      task, tx, rule, num_workers, devices: the run's task, optimizer transformation,
-        lr rule, λ and the mesh's devices (`mesh_devices`; across processes: the
-        global mesh, the same list in every process).
-      data_key: the run's minibatch key.
-      opt_state: the optimizer state of version 0 (or the checkpoint's).
-      worker_timeout: seconds after its dispatch at which an unfinished round
-        loses every worker of the round.
-      clock: the serve loop's clock (seconds).
-      coord: across processes, this process's `runtime.coordination.Coordination`
-        (its liveness names a process that died); None within one process.
-      liveness_wait: across processes, how long a failed round waits for liveness
-        to name the process that died (seconds; about the heartbeat timeout).
-
-    Across processes the builder sets `should_stop` (() -> None, 'stopped' or
-    'complete': this process's stop request, or process 0's max_time); the round
-    dispatched after it answers carries the flag and `agreed_stop` is set, in every
-    process, once that round's gradients were handed to the serve loop.
+      num_workers: λ; worker w computes on device w // (λ / d).
+      devices: the mesh's d devices (`mesh_devices`; across processes the global
+        mesh, the same list in every process).
     """
 
-    times_rounds = True   # the serve loop leaves worker deadlines to the link (a round's, from its dispatch)
-
-    def __init__(self, task, tx, rule, num_workers: int, devices, data_key, opt_state, *,
-                 worker_timeout: float = 30.0, clock=time.monotonic, coord=None, liveness_wait: float = 5.0):
+    def __init__(self, num_workers: int, devices):
+        devices = list(devices)
         self.num_workers = num_workers
+        self.devices = devices
         self.mesh = Mesh(np.asarray(devices), (AXIS,))
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.worker_timeout = float(worker_timeout)
-        self.clock = clock
-        self._per_device = num_workers // len(devices)
+        self.split = NamedSharding(self.mesh, PartitionSpec(AXIS))
         self.across = len({d.process_index for d in devices}) > 1
-        self._step = collective_step(tx, rule, num_workers, self.mesh, self.across)
-        self._task, self._key = self.place((task, data_key))
-        split = NamedSharding(self.mesh, PartitionSpec(AXIS))
-        self._workers = _split_array(np.arange(num_workers, dtype=np.int32), split)
-        self.opt_state = self.place(opt_state)
-        self.params = None                 # the global parameters the next round reads (`set_state`)
-        self._iteration = None            # (host value, device scalar) of the next round's iteration
-        self._pending: dict[int, object] = {}   # worker -> Release of the round being released
-        self._inflight: collections.deque[_Round] = collections.deque()
-        self._events: collections.deque = collections.deque()
-        self._lost: collections.deque = collections.deque()
-        self._done: dict[int, _Round] = {}   # round index -> the finished round, until update applies it
-        self._rounds = 0
-        # pipelined rounds (the builder's choice: within one process, no injected delays): the
-        # waiter starts the next round on a round's outputs while it runs; the serve loop
-        # adopts it if the policy then releases exactly that round
-        self.pipelined = False
-        self._ahead: _Round | None = None     # the round computed ahead, not yet released
-        self._current: _Round | None = None   # the round whose outputs are the current state
-        self.rounds_ahead = 0                 # rounds computed ahead that the policy released
-        # across processes: the stop flags this process can send, who hosts which worker, who died
-        self.should_stop = lambda: None
-        self.agreed_stop: str | None = None   # every process stops after the flagged round: its status
-        self._flagged = False                 # the flagged round is dispatched: no round after it
-        self._last_round: str | None = None   # the flagged round finished: the status to stop with
-        self.liveness_wait = float(liveness_wait)
-        self.delays = None                    # () -> runtime.worker.Delays: injected delays (the builder's)
-        self._delays = None
-        self.max_iteration: int | None = None  # rounds of this iteration and later are never needed (the builder's)
-        self._gone: dict[int, str] = {}       # process -> why liveness dropped it
-        self._named: set[int] = set()
-        self.process_of = [devices[w // self._per_device].process_index for w in range(num_workers)]
-        if self.across:
-            me = jax.process_index()
-            first = next(i for i, d in enumerate(devices) if d.process_index == me)
-
-            def flag(code):
-                host = np.zeros(len(devices), np.int32)
-                host[first] = code
-                return _split_array(host, split)
-
-            self._flags = {code: flag(code) for code in (0, 1, 2)}
-            if coord is not None:
-                coord.on_lost(self._on_lost)
-        self._to_wait: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=_waiter, args=(self._to_wait, clock, self._run_ahead),
-                         name="staleness-collective-waiter", daemon=True).start()
-        self.stopped = threading.Event()
+        per_device = num_workers // len(devices)
+        self.process_of = [devices[w // per_device].process_index for w in range(num_workers)]
+        self.workers = self.split_array(np.arange(num_workers, dtype=np.int32))   # the step's worker ids
 
     def place(self, tree):
         """`tree` replicated over the mesh (where the step reads it); across processes
@@ -325,26 +221,356 @@ class CollectiveLink(ServerLink):
             return tree
         return jax.tree.map(lambda a: a.addressable_shards[0].data, tree)
 
+    def split_array(self, host: np.ndarray):
+        """A global array split over the mesh from the full `host` array (every process
+        passes the same shape; each fills its own devices' parts)."""
+        return jax.make_array_from_callback(host.shape, self.split, lambda index: host[index])
+
+
+class RoundStep:
+    """The compiled step of a round (`collective_step`) and the state the next round
+    reads: the replicated parameters and optimizer state, and the iteration.
+
+    Args:
+      task, tx, rule: the run's task, optimizer transformation and lr rule.
+      mesh: the run's `CollectiveMesh`.
+      data_key: the run's minibatch key.
+      opt_state: the optimizer state of version 0.
+    """
+
+    def __init__(self, task, tx, rule, mesh: CollectiveMesh, data_key, opt_state):
+        self.mesh = mesh
+        self._step = collective_step(tx, rule, mesh.num_workers, mesh.mesh, mesh.across)
+        self._task, self._key = mesh.place((task, data_key))
+        self.opt_state = mesh.place(opt_state)
+        self.params = None                # the global parameters the next round reads (`set_state`)
+        self._iteration = None            # (host value, device scalar) of the next round's iteration
+
     def set_state(self, params, opt_state):
         """Make replicated `params`, `opt_state` the state the next round reads;
         returns this process's replicas of them (for the serve loop)."""
         self.params, self.opt_state = params, opt_state
-        self._current = None
-        return self.local(params), self.local(opt_state)
+        return self.mesh.local(params), self.mesh.local(opt_state)
 
-    def _args(self, params, iteration, code: int = 0):
-        """The step's arguments: `params`, the optimizer state, the round's inputs (and,
-        across processes, this process's stop flag `code`)."""
-        args = (params, self.opt_state, self._task, self._key, iteration, self._workers)
-        return args + (self._flags[code],) if self.across else args
+    def __call__(self, iteration: int, flag=None):
+        """Dispatch the round of `iteration` on the current state (across processes with
+        this process's stop `flag`); returns its outputs (not waited for)."""
+        if self._iteration is None or self._iteration[0] != iteration:
+            self._iteration = (iteration, self.mesh.place(np.int32(iteration)))
+        args = (self.params, self.opt_state, self._task, self._key, self._iteration[1], self.mesh.workers)
+        outputs = self._step(*args, flag) if self.mesh.across else self._step(*args)
+        self._iteration = (iteration + 1, outputs[2])
+        return outputs
+
+    def after(self, outputs):
+        """Dispatch the round after the one of `outputs`, on its outputs (within one process)."""
+        return self._step(outputs[0], outputs[1], self._task, self._key, outputs[2], self.mesh.workers)
+
+    def adopt(self, iteration: int, outputs) -> None:
+        """The round of `iteration`, dispatched by `after`, is the one released: the next
+        round's iteration is its output."""
+        self._iteration = (iteration + 1, outputs[2])
+
+    def warm_up(self, params, flag=None) -> list:
+        """Compile the step before the clock starts (outputs discarded); returns its losses
+        array (to compile the fetch too). Across processes every process must call it."""
+        it = self.mesh.place(np.int32(0))
+        args = (self.mesh.place(params), self.opt_state, self._task, self._key, it, self.mesh.workers)
+        out = self._step(*args, flag) if self.mesh.across else self._step(*args)
+        jax.block_until_ready(out)
+        return out[3]
+
+
+class StopAgreement:
+    """Across processes every process stops after the same round: a process raises
+    its flag in the round it dispatches after its stop request (`stop_event`), process
+    0 also after its `max_time`; the step sums the flags, and the round that carries
+    one is the last in every process.
+
+    Args:
+      mesh: the run's `CollectiveMesh` (over several processes).
+      stop_event: this process's stop requests.
+      max_time: process 0's wall-clock budget (seconds since the run's start), else None.
+      clock: the serve loop's clock (seconds).
+    """
+
+    CODES = {None: 0, "stopped": 1, "complete": 2}
+
+    def __init__(self, mesh: CollectiveMesh, stop_event: threading.Event, max_time: float | None,
+                 clock=time.monotonic):
+        me = jax.process_index()
+        first = next(i for i, d in enumerate(mesh.devices) if d.process_index == me)
+
+        def flag(code):
+            host = np.zeros(len(mesh.devices), np.int32)
+            host[first] = code
+            return mesh.split_array(host)
+
+        self._flags = {code: flag(code) for code in self.CODES.values()}
+        self.stop_event = stop_event
+        self.max_time = max_time
+        self.clock = clock
+        self.origin: float | None = None   # the run's start on the clock (`started`)
+
+    def started(self, origin: float) -> None:
+        self.origin = origin
+
+    def _wants(self) -> str | None:
+        if self.stop_event.is_set():
+            return "stopped"
+        if self.max_time is not None and self.origin is not None and self.clock() - self.origin >= self.max_time:
+            return "complete"
+        return None
+
+    def flag(self):
+        """(code, device flags) for the round dispatched now: 0, or this process's stop."""
+        code = self.CODES[self._wants()]
+        return code, self._flags[code]
+
+    def idle(self):
+        """Device flags that stop nothing (warm-up)."""
+        return self._flags[0]
+
+    @staticmethod
+    def agreed(outputs) -> str | None:
+        """The status every process stops with after the finished round of `outputs`, or None."""
+        code = int(np.asarray(outputs[4])[0])   # finished: no wait
+        return None if not code else {1: "stopped"}.get(code, "complete")
+
+
+class Liveness:
+    """Across processes: names the workers of a process that the coordination's
+    liveness dropped (its peers' all-reduce fails at once; a collective cannot go on
+    without them).
+
+    Args:
+      coord: this process's `runtime.coordination.Coordination` (or None: nothing is named).
+      process_of: [λ] the process of each worker.
+      wait: how long a failed round waits for liveness to name the process that died
+        (seconds; about the heartbeat timeout).
+      clock: the serve loop's clock (seconds).
+    """
+
+    def __init__(self, coord, process_of: list, wait: float, clock=time.monotonic):
+        self.process_of = process_of
+        self.wait = float(wait)
+        self.clock = clock
+        self._gone: dict[int, str] = {}       # process -> why liveness dropped it
+        self._named: set[int] = set()
+        if coord is not None:
+            coord.on_lost(self._on_lost)
+
+    def _on_lost(self, process: int, reason: str, _incarnation=None) -> None:
+        """Liveness dropped `process` (called on the coordination's monitor thread)."""
+        self._gone.setdefault(process, reason)
+
+    def name_lost(self, until: float, lost: collections.deque) -> bool:
+        """Add WorkerLost events for the workers of processes that liveness dropped to
+        `lost`, waiting until `until` (clock) for one; True if one was named."""
+        while True:
+            new = [p for p in list(self._gone) if p not in self._named and p in self.process_of]
+            for p in new:
+                self._named.add(p)
+                reason = (f"process {p} is gone ({self._gone[p]}); a collective cannot go on without its workers "
+                          "(sync='server' with on_worker_failure='continue' tolerates lost workers)")
+                lost.extend(WorkerLost(w, reason) for w, q in enumerate(self.process_of) if q == p)
+            if new or self._named:
+                return True
+            if self.clock() >= until:
+                return False
+            time.sleep(0.05)
+
+
+class _Round:
+    __slots__ = ("index", "releases", "iteration", "version", "outputs", "dispatched", "done", "error", "finished",
+                 "spans", "hold", "after", "since")
+
+    def __init__(self, index, releases, iteration, version, outputs, dispatched, spans=None, hold=None, after=None):
+        self.index, self.releases, self.iteration, self.version = index, releases, iteration, version
+        self.outputs, self.dispatched = outputs, dispatched
+        self.since = dispatched          # its worker_timeout runs from here (`RunAhead.since`)
+        self.done = threading.Event()   # set by the waiter thread once the round finished
+        self.error: BaseException | None = None
+        self.finished = dispatched       # when it finished (the waiter's clock reading)
+        self.spans = spans               # injected delays: [(start, end)] of each worker's computation
+        self.hold = hold                 # injected delays: its gradients reach the serve loop at this time
+        self.after = after               # computed ahead: the round whose outputs it starts from
+
+
+class RunAhead:
+    """Pipelined rounds (module docstring): on the waiter thread, before it waits for
+    round r, start round r + 1 on r's outputs; the link adopts it if the policy then
+    releases exactly that round.
+
+    Args:
+      step: the run's `RoundStep`.
+      max_iteration: rounds of this iteration and later are never needed (None: no limit).
+      clock: the serve loop's clock (seconds).
+      stopped: set once the link stopped (no round is started ahead after that).
+    """
+
+    def __init__(self, step: RoundStep, max_iteration: int | None, clock, stopped: threading.Event):
+        self.step = step
+        self.max_iteration = max_iteration
+        self.clock = clock
+        self.stopped = stopped
+        self.ahead: _Round | None = None     # the round computed ahead, not yet released
+        self.current: _Round | None = None   # the round whose outputs are the current state
+        self.count = 0                       # rounds computed ahead that the policy released
+
+    def start_after(self, rnd: _Round) -> None:
+        """On the waiter thread, before it waits for `rnd`: start the round after it on
+        `rnd`'s outputs (the only round BSP can release next, and the same step on the
+        same inputs as its dispatch at that release would be), unless no update needs it."""
+        it = rnd.iteration + 1
+        if self.stopped.is_set() or (self.max_iteration is not None and it >= self.max_iteration):
+            return
+        try:
+            outputs = self.step.after(rnd.outputs)
+        except Exception:  # noqa: BLE001 - the serve loop's own dispatch of that round reports it
+            return
+        self.ahead = _Round(None, None, it, rnd.version + 1, outputs, self.clock(), after=rnd)
+
+    def take(self, iteration: int, version: int, index: int, now: float) -> _Round | None:
+        """The round computed ahead if it is the one the policy released (iteration
+        `iteration` on `version`, from the current state), now round `index` dispatched
+        at `now`; None otherwise (it is dropped)."""
+        ahead, self.ahead = self.ahead, None
+        if (ahead is None or ahead.iteration != iteration or ahead.version != version
+                or self.current is None or ahead.after is not self.current):
+            return None
+        ahead.since = self.since(ahead)   # its deadline: from when it could start, not from now
+        ahead.index, ahead.dispatched, ahead.after = index, now, None
+        self.count += 1
+        self.step.adopt(iteration, ahead.outputs)
+        return ahead
+
+    def since(self, ahead: _Round) -> float:
+        """When a round computed ahead could start on the devices: once the round it
+        starts from finished (now, if that one has not)."""
+        after = ahead.after
+        return max(ahead.dispatched, after.finished if after.done.is_set() else self.clock())
+
+    def quiet(self, worker_timeout: float) -> bool:
+        """True once no round computed ahead is on the devices, after waiting for it
+        (bounded by its deadline; not at all once stopped)."""
+        ahead = self.ahead
+        if ahead is None:
+            return True
+        deadline = self.clock() if self.stopped.is_set() else self.since(ahead) + worker_timeout
+        while not ahead.outputs[3].is_ready():
+            if self.clock() >= deadline:
+                return False
+            time.sleep(WAIT_SECONDS)
+        return True
+
+
+def injected_round(delays, iteration: int, num_workers: int, now: float):
+    """([(start, end)] per worker, hold) of a round dispatched at `now` under injected
+    delays (`runtime.worker.Delays`): worker w computes from now + its pull delay for
+    its compute time, then its push delay passes; the all-reduce completes once the
+    last worker's push has, as the parameter server's BSP update does."""
+    spans, hold = [], now
+    for w in range(num_workers):
+        start = now + delays.pull(w, iteration)
+        end = start + delays.compute(w, iteration, start)
+        spans.append((start, end))
+        hold = max(hold, end + delays.push(w, iteration))
+    return spans, hold
+
+
+def _waiter(rounds: "queue.SimpleQueue", clock, ahead=None) -> None:
+    """Block on each dispatched round in turn and mark it done: `block_until_ready`
+    takes no timeout, so it runs here (a daemon thread, abandoned if a round hangs)
+    and the serve loop waits on `done` with one. `ahead(rnd)`, called before the
+    wait, may start the round after `rnd` (pipelined rounds, `RunAhead`)."""
+    while True:
+        rnd = rounds.get()
+        if rnd is None:
+            return
+        if ahead is not None:
+            ahead(rnd)
+        try:
+            jax.block_until_ready(rnd.outputs)
+        except BaseException as e:  # noqa: BLE001 - reported by the serve loop
+            rnd.error = e
+        rnd.finished = clock()
+        rnd.done.set()
+
+
+class CollectiveLink(ServerLink):
+    """The serve loop's transport and update under collective sync (module docstring):
+    a release of every worker dispatches the round's step, whose gradients reach the
+    serve loop once it finished, and `update` applies the round's outputs.
+
+    Args:
+      step: the run's `RoundStep` (its `mesh`: the run's `CollectiveMesh`).
+      worker_timeout: seconds after its dispatch at which an unfinished round
+        loses every worker of the round.
+      max_iteration: rounds of this iteration and later are never dispatched (no
+        update needs them), or None.
+      pipelined: compute the next round while the serve loop handles this one
+        (`RunAhead`; within one process only).
+      delays: the cluster's injected delays given the run's start on the clock
+        (`RunSpec.delays`), or None.
+      stop: across processes, the `StopAgreement` (None within one process).
+      liveness: across processes, the `Liveness` that names a process that died.
+      clock: the serve loop's clock (seconds).
+    """
+
+    times_rounds = True   # the serve loop leaves worker deadlines to the link (a round's, from its dispatch)
+
+    def __init__(self, step: RoundStep, *, worker_timeout: float = 30.0, max_iteration: int | None = None,
+                 pipelined: bool = False, delays=None, stop: StopAgreement | None = None,
+                 liveness: Liveness | None = None, clock=time.monotonic):
+        self.step = step
+        self.num_workers = step.mesh.num_workers
+        self.process_of = step.mesh.process_of
+        self.worker_timeout = float(worker_timeout)
+        self.max_iteration = max_iteration
+        self.clock = clock
+        self.stop_agreement = stop
+        self.liveness = liveness
+        self._delays_of = delays
+        self._delays = None                   # runtime.worker.Delays, from the run's start (`started`)
+        self._pending: dict[int, object] = {}   # worker -> Release of the round being released
+        self._inflight: collections.deque[_Round] = collections.deque()
+        self._events: collections.deque = collections.deque()
+        self._lost: collections.deque = collections.deque()
+        self._done: dict[int, _Round] = {}   # round index -> the finished round, until update applies it
+        self._rounds = 0
+        self.agreed_stop: str | None = None   # every process stops after the flagged round: its status
+        self._over = False                    # the flagged round is dispatched (or a process died): no round after
+        self._last_round: str | None = None   # the flagged round finished: the status to stop with
+        self.stopped = threading.Event()
+        self.ahead = RunAhead(step, max_iteration, clock, self.stopped) if pipelined else None
+        self._to_wait: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=_waiter, args=(self._to_wait, clock, self.ahead and self.ahead.start_after),
+                         name="staleness-collective-waiter", daemon=True).start()
+
+    @property
+    def rounds_ahead(self) -> int:
+        """Rounds computed ahead that the policy released (`RunAhead`)."""
+        return self.ahead.count if self.ahead is not None else 0
+
+    def started(self, origin: float) -> None:
+        if self._delays_of is not None:
+            self._delays = self._delays_of(origin)
+        if self.stop_agreement is not None:
+            self.stop_agreement.started(origin)
+
+    def set_state(self, params, opt_state):
+        """Make replicated `params`, `opt_state` the state the next round reads;
+        returns this process's replicas of them (for the serve loop)."""
+        if self.ahead is not None:
+            self.ahead.current = None
+        return self.step.set_state(params, opt_state)
 
     def warm_up(self, params) -> None:
-        """Compile the step (and `fetch`) before the clock starts (outputs discarded);
+        """Compile the step and `fetch` before the clock starts (outputs discarded);
         across processes every process must call it."""
-        it = self.place(np.int32(0))
-        out = self._step(*self._args(self.place(params), it))
-        jax.block_until_ready(out)
-        self.fetch([out[3]])
+        flag = self.stop_agreement.idle() if self.stop_agreement is not None else None
+        self.fetch([self.step.warm_up(params, flag)])
 
     def fetch(self, arrays: list) -> list:
         """Host copies of finished rounds' loss arrays (the serve loop's `_settle`):
@@ -354,7 +580,7 @@ class CollectiveLink(ServerLink):
         computed ahead is waited for, within its deadline): a program queued behind a
         hung round would never run, and the serve loop must stay free to time that round
         out; otherwise each array is copied as it is."""
-        if not self._quiet():
+        if self._inflight or (self.ahead is not None and not self.ahead.quiet(self.worker_timeout)):
             return jax.device_get(arrays)
         out = []
         for lo in range(0, len(arrays), FETCH_GROUP):
@@ -363,43 +589,6 @@ class CollectiveLink(ServerLink):
             host = np.asarray(_stack(group + [group[-1]] * (FETCH_GROUP - n)))
             out.extend(host[:n])
         return out
-
-    def _quiet(self) -> bool:
-        """True when no round is on the devices, after waiting (bounded by its deadline;
-        not at all once stopped) for a round computed ahead; False while a released
-        round is."""
-        if self._inflight:
-            return False
-        ahead = self._ahead
-        if ahead is None:
-            return True
-        deadline = self.clock() if self.stopped.is_set() else self._since(ahead) + self.worker_timeout
-        while not ahead.outputs[3].is_ready():
-            if self.clock() >= deadline:
-                return False
-            time.sleep(WAIT_SECONDS)
-        return True
-
-    def _since(self, ahead: _Round) -> float:
-        """When a round computed ahead could start on the devices: once the round it
-        starts from finished (now, if that one has not)."""
-        after = ahead.after
-        return max(ahead.dispatched, after.finished if after.done.is_set() else self.clock())
-
-    def _run_ahead(self, rnd: _Round) -> None:
-        """On the waiter thread, before it waits for `rnd`: start the round after it on
-        `rnd`'s outputs (the only round BSP can release next, and the same step on the
-        same inputs as its dispatch at that release would be), unless no update needs it."""
-        it = rnd.iteration + 1
-        if (not self.pipelined or self.stopped.is_set()
-                or (self.max_iteration is not None and it >= self.max_iteration)):
-            return
-        o = rnd.outputs
-        try:
-            outputs = self._step(o[0], o[1], self._task, self._key, o[2], self._workers)
-        except Exception:  # noqa: BLE001 - the serve loop's own dispatch of that round reports it
-            return
-        self._ahead = _Round(None, None, it, rnd.version + 1, outputs, self.clock(), after=rnd)
 
     # -- transport (server end) ------------------------------------------------------
     def release(self, msg, params) -> None:
@@ -414,17 +603,13 @@ class CollectiveLink(ServerLink):
             raise RuntimeError(f"collective sync: the policy released the workers on iterations {sorted(its)} and "
                                f"versions {sorted(versions)}; a collective round needs one of each")
         it, version = its.pop(), versions.pop()
-        if self._flagged or (self.max_iteration is not None and it >= self.max_iteration):
+        if self._over or (self.max_iteration is not None and it >= self.max_iteration):
             return   # the job stops after the flagged round / no update needs this round
-        if self._iteration is None or self._iteration[0] != it:
-            self._iteration = (it, self.place(np.int32(it)))
         rnd = self._dispatch(it, version)
         if rnd is None:
             return
         rnd.releases = rels
-        if self.delays is not None:
-            if self._delays is None:
-                self._delays = self.delays()
+        if self._delays is not None:
             rnd.spans, rnd.hold = injected_round(self._delays, it, self.num_workers, rnd.dispatched)
         self._inflight.append(rnd)
 
@@ -432,28 +617,21 @@ class CollectiveLink(ServerLink):
         """Start the step of iteration `it` on version `version` (the current state);
         None if a process died."""
         t_dispatch = self.clock()   # the step's call can take a while on the CPU: it is part of the round
-        ahead, self._ahead = self._ahead, None
-        if (ahead is not None and ahead.iteration == it and ahead.version == version
-                and self._current is not None and ahead.after is self._current):
-            # the round computed ahead is the one the policy released: it counts from now
-            ahead.since = self._since(ahead)   # its deadline: from when it could start, not from now
-            ahead.index, ahead.dispatched, ahead.after = self._rounds, t_dispatch, None
-            self._rounds += 1
-            self.rounds_ahead += 1
-            self._iteration = (it + 1, ahead.outputs[2])
-            self._to_wait.put(ahead)
-            return ahead
-        code = {None: 0, "stopped": 1, "complete": 2}[self.should_stop()] if self.across else 0
-        self._flagged = self._flagged or bool(code)
-        try:
-            outputs = self._step(*self._args(self.params, self._iteration[1], code))
-        except Exception:  # noqa: BLE001 - across processes: the all-reduce failed with a process that died
-            if self.across and self._name_lost(self.clock() + self.liveness_wait):
-                self._flagged = True   # the job is over: the serve loop reads the lost workers next
-                return None
-            raise
-        self._iteration = (it + 1, outputs[2])
-        rnd = _Round(self._rounds, None, it, version, outputs, t_dispatch)
+        rnd = self.ahead.take(it, version, self._rounds, t_dispatch) if self.ahead is not None else None
+        if rnd is None:
+            flag = None
+            if self.stop_agreement is not None:
+                code, flag = self.stop_agreement.flag()
+                self._over = self._over or bool(code)
+            try:
+                outputs = self.step(it, flag)
+            except Exception:  # noqa: BLE001 - across processes: the all-reduce failed with a process that died
+                if self.liveness is not None and self.liveness.name_lost(self.clock() + self.liveness.wait,
+                                                                         self._lost):
+                    self._over = True   # the job is over: the serve loop reads the lost workers next
+                    return None
+                raise
+            rnd = _Round(self._rounds, None, it, version, outputs, t_dispatch)
         self._rounds += 1
         self._to_wait.put(rnd)
         return rnd
@@ -463,7 +641,7 @@ class CollectiveLink(ServerLink):
         if not rnd.done.wait(max(0.0, deadline - self.clock())):
             return False
         if rnd.error is not None:
-            if self.across and self._name_lost(self.clock() + self.liveness_wait):
+            if self.liveness is not None and self.liveness.name_lost(self.clock() + self.liveness.wait, self._lost):
                 return False   # a process died: its workers are lost (the all-reduce failed with it)
             from staleness.runtime.errors import RunFailure
             from staleness.runtime.worker import summary
@@ -473,8 +651,8 @@ class CollectiveLink(ServerLink):
         return True
 
     def poll(self, timeout: float):
-        if self.across:
-            self._name_lost(0.0)
+        if self.liveness is not None:
+            self.liveness.name_lost(0.0, self._lost)
         if self._lost:
             return self._lost.popleft()
         if self._events:
@@ -492,49 +670,34 @@ class CollectiveLink(ServerLink):
             if self.clock() < rnd.hold:
                 return None
         self._inflight.popleft()
-        if self.across:
-            code = int(np.asarray(rnd.outputs[4])[0])   # finished: no wait
-            if code:   # every process stops after this round: none starts another
-                self._flagged = True
-                self._last_round = {1: "stopped"}.get(code, "complete")
+        if self.stop_agreement is not None:
+            status = self.stop_agreement.agreed(rnd.outputs)
+            if status is not None:   # every process stops after this round: none starts another
+                self._over = True
+                self._last_round = status
+        self._arrivals(rnd)
+        return self._next_event()
+
+    def _arrivals(self, rnd: _Round) -> None:
+        """The finished round's gradients, one `Arrival` per worker, for the serve loop."""
         now = self.clock()
         since_recv = max(0.0, now - rnd.dispatched)
         losses = rnd.outputs[3]
+        grad = RoundGradient(rnd.index)   # the same for every worker of the round
         for k, rel in enumerate(rnd.releases):
             start, end = rnd.spans[k] if rnd.spans is not None else (rnd.dispatched, rnd.finished)
             end = max(end, rnd.finished)
             since_start = min(since_recv, max(0.0, now - start))
             since_end = min(since_start, max(0.0, now - end))
             self._events.append(Arrival(Push(rel.worker, rel.iteration, rel.version, rel.epoch, since_recv,
-                                             since_start, since_end), (losses, k), rnd.index))
+                                             since_start, since_end), LateLoss(losses, k), grad))
         self._done[rnd.index] = rnd
-        return self._next_event()
 
     def _next_event(self):
         ev = self._events.popleft()
         if not self._events and self._last_round is not None:   # the flagged round's last gradient
             self.agreed_stop = self._last_round
         return ev
-
-    def _on_lost(self, process: int, reason: str, _incarnation=None) -> None:
-        """Liveness dropped `process` (called on the coordination's monitor thread)."""
-        self._gone.setdefault(process, reason)
-
-    def _name_lost(self, until: float) -> bool:
-        """Turn processes that liveness dropped into WorkerLost events for their
-        workers, waiting until `until` (clock) for one; True if one was named."""
-        while True:
-            new = [p for p in list(self._gone) if p not in self._named and p in self.process_of]
-            for p in new:
-                self._named.add(p)
-                reason = (f"process {p} is gone ({self._gone[p]}); a collective cannot go on without its workers "
-                          "(sync='server' with on_worker_failure='continue' tolerates lost workers)")
-                self._lost.extend(WorkerLost(w, reason) for w, q in enumerate(self.process_of) if q == p)
-            if new or self._named:
-                return True
-            if self.clock() >= until:
-                return False
-            time.sleep(0.05)
 
     def _wait_round(self, rnd: _Round, timeout: float) -> bool:
         """True once `rnd` finished; False after `timeout` seconds, or after its deadline
@@ -570,16 +733,17 @@ class CollectiveLink(ServerLink):
     # -- the serve loop's update ------------------------------------------------------
     def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None):
         """The parameters the round's step computed (this process's replicas): `grads`
-        are the round's tokens (one per worker), all of one round, every worker's,
-        staleness 0."""
-        rounds = set(grads)
+        are the round's `RoundGradient`s (one per worker), all of one round, every
+        worker's, staleness 0."""
+        rounds = {g.round for g in grads}
         if len(rounds) != 1 or len(grads) != self.num_workers or any(staleness):
             raise RuntimeError(f"collective sync: update {update} of {len(grads)} gradients of rounds "
                                f"{sorted(rounds)} with staleness {sorted(set(staleness))}; a collective update "
                                f"averages all {self.num_workers} workers' gradients of one round, staleness 0")
         rnd = self._done.pop(rounds.pop())
         out = self.set_state(*rnd.outputs[:2])
-        self._current = rnd
+        if self.ahead is not None:
+            self.ahead.current = rnd
         return out
 
     def finish(self) -> WorkerLost | None:
@@ -590,9 +754,3 @@ class CollectiveLink(ServerLink):
                 if self._lost:
                     return self._lost.popleft()
         return None
-
-
-def _split_array(host: np.ndarray, sharding):
-    """A global array split over `sharding`'s mesh from the full `host` array (every
-    process passes the same shape; each fills its own devices' parts)."""
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

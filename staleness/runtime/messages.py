@@ -5,7 +5,9 @@ the parameters of `version`. A `Push` goes back with the gradient's metadata
 (its loss and gradient travel beside it as arrays). `WorkerFailed` (the worker
 raised), `WorkerLost` (the worker, or its process, is gone) and `WorkerJoined`
 (a restarted process is back with its workers) are events the transport
-raises on the server side.
+raises on the server side. `LateLoss` and `RoundGradient` are what a collective
+round hands the serve loop in place of a loss and a gradient: both stay on the
+devices.
 
 Times inside a `Push` are durations on the worker's own clock, measured back
 from the moment it sent the push (`since_recv`, `since_start`, `since_end`), so
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any, NamedTuple
 
-__all__ = ["Release", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "STOP"]
+__all__ = ["Release", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "LateLoss", "RoundGradient", "STOP"]
 
 STOP = -1  # worker id of a release that stops every worker of a process
 
@@ -102,3 +105,18 @@ class WorkerJoined:
 
     worker: int
     reason: str
+
+
+class LateLoss(NamedTuple):
+    """A gradient's loss still on the devices: element `index` of `array` (a round's
+    losses), fetched later with others (`Server._settle`). (A NamedTuple: one per gradient.)"""
+
+    array: Any
+    index: int
+
+
+class RoundGradient(NamedTuple):
+    """A worker's gradient of collective round `round`: it never leaves the devices
+    (the round's step sums it); the update applies the round's outputs."""
+
+    round: int

@@ -47,10 +47,12 @@ __all__ = ["run_process", "launch_local", "free_port", "worker_placement"]
 SHUTDOWN_SECONDS = 15.0   # how long process 0 waits for the others to leave at the end
 
 
-def worker_placement(num_workers: int, num_processes: int, num_local_devices: int, process_id: int) -> dict:
-    """{worker: local device index} of the workers that `process_id` hosts."""
-    return {w: (w // num_processes) % num_local_devices
-            for w in range(num_workers) if w % num_processes == process_id}
+def __getattr__(name):
+    if name == "worker_placement":   # the builder's (imported when asked: launching needs no JAX)
+        from staleness.runtime.build import worker_placement
+
+        return worker_placement
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_job(coordinator, num_processes, process_id) -> None:
@@ -127,139 +129,78 @@ def run_process(task, policy, cluster=None, *, coordinator: str, num_processes: 
 def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init_timeout, progress,
                  heartbeat_timeout, **kwargs):
     import jax
-    import numpy as np
 
-    from staleness.engine import core
-    from staleness.runtime import checkpoint as _ckpt
-    from staleness.runtime.coordination import DistributedServerLink, DistributedWorkerLink
-    from staleness.runtime.errors import ServerLostError
-    from staleness.runtime.numerics import Numerics, zeros_like
-    from staleness.runtime.build import Built, _checkpointer, _evaluate
-    from staleness.runtime.run import JOIN_SECONDS, make_progress, serve, sigint_stops
-    from staleness.runtime.serve import Server
-    from staleness.engine.payload import payload_bytes
+    from staleness.runtime import build
+    from staleness.runtime.execute import execute, make_progress
     from staleness.runtime.spec import make_spec
-    from staleness.runtime.worker import worker_loop
 
     pid, n = coord.process_id, coord.num_processes
-    local = jax.local_devices()
     if callable(task) and not isinstance(task, str) and not hasattr(task, "loss_fn"):
         task = task()
-    spec = make_spec(task, policy, cluster, num_updates=num_updates,
-                     num_workers=num_workers if num_workers is not None or cluster is not None else n * len(local),
-                     processes=n, **kwargs)
+    if num_workers is None and cluster is None:
+        num_workers = n * len(jax.local_devices())
+    spec = make_spec(task, policy, cluster, num_updates=num_updates, num_workers=num_workers, processes=n,
+                     **kwargs)
+    stop_event = threading.Event()
     if spec.sync == "collective":
-        return _run_collective(coord, spec, init_timeout=init_timeout, progress=progress,
-                               liveness_wait=heartbeat_timeout + 2.0)
-    placement = {w: local[i] for w, i in worker_placement(spec.num_workers, n, len(local), pid).items()}
-    worker_process = [w % n for w in range(spec.num_workers)]
-    server_device = local[0]
-    init_key, data_key = core.keys(spec.seed)
-    params_shape = jax.eval_shape(spec.task.init_params, init_key)
-    numerics = Numerics(spec.task, spec.opt, spec.rule, spec.slots, data_key, spec.local, spec.inner,
-                        spec.local_steps)
-    config = spec.config(devices=sorted({f"p{worker_process[w]}" for w in range(spec.num_workers)}),
-                         server_device=f"p0:{server_device}", server_devices=[f"p0:{server_device}"], processes=n,
-                         transport="coordination-service+jax.experimental.transfer")
-    evaluate = _evaluate(spec)
-    stop_event = threading.Event()
-    server = params = None
-    if pid == 0:
-        meta = _ckpt.load(spec.checkpoint, config) if spec.resume else None
-        params = jax.device_put(spec.task.init_params(init_key), server_device)
-        callback, close_progress = make_progress(progress)
-        numerics.place_inputs(server_device)
-        server = Server(policy=spec.policy, num_workers=spec.num_workers, update=numerics.update, params=params,
-                        opt_state=numerics.init_state(params), zeros=zeros_like(params),
-                        link=DistributedServerLink(coord, worker_process, server_device, params_shape),
-                        num_updates=spec.num_updates, max_time=spec.max_time, eval_every=spec.eval_every,
-                        worker_timeout=spec.worker_timeout, on_worker_failure=spec.on_worker_failure,
-                        progress=callback, on_checkpoint=_checkpointer(spec, config, evaluate),
-                        checkpoint_every=spec.checkpoint_every, stop_event=stop_event, row_bytes=payload_bytes(spec.task, spec.policy))
-        state = (_ckpt.restore(server, meta, lambda tree: jax.device_put(tree, server_device))
-                 if meta is not None else None)
-        server.membership.extend(spec.membership(after=server.t_offset))
-    else:
-        close_progress = lambda: None  # noqa: E731
-    warm = params if params is not None else jax.eval_shape(spec.task.init_params, init_key)
-    if params is None:
-        warm = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), warm)
-    numerics.warm_up(warm, list(placement.values()), server_device if pid == 0 else None)
-    link = DistributedWorkerLink(coord, placement, params_shape) if placement else None
-    if coord.rejoining:  # a restarted process: the job runs already; tell the server we are back
-        if pid == 0:
-            raise RuntimeError("process 0 cannot rejoin a running job (the server's state died with it)")
-        if link is None or link.server_done():  # nothing to do here, or the run ended while we started
-            if link is not None:
-                link.stopped.set()
-            return None
-        coord.announce_join()
-    else:
-        coord.barrier("ready", init_timeout)  # every process compiled and listening: start the clock
-
-    threads = []
-    try:
-        with sigint_stops(stop_event):
-            if server is not None:
-                server.start(state)
-            t0 = time.monotonic() - (server.t_offset if server is not None else 0.0)
-            for w in placement:
-                t = threading.Thread(target=worker_loop, args=(w, link, numerics, placement[w], spec.delays(t0)),
-                                     name=f"staleness-worker-{w}", daemon=True)
-                t.start()
-                threads.append(t)
-            if server is not None:
-                return serve(Built(server, state, [], config, evaluate), spec)
-            if link is None:  # more processes than workers: nothing to do here
-                return None
-            # A worker process: work until the server stops us (or is lost, or Ctrl-C).
-            while not link.stopped.wait(0.1):
-                if stop_event.is_set():
-                    break
-            if link.server_lost:
-                raise ServerLostError(pid, link.server_lost)
-            return None
-    finally:
-        if link is not None:
-            link.stopped.set()
-        close_progress()
-        deadline = time.monotonic() + JOIN_SECONDS
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-
-def _run_collective(coord, spec, *, init_timeout, progress, liveness_wait):
-    """This process's part of a collective job: the serve loop over the global mesh."""
-    import jax
-
-    from staleness.runtime.build import _build_collective
-    from staleness.runtime.errors import ServerLostError, WorkerLostError
-    from staleness.runtime.run import make_progress, serve, sigint_stops
-
-    pid = coord.process_id
-    if coord.rejoining:
-        raise RuntimeError(f"process {pid} cannot rejoin a job under sync='collective' (every round needs every "
-                           "process): restart the whole job")
+        if coord.rejoining:
+            raise RuntimeError(f"process {pid} cannot rejoin a job under sync='collective' (every round needs "
+                               "every process): restart the whole job")
+        callback, close_progress = make_progress(progress if pid == 0 else False)
+        built = build.collective(spec, jax.devices(), stop_event=stop_event, progress=callback, coord=coord,
+                                 liveness_wait=heartbeat_timeout + 2.0)   # compiles: every process takes part
+        return execute(built, spec, stop_event, close_progress, ready=lambda: _ready(coord, None, init_timeout),
+                       main=None if pid == 0 else lambda built, spec: _serve_collective(built.server, pid))
+    if coord.rejoining and pid == 0:
+        raise RuntimeError("process 0 cannot rejoin a running job (the server's state died with it)")
     callback, close_progress = make_progress(progress if pid == 0 else False)
-    stop_event = threading.Event()
-    built = _build_collective(spec, jax.devices(), stop_event=stop_event, progress=callback, coord=coord,
-                              liveness_wait=liveness_wait)   # compiles: a collective, every process takes part
-    try:
+    built = build.distributed(spec, coord, stop_event=stop_event, progress=callback)
+    return execute(built, spec, stop_event, close_progress,
+                   ready=lambda: _ready(coord, built.worker_link, init_timeout),
+                   main=None if pid == 0 else lambda built, spec: _work(built.worker_link, stop_event, pid))
+
+
+def _ready(coord, link, init_timeout: float) -> bool:
+    """Enter the job: every process compiled and listening starts the clock together
+    (a barrier); a restarted worker process (`link`: its workers' link, or None; a
+    collective job's processes cannot rejoin) tells the running job it is back
+    instead. False: nothing to do here (the run ended while this process started)."""
+    if not coord.rejoining:
         coord.barrier("ready", init_timeout)
-        with sigint_stops(stop_event):
-            built.server.start(built.state)
-            if pid == 0:
-                return serve(built, spec)
-            try:
-                built.server.serve()
-            except WorkerLostError as e:
-                if built.server.link.process_of[e.worker] == 0:
-                    raise ServerLostError(pid, e.reason) from None
-                raise
-            return None
-    finally:
-        built.server.link.stop()
-        close_progress()
+        return True
+    if link is None or link.server_done():  # nothing to do here, or the run ended while we started
+        return False
+    coord.announce_join()
+    return True
+
+
+def _work(link, stop_event: threading.Event, pid: int) -> None:
+    """Process `pid`, with workers only (their `link`, or None): work until the server
+    stops us (or is lost, or Ctrl-C)."""
+    from staleness.runtime.errors import ServerLostError
+
+    if link is None:  # more processes than workers: nothing to do here
+        return None
+    while not link.stopped.wait(0.1):
+        if stop_event.is_set():
+            break
+    if link.server_lost:
+        raise ServerLostError(pid, link.server_lost)
+    return None
+
+
+def _serve_collective(server, pid: int) -> None:
+    """Process `pid` (not 0) of a collective job: serve every round with process 0
+    (which writes the Result); a lost process-0 worker is the lost server."""
+    from staleness.runtime.errors import ServerLostError, WorkerLostError
+
+    try:
+        server.serve()
+    except WorkerLostError as e:
+        if server.link.process_of[e.worker] == 0:
+            raise ServerLostError(pid, e.reason) from None
+        raise
+    return None
 
 
 # -- launching processes on this machine ---------------------------------------------------

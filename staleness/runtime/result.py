@@ -57,7 +57,7 @@ def build_result(server, spec, config: dict, status: str, evaluate: Callable | N
     rows = evaluate_snapshots(server, evaluate, train_loss, final=True)
     state = server.state
     sched = server.rec.to_schedule(
-        num_workers=spec.num_workers, policy=spec.policy.describe(),
+        num_workers=spec.num_workers, policy=spec.policy,
         cluster=spec.cluster.describe() if spec.cluster else "", seed=spec.seed,
         rstar=state.rstar if state is not None else (), end_time=end_time, pending=server.pending_rows(),
         meta={"max_gap": state.max_gap if state is not None else 0, "recorded": "runtime", "sync": spec.sync,

@@ -27,97 +27,188 @@ A transport may also decide when the loop stops (`link.agreed_stop`: the
 status, once set): collectives across processes stop every process after the
 same round.
 
-A gradient's loss arrives as a float, or (collectives) as (device array, index):
-it is then fetched later with others in one transfer (`_settle`), before any
-divergence check, checkpoint, progress report and at the end. Bytes: every row
-records `row_bytes` (pull, push) of the run's transport; a lost gradient never pushed.
-The loop adds up its own busy time (everything but waiting for events).
+A gradient's loss arrives as a float, or (collectives) as a `LateLoss` (a
+device array and an index): it is then fetched later with others in one
+transfer (`_settle`), before any divergence check, checkpoint, progress report
+and at the end. Bytes: every row records `row_bytes` (pull, push) of the run's
+transport; a lost gradient never pushed. The loop adds up its own busy time
+(everything but waiting for events).
+
+Checkpoints and resume: `saved_state()` is the explicit `ServerState` a
+checkpoint keeps and `restore(state)` continues from one. The policy's state
+is not stored as objects: a run that checkpoints records its policy's calls
+(`PolicyCalls`, plain numbers) and a resumed run makes them again on a fresh
+state (policies are deterministic), then continues with `Driver.resume`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from staleness import interrupts
 from staleness.driver import Driver, Recorder
 from staleness.runtime.errors import WorkerError, WorkerLostError
-from staleness.runtime.messages import Release, WorkerFailed, WorkerJoined, WorkerLost
+from staleness.runtime.messages import LateLoss, Release, WorkerFailed, WorkerJoined, WorkerLost
 from staleness.runtime.transport import Arrival, ServerLink
 
-__all__ = ["Server", "Diverged", "TICK_SECONDS", "SETTLE_EVERY"]
+__all__ = ["Server", "ServerState", "PolicyCalls", "Diverged", "TICK_SECONDS", "SETTLE_EVERY", "PROGRESS_SECONDS"]
 
 TICK_SECONDS = 0.05  # longest wait on the transport between housekeeping checks
 SETTLE_EVERY = 4096  # late losses fetched at least this often (rows)
+PROGRESS_SECONDS = 0.5  # how often the progress callback is called
 
 
 class Diverged(FloatingPointError):
     """A gradient with a non-finite loss was applied (message names it)."""
 
 
+class PolicyCalls:
+    """The calls a run makes to its policy (`init`, then `push` / `fail` / `join`), in order.
+
+    Policies are deterministic: the same calls give the same `SyncState`, whatever it
+    holds (a user's policy too). A run that checkpoints hands the driver this object in
+    place of its policy; it forwards each call and records its arguments (plain
+    numbers); a checkpoint keeps them and a resumed run rebuilds the policy's state by
+    making the same calls again (`replay`). No policy object is stored.
+
+    start: the `now` of `init` (None until it was called); calls: [('push', worker,
+    pull_version, now) | ('fail', worker, now) | ('join', worker, now)].
+    """
+
+    def __init__(self, policy, start: float | None = None, calls=()):
+        self.policy = policy
+        self.start = start
+        self.calls = [tuple(c) for c in calls]
+
+    def init(self, num_workers: int, now: float = 0.0):
+        state = self.policy.init(num_workers, now)
+        self.start = float(now)
+        return state
+
+    def push(self, state, worker: int, pull_version: int, now: float):
+        out = self.policy.push(state, worker, pull_version, now)
+        self.calls.append(("push", worker, pull_version, now))
+        return out
+
+    def fail(self, state, worker: int, now: float):
+        out = self.policy.fail(state, worker, now)
+        self.calls.append(("fail", worker, now))
+        return out
+
+    def join(self, state, worker: int, now: float):
+        out = self.policy.join(state, worker, now)
+        self.calls.append(("join", worker, now))
+        return out
+
+    def replay(self, num_workers: int):
+        """The policy's `SyncState` after these calls (made again on a fresh state)."""
+        if self.start is None:
+            raise ValueError("resume: the checkpoint records no start of the policy")
+        policy = self.policy
+        state = policy.init(num_workers, self.start)
+        for call in self.calls:
+            kind = call[0]
+            if kind == "push":
+                policy.push(state, call[1], call[2], call[3])
+            elif kind == "fail":
+                policy.fail(state, call[1], call[2])
+            elif kind == "join":
+                policy.join(state, call[1], call[2])
+            else:
+                raise ValueError(f"resume: unknown policy call {call!r} in the checkpoint")
+        return state
+
+
+@dataclasses.dataclass
+class ServerState:
+    """What the serve loop continues a run from (what a checkpoint keeps).
+
+    params, opt_state: the version the checkpoint was taken at (right after an update).
+    policy_start, policy_calls: the policy's calls so far (`PolicyCalls`): its SyncState
+      is rebuilt from them.
+    recorder: the trace so far. rows: evaluated history rows. epoch: [λ] membership
+    epochs. lost_for_real: workers lost to a fault (they rejoin on resume). elapsed:
+    seconds recorded (the resumed run's times continue from there). checked: rows whose
+    loss was checked for divergence.
+    """
+
+    params: Any
+    opt_state: Any
+    policy_start: float
+    policy_calls: list
+    recorder: Recorder
+    rows: list
+    epoch: list
+    lost_for_real: list
+    elapsed: float
+    checked: int
+
+
 class Server:
     """Parameter server of one real run (see the module docstring).
 
     Args:
-      policy: the `staleness.policies` policy (the same object the simulator uses).
-      num_workers: λ.
+      spec: the run (`runtime.spec.RunSpec`); the loop reads its policy, num_workers,
+        num_updates, max_time (a wall-clock budget in seconds since the start, resumed
+        runs included), eval_every (keep a parameter snapshot every this many updates,
+        for history rows), worker_timeout (a released worker with no gradient after this
+        many seconds is lost; seconds the loop itself spent blocked in one step longer
+        than a tick do not count), on_worker_failure ('continue': policy.fail and the
+        run goes on; 'stop': raise `WorkerLostError`; failures of the cluster's failure
+        model always continue), checkpoint_every and the cluster's failure model
+        (`spec.membership`: emulated failures and rejoins).
+      link: the server's end of the transport.
       update: the update function (params, opt_state, grads, staleness, update, zeros)
         -> (params, opt_state), e.g. `Numerics.update` or `CollectiveLink.update`.
-      params, opt_state: version 0 (or the checkpoint's version), on the server's device.
-      zeros: params-shaped zeros on the server's device (pads update slots).
-      link: the server's end of the transport.
-      num_updates: stop after this many updates.
-      max_time: optional wall-clock budget (seconds since the start, resumed runs included).
-      eval_every: keep a parameter snapshot every this many updates (history rows).
-      worker_timeout: a released worker with no gradient after this many seconds is lost
-        (seconds the loop itself spent blocked in one step longer than a tick do not count).
-      on_worker_failure: 'continue' (policy.fail; the run goes on) or 'stop' (raise
-        `WorkerLostError`). Failures of the cluster's failure model always continue.
-      membership: [(seconds, 'fail' | 'join', worker)] real times of emulated failures.
-      progress: callable(dict) called about every `progress_every` seconds, or None.
-      on_checkpoint: callable(server) called every `checkpoint_every` updates.
-      stop_event: a threading.Event that stops the run (status 'stopped') when set.
+      params, opt_state: version 0, on the server's device (`restore` puts a checkpoint's).
+      zeros: params-shaped zeros on the server's device (pads update slots), or None.
       row_bytes: (pull, push) bytes one gradient moves on this transport (trace columns).
+      progress: callable(dict) called about every `PROGRESS_SECONDS`, or None.
+      on_checkpoint: callable(server) called every `spec.checkpoint_every` updates (it
+        reads `saved_state()`).
+      stop_event: a threading.Event that stops the run (status 'stopped') when set.
+      clock: seconds (default `time.monotonic`).
     """
 
-    def __init__(self, *, policy, num_workers: int, update, params, opt_state, zeros, link: ServerLink,
-                 num_updates: int, max_time: float | None = None, eval_every: int = 1,
-                 worker_timeout: float = 30.0, on_worker_failure: str = "continue",
-                 membership=(), progress: Callable | None = None, progress_every: float = 0.5,
-                 on_checkpoint: Callable | None = None, checkpoint_every: int | None = None,
-                 stop_event: threading.Event | None = None, clock=time.monotonic,
-                 row_bytes: tuple[int, int] = (0, 0)):
-        self.policy = policy
-        self.num_workers = num_workers
+    def __init__(self, spec, *, link: ServerLink, update, params, opt_state, zeros=None,
+                 row_bytes: tuple[int, int] = (0, 0), progress: Callable | None = None,
+                 on_checkpoint: Callable | None = None, stop_event: threading.Event | None = None,
+                 clock=time.monotonic):
+        self.spec = spec
+        self.policy = spec.policy
+        self.num_workers = num_workers = spec.num_workers
         self.update = update
         self.params = params
         self.opt_state = opt_state
         self.zeros = zeros
         self.link = link
-        self.num_updates = int(num_updates)
-        self.max_time = max_time
-        self.eval_every = max(1, int(eval_every))
-        self.worker_timeout = float(worker_timeout)
-        self.on_worker_failure = on_worker_failure
-        self.membership = deque(sorted(membership, key=lambda e: (e[0], e[1] != "join", e[2])))
+        self.num_updates = int(spec.num_updates)
+        self.max_time = spec.max_time
+        self.eval_every = max(1, int(spec.eval_every))
+        self.worker_timeout = float(spec.worker_timeout)
+        self.on_worker_failure = spec.on_worker_failure
+        self.membership: deque = deque()        # (seconds, 'fail' | 'join', worker) still due (made at `start`)
         self.progress = progress
-        self.progress_every = progress_every
-        self.on_checkpoint = on_checkpoint
-        self.checkpoint_every = checkpoint_every
+        self.progress_every = PROGRESS_SECONDS
+        self.checkpoint_every = spec.checkpoint_every
+        self.on_checkpoint = on_checkpoint if spec.checkpoint_every else None
         self.stop_event = stop_event or threading.Event()
         self.clock = clock
 
         self.driver: Driver | None = None       # the control plane (made at `start`)
-        self.rec = Recorder()                   # the trace (a checkpoint's on resume); the driver's
+        self.rec = Recorder()                   # the trace (the driver's, from `start`)
         self.row_bytes = (int(row_bytes[0]), int(row_bytes[1]))
         self.busy = 0.0                         # seconds spent handling events (not waiting for them)
         self._late: list[tuple[int, object, int]] = []   # (row, device losses, index) not fetched yet
-        self.epoch = [0] * num_workers          # membership epochs (a checkpoint's on resume); the driver's
+        self._saved: ServerState | None = None  # the state `restore` set, to `start` from
+        self._calls: PolicyCalls | None = None  # the policy's calls (recorded when the run checkpoints)
         self.lost_for_real: set[int] = set()    # lost by a fault (not by the failure model)
         self.grads: dict[int, tuple[object, int]] = {}   # row -> (gradient, pull version) awaiting an update
         self.snapshots: list[tuple[int, object]] = [(0, params)]   # (update, params) to evaluate
@@ -132,6 +223,31 @@ class Server:
         self.blocked = 0.0                      # seconds the loop spent in steps longer than a tick
         self._blocked_at = [0.0] * num_workers  # `blocked` when each worker was last released
         self._progress_mark = (0.0, 0, 0, 0.0)
+
+    # -- saved state -------------------------------------------------------------
+    def restore(self, saved: ServerState) -> None:
+        """Continue from `saved` (a checkpoint's state, its arrays already placed) at `start`."""
+        self._saved = saved
+        self.params, self.opt_state = saved.params, saved.opt_state
+        self.rec = saved.recorder
+        self.rows = list(saved.rows)
+        self.snapshots = []
+        self.lost_for_real = set(saved.lost_for_real)
+        self.t_offset = float(saved.elapsed)
+        self._checked = int(saved.checked)
+
+    def saved_state(self) -> ServerState:
+        """The state a checkpoint keeps (taken right after an update; needs `on_checkpoint`,
+        under which the policy's calls are recorded)."""
+        if self.pending_rows():  # cannot happen right after an update; guard the invariant anyway
+            raise RuntimeError("checkpoint: gradients are buffered; checkpoints are taken right after an update")
+        if self._calls is None:
+            raise RuntimeError("checkpoint: the policy's calls were not recorded (a Server without on_checkpoint)")
+        self._settle()
+        return ServerState(params=self.params, opt_state=self.opt_state, policy_start=self._calls.start,
+                           policy_calls=list(self._calls.calls), recorder=self.rec, rows=list(self.rows),
+                           epoch=list(self.driver.epoch), lost_for_real=sorted(self.lost_for_real),
+                           elapsed=self.now(), checked=self._checked)
 
     # -- time --------------------------------------------------------------------
     def now(self) -> float:
@@ -173,10 +289,10 @@ class Server:
         start = pull_time + half + (m.since_recv - m.since_start)
         end = max(now - half - m.since_end, start)
         loss = a.loss
-        if type(loss) is tuple:   # (device array, index): fetched later, with others
+        if type(loss) is LateLoss:   # still on the devices: fetched later, with others
             step = d.push(w, now, start, end, None)
             if step.row is not None:
-                self._late.append((step.row, loss[0], loss[1]))
+                self._late.append((step.row, loss.array, loss.index))
                 if len(self._late) >= SETTLE_EVERY:
                     self._settle()
         else:
@@ -297,17 +413,30 @@ class Server:
             self._report(now)
 
     # -- the loop -------------------------------------------------------------------
-    def start(self, state=None) -> None:
-        """Start the clock; release every worker (fresh run) or resume from `state`."""
+    def start(self) -> None:
+        """Start the clock; release every worker (a fresh run) or continue from the state
+        `restore` set."""
         self.t0 = self.clock()
         now = self.now()
-        d = self.driver = Driver(self.policy, self.num_workers, now, state=state)
-        d.rec, d.epoch = self.rec, self.epoch   # a resumed run's trace and epochs continue
+        saved, record = self._saved, self.on_checkpoint is not None
+        if saved is None:
+            self._calls = PolicyCalls(self.policy) if record else None
+            d = Driver(self._calls or self.policy, self.num_workers, now)
+        else:
+            calls = PolicyCalls(self.policy, saved.policy_start, saved.policy_calls)
+            state = calls.replay(self.num_workers)
+            self._calls = calls if record else None
+            d = Driver.resume(self._calls or self.policy, self.num_workers, now, state=state, recorder=self.rec,
+                              epoch=saved.epoch)
+        self.driver = d
+        self.rec = d.rec
         self.rec.row_bytes = self.row_bytes
+        self.membership = deque(self.spec.membership(after=self.t_offset))   # sorted by time
         # Resume: gradients in flight at the checkpoint are gone; those workers
         # start their iteration again on the checkpoint's version. Blocked ones
         # stay blocked; workers lost to a fault rejoin (this is a fresh start).
         lost, self.lost_for_real = sorted(self.lost_for_real), set()
+        self.link.started(self.t0 - self.t_offset)
         self._send(d.start(now))
         for w in lost:
             self._join(w, now)

@@ -34,7 +34,9 @@ class Arrival(NamedTuple):
     """A gradient at the server: its `Push` message, its loss as a Python float
     and its gradient pytree, materialized on the server's device (a transport
     emits an Arrival only once both are there, so the server never waits on,
-    or depends on, the worker that sent them). (A NamedTuple: one per gradient.)"""
+    or depends on, the worker that sent them). Collective rounds keep both on the
+    devices: a `messages.LateLoss` and a `messages.RoundGradient`. (A NamedTuple:
+    one per gradient.)"""
 
     push: Push
     loss: Any
@@ -51,8 +53,9 @@ class ServerLink(abc.ABC):
     does through these defaults: `times_rounds` (True: the transport times out its
     own work, so the loop checks no per-worker deadlines), `agreed_stop` (a status
     once set: the loop stops there), `rounds_ahead` (recorded in the trace's meta),
-    `fetch` (host copies of loss arrays) and `finish` (wait for work still in
-    flight at the end; a lost worker or None).
+    `started` (told the run's time origin when the loop starts), `fetch` (host
+    copies of loss arrays) and `finish` (wait for work still in flight at the end;
+    a lost worker or None).
     """
 
     times_rounds = False
@@ -70,6 +73,10 @@ class ServerLink(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Ask every worker to stop (idempotent, never blocks for long)."""
+
+    def started(self, origin: float) -> None:
+        """The serve loop's clock started: `origin` is the reading of the loop's clock
+        at the run's time 0 (a resumed run's lies before now)."""
 
     def fetch(self, arrays: list) -> list:
         """Host copies of `arrays` (losses the loop fetches late, `Server._settle`)."""

@@ -1,11 +1,11 @@
 """`run`: the same policies on the devices of one process, recording a trace.
 
-A run flows one way, each step in its own module:
+(`staleness.runtime.run` is this module's `run` function.) A run flows one
+way, each step in its own module:
 
     spec   = spec.make_spec(...)          # the arguments, checked once
     built  = build.build(spec, ...)       # numerics, server state, workers, transport
-    status = built.server.serve()         # serve.Server: the one serve loop
-    result = result.build_result(...)     # history, trace, parameters
+    result = execute.execute(built, ...)  # start; serve.Server, the one serve loop; the Result
 
 Under `sync='server'` each worker, bound to a device (workers share devices
 when there are more workers than devices), runs the engine's jitted
@@ -20,24 +20,16 @@ the devices (`runtime.collective`). The result is the simulator's `Result`.
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
-import time
 
 import jax
 
-from staleness.results import DivergenceError, Result
+from staleness.results import Result
 from staleness.runtime.build import build
-from staleness.runtime.errors import RunFailure, WorkerLostError
-from staleness.runtime.progress import ProgressLine
-from staleness.runtime.result import build_result
-from staleness.runtime.serve import Diverged
-from staleness.runtime.spec import RunSpec, make_spec
+from staleness.runtime.execute import execute, make_progress
+from staleness.runtime.spec import make_spec
 
-__all__ = ["run", "resolve_devices", "JOIN_SECONDS"]
-
-JOIN_SECONDS = 10.0  # how long stopping waits for worker threads (a hung step cannot be interrupted)
+__all__ = ["run", "resolve_devices"]
 
 
 def resolve_devices(devices) -> list:
@@ -56,53 +48,6 @@ def resolve_devices(devices) -> list:
     if not out or not all(isinstance(d, jax.Device) for d in out):
         raise ValueError(f"devices = {devices!r} must be None, a number of local devices, or a list of jax devices")
     return out
-
-
-@contextlib.contextmanager
-def sigint_stops(stop_event: threading.Event):
-    """While active (main thread only), the first Ctrl-C sets `stop_event` (the run
-    stops cleanly at the next check); a second one raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        if stop_event.is_set():
-            raise KeyboardInterrupt
-        stop_event.set()
-
-    old = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-def make_progress(progress):
-    """(callback or None, closer): progress=True prints a live line on stderr."""
-    if progress is True:
-        line = ProgressLine()
-        return line, line.close
-    if progress in (False, None):
-        return None, lambda: None
-    if callable(progress):
-        return progress, lambda: None
-    raise ValueError(f"progress = {progress!r} must be True, False or a callable(dict)")
-
-
-def serve(built, spec: RunSpec) -> Result:
-    """Run the built server; turn its faults into errors that carry the Result."""
-    server = built.server
-    try:
-        status = server.serve()
-    except Diverged as e:
-        raise DivergenceError(str(e), build_result(server, spec, built.config, "diverged", built.evaluate)) from None
-    except RunFailure as e:
-        # a collective step that hung holds every device: nothing more can be computed there
-        hung = spec.sync == "collective" and isinstance(e, WorkerLostError)
-        e.result = build_result(server, spec, built.config, "stopped", None if hung else built.evaluate)
-        raise
-    return build_result(server, spec, built.config, status, built.evaluate)
 
 
 def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None = None, seed: int = 0,
@@ -170,20 +115,4 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
     stop_event = stop_event or threading.Event()
     built = build(spec, devs, server_device, server_devices=server_devices, stop_event=stop_event,
                   progress=callback)
-    server = built.server
-    threads = []
-    try:
-        with sigint_stops(stop_event):
-            server.start(built.state)
-            delays = spec.delays(server.t0 - server.t_offset)
-            for w, target, args in built.workers:
-                t = threading.Thread(target=target, args=(*args, delays), name=f"staleness-worker-{w}", daemon=True)
-                t.start()
-                threads.append(t)
-            return serve(built, spec)
-    finally:
-        server.link.stop()
-        close_progress()
-        deadline = time.monotonic() + JOIN_SECONDS
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+    return execute(built, spec, stop_event, close_progress)
