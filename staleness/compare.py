@@ -312,10 +312,8 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     Ctrl-C stops the comparison: the Comparison has interrupted=True, the run in
     progress has status 'stopped', and (with out=) everything is written.
     """
-    from tqdm.auto import tqdm
-
     from staleness import cluster as _cluster
-    from staleness.engine.run import resolve_task, simulate
+    from staleness.engine.run import resolve_task
 
     pols = [_policies.parse(p) for p in policies]
     if not pols:
@@ -345,52 +343,110 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                    "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals,
                    "tune": bool(lr is None and tune), "lr_grid": None if lr_grid is None else list(lr_grid),
                    "default_lr": default_lr}
-    done: dict[tuple[str, int], Result] = {}
+    runs = _Runs(task, cluster, metric, max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, num_evals,
+                 default_lr)
+    done = _open_out(out, resume, plan_config, planned)
+    tuning = _tuning(runs, pols, out, resume, tune, lr_grid, tune_seeds, progress)
+    results, interrupted = _run_all(runs, pols, seeds, tuning, done, out, progress)
+    cmp = Comparison(results, metric, target, planned, interrupted, tuning)
     if out is not None:
-        if resume and (out / MANIFEST).is_file():
-            done = _load_done(out, plan_config)
-        elif resume:
-            raise ResumeError(f"resume: {str(out)!r} holds no comparison ({MANIFEST} not found); "
-                              "run without --resume first")
-        elif out.exists() and any(out.iterdir()):
-            files.write_dir(out, lambda d: None, overwrite=True)  # replace the old comparison (checked above)
-        files.write_text(out / MANIFEST, json.dumps({"format_version": _MANIFEST_VERSION, "config": plan_config,
-                                                     "runs": [list(x) for x in planned]}, indent=1))
-    tuning: dict[str, dict] = {}
-    if lr is None and tune and resume and out is not None and (out / MANIFEST).is_file():
-        tuning = json.loads((out / MANIFEST).read_text()).get("tuning") or {}
-    if lr is None and tune and not tuning:
-        from tqdm.auto import tqdm as _tqdm
+        cmp.save(out, results=False)
+    return cmp
 
-        try:
-            task.holdout()
-        except ValueError as e:
-            tuning = {"skipped": str(e)}
-        else:
-            for pol in _tqdm(pols, desc="tune lr", unit="policy", disable=not progress):
-                base = _base_lr(pol, optimizer, task, default_lr)
-                if base is None:
-                    tuning[pol.describe()] = {"skipped": "the optimizer has no learning_rate in its state"}
-                    continue
-                grid = list(lr_grid) if lr_grid is not None else [base * f for f in GRID_FACTORS]
-                kw = dict(seeds=list(tune_seeds), metric=metric, max_time=max_time, num_updates=num_updates,
-                          lr_rule=lr_rule, optimizer=optimizer, inner_optimizer=inner_optimizer if pol.local else None)
-                t = tune_lr(task, pol, cluster, grid=grid, **kw)
-                for _ in range(EXTEND if lr_grid is None else 0):   # the best at an edge: look one step beyond
-                    if not t["edge"]:
-                        break
-                    step = grid[1] / grid[0]
-                    grid = [grid[0] / step] + grid if t["lr"] == grid[0] else grid + [grid[-1] * step]
-                    t = tune_lr(task, pol, cluster, grid=grid, **kw)
-                tuning[pol.describe()] = t
-        if out is not None:   # resumable: the manifest keeps the chosen learning rates
-            meta = json.loads((out / MANIFEST).read_text())
-            files.write_text(out / MANIFEST, json.dumps({**meta, "tuning": tuning}, indent=1))
+
+@dataclasses.dataclass(frozen=True)
+class _Runs:
+    """What every run of one comparison shares (checked by `compare`)."""
+
+    task: object
+    cluster: object
+    metric: str
+    max_time: float | None
+    num_updates: int | None
+    lr: float | None
+    lr_rule: object
+    optimizer: object
+    inner_optimizer: object
+    num_evals: int
+    default_lr: float | None
+
+    def inner(self, policy):
+        return self.inner_optimizer if policy.local else None
+
+
+def _open_out(out, resume: bool, plan_config: dict, planned: list) -> dict:
+    """The runs already done (resume=True), after writing the manifest; {} without `out`."""
+    done: dict[tuple[str, int], Result] = {}
+    if out is None:
+        return done
+    if resume and (out / MANIFEST).is_file():
+        done = _load_done(out, plan_config)
+    elif resume:
+        raise ResumeError(f"resume: {str(out)!r} holds no comparison ({MANIFEST} not found); "
+                          "run without --resume first")
+    elif out.exists() and any(out.iterdir()):
+        files.write_dir(out, lambda d: None, overwrite=True)  # replace the old comparison (checked above)
+    files.write_text(out / MANIFEST, json.dumps({"format_version": _MANIFEST_VERSION, "config": plan_config,
+                                                 "runs": [list(x) for x in planned]}, indent=1))
+    return done
+
+
+def _tuning(runs: _Runs, pols, out, resume: bool, tune: bool, lr_grid, tune_seeds, progress: bool) -> dict:
+    """Each policy's tuned learning rate (`tune_lr`), or the manifest's on resume;
+    {} when the rate is given or tuning is off."""
+    if runs.lr is not None or not tune:
+        return {}
+    if resume and out is not None and (out / MANIFEST).is_file():
+        tuning = json.loads((out / MANIFEST).read_text()).get("tuning") or {}
+        if tuning:
+            return tuning
+    from tqdm.auto import tqdm
+
+    tuning = {}
+    try:
+        runs.task.holdout()
+    except ValueError as e:
+        tuning = {"skipped": str(e)}
+    else:
+        for pol in tqdm(pols, desc="tune lr", unit="policy", disable=not progress):
+            tuning[pol.describe()] = _tune_one(runs, pol, lr_grid, tune_seeds)
+    if out is not None:   # resumable: the manifest keeps the chosen learning rates
+        meta = json.loads((out / MANIFEST).read_text())
+        files.write_text(out / MANIFEST, json.dumps({**meta, "tuning": tuning}, indent=1))
+    return tuning
+
+
+def _tune_one(runs: _Runs, pol, lr_grid, tune_seeds) -> dict:
+    """`tune_lr` of one policy over `lr_grid` (default: its base rate × GRID_FACTORS,
+    extended by a step up to EXTEND times while the best value is at an edge)."""
+    base = _base_lr(pol, runs.optimizer, runs.task, runs.default_lr)
+    if base is None:
+        return {"skipped": "the optimizer has no learning_rate in its state"}
+    grid = list(lr_grid) if lr_grid is not None else [base * f for f in GRID_FACTORS]
+    kw = dict(seeds=list(tune_seeds), metric=runs.metric, max_time=runs.max_time, num_updates=runs.num_updates,
+              lr_rule=runs.lr_rule, optimizer=runs.optimizer, inner_optimizer=runs.inner(pol))
+    t = tune_lr(runs.task, pol, runs.cluster, grid=grid, **kw)
+    for _ in range(EXTEND if lr_grid is None else 0):   # the best at an edge: look one step beyond
+        if not t["edge"]:
+            break
+        step = grid[1] / grid[0]
+        grid = [grid[0] / step] + grid if t["lr"] == grid[0] else grid + [grid[-1] * step]
+        t = tune_lr(runs.task, pol, runs.cluster, grid=grid, **kw)
+    return t
+
+
+def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: bool) -> tuple[list, bool]:
+    """(Results in plan order, interrupted): every policy × seed not `done`, each saved
+    into `out` as it ends; Ctrl-C anywhere (scheduling, saving) stops the loop and
+    keeps what finished."""
+    from tqdm.auto import tqdm
+
+    from staleness.engine.run import simulate
+
     results: list[Result] = []
     interrupted = False
-    todo = [(p, s) for p in pols for s in seeds]
-    bar = tqdm(todo, desc="compare", unit="run", disable=not progress)
-    try:  # Ctrl-C anywhere in the loop (scheduling, saving) stops it; what finished is kept
+    bar = tqdm([(p, s) for p in pols for s in seeds], desc="compare", unit="run", disable=not progress)
+    try:
         for pol, seed in bar:
             interrupts.check()   # a Ctrl-C that a callback swallowed stops here
             key = (pol.describe(), seed)
@@ -398,14 +454,13 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                 results.append(done[key])
                 continue
             bar.set_postfix_str(f"{pol.describe()} seed {seed}")
+            chosen = tuning.get(pol.describe(), {}).get("lr")
+            rate = chosen if chosen is not None else (runs.lr if runs.lr is not None else (
+                None if pol.local and runs.optimizer is None else runs.default_lr))
             try:
-                chosen = tuning.get(pol.describe(), {}).get("lr")
-                rate = chosen if chosen is not None else (lr if lr is not None else (
-                    None if pol.local and optimizer is None else default_lr))
-                r = simulate(task, pol, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
-                             lr=rate, lr_rule=lr_rule,
-                             optimizer=optimizer, inner_optimizer=inner_optimizer if pol.local else None,
-                             num_evals=num_evals)
+                r = simulate(runs.task, pol, runs.cluster, num_updates=runs.num_updates, max_time=runs.max_time,
+                             seed=seed, lr=rate, lr_rule=runs.lr_rule, optimizer=runs.optimizer,
+                             inner_optimizer=runs.inner(pol), num_evals=runs.num_evals)
             except DivergenceError as e:
                 r = e.result
             results.append(r)
@@ -418,10 +473,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
         interrupted = True
     finally:
         bar.close()
-    cmp = Comparison(results, metric, target, planned, interrupted, tuning)
-    if out is not None:
-        cmp.save(out, results=False)
-    return cmp
+    return results, interrupted
 
 
 def __dir__():

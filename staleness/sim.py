@@ -276,223 +276,244 @@ def _run_network(driver, sampler, compute_time, budgets, nbytes, overlap: bool, 
     release -> compute -> wait for the round's collective -> arrival.
     Returns the simulated time at which the run stopped.
     """
-    update_budget, time_budget, grad_budget = budgets
-    lam = driver.num_workers
-    pull_n, push_n = nbytes
-    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
-    bw = sampler.bandwidth
-    pdur = _byte_seconds(pull_n, bw)
-    epoch = driver.epoch
-    live = driver.state.live
-    rec = driver.rec
-    default_bytes = (0, push_n) if collective else (pull_n, push_n)
-    rec.row_bytes = default_bytes
+    return _NetworkRun(driver, sampler, compute_time, nbytes, overlap, collective, forget).run(budgets)
 
-    link = SharedLink(sampler.server[0]) if sampler.server is not None and not collective else None
-    if collective:
-        algorithm, ar_bw, ar_lat = sampler.allreduce
 
-    # per worker, for its in-flight iteration
-    iteration = [0] * lam
-    span: list = [None] * lam          # (start, end) once its start is known
-    flow = [-1] * lam                  # its flow on the link (-1: none)
-    flow_owner: dict[int, tuple[int, bool]] = {}   # flow id -> (worker, is_pull)
-    pulled = [0] * lam                 # bytes of its pull
-    push_begun = [False] * lam         # its push's bytes have started to leave
-    computed = [False] * lam
-    data_done = [False] * lam          # overlap: its push's data phase is over
-    fresh = [False] * lam              # all-reduce rounds: it (re)joined and must fetch parameters
-    computing: set[int] = set()        # all-reduce rounds: live workers still before their compute end
-    waiting: list[int] = []            # all-reduce rounds: workers waiting for the next collective
-    rounds: dict[int, list] = {}       # collective id -> [(worker, epoch), ...], in arrival order
-    next_round = 0
+class _NetworkRun:
+    """The event loop of `_run_network`: its state per worker, and one handler per kind
+    of event (a link completion, a push's data start, a compute end, an arrival, a
+    collective's end, a failure, a join)."""
 
-    heap: list = []
-    seq = 0
-    heappush = heapq.heappush
+    def __init__(self, driver, sampler, compute_time, nbytes, overlap: bool, collective: bool, forget):
+        lam = driver.num_workers
+        self.driver, self.compute_time, self.forget = driver, compute_time, forget
+        self.overlap, self.collective = overlap, collective
+        self.pull_n, self.push_n = nbytes
+        self.push_delay, self.pull_delay = sampler.push_delay, sampler.pull_delay
+        self.bw = sampler.bandwidth
+        self.pdur = _byte_seconds(self.pull_n, self.bw)
+        self.epoch, self.live, self.rec = driver.epoch, driver.state.live, driver.rec
+        self.default_bytes = (0, self.push_n) if collective else (self.pull_n, self.push_n)
+        self.rec.row_bytes = self.default_bytes
+        self.link = SharedLink(sampler.server[0]) if sampler.server is not None and not collective else None
+        self.allreduce = sampler.allreduce if collective else None
+        self.membership = sampler.membership_events()
+        # per worker, for its in-flight iteration
+        self.iteration = [0] * lam
+        self.span: list = [None] * lam          # (start, end) once its start is known
+        self.flow = [-1] * lam                  # its flow on the link (-1: none)
+        self.flow_owner: dict[int, tuple[int, bool]] = {}   # flow id -> (worker, is_pull)
+        self.pulled = [0] * lam                 # bytes of its pull
+        self.push_begun = [False] * lam         # its push's bytes have started to leave
+        self.computed = [False] * lam
+        self.data_done = [False] * lam          # overlap: its push's data phase is over
+        self.fresh = [False] * lam              # all-reduce rounds: it (re)joined and must fetch parameters
+        self.computing: set[int] = set()        # all-reduce rounds: live workers still before their compute end
+        self.waiting: list[int] = []            # all-reduce rounds: workers waiting for the next collective
+        self.rounds: dict[int, list] = {}       # collective id -> [(worker, epoch), ...], in arrival order
+        self.next_round = 0
+        self.heap: list = []
+        self.seq = 0
+        self.pushed = 0
 
-    def push_event(t, kind, a, b):
-        nonlocal seq
-        seq += 1
-        heappush(heap, (t, seq, kind, a, b))
+    # -- helpers -----------------------------------------------------------------------------
+    def push_event(self, t, kind, a, b) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
 
-    def retime(now: float) -> None:
+    def retime(self, now: float) -> None:
         """The link's rates changed: queue its next completion under its new token."""
-        nc = link.next_completion()
+        nc = self.link.next_completion()
         if nc is not None:
-            push_event(nc[0], _LINK, nc[1], link.token)
+            self.push_event(nc[0], _LINK, nc[1], self.link.token)
 
-    def add_flow(now: float, w: int, n: int, is_pull: bool) -> None:
-        fid = link.add(now, n, bw[w])
-        flow[w] = fid
-        flow_owner[fid] = (w, is_pull)
-        retime(now)
+    def add_flow(self, now: float, w: int, n: int, is_pull: bool) -> None:
+        fid = self.link.add(now, n, self.bw[w])
+        self.flow[w] = fid
+        self.flow_owner[fid] = (w, is_pull)
+        self.retime(now)
 
-    def begin(w: int, start: float) -> None:
+    def begin(self, w: int, start: float) -> None:
         """`w`'s parameters arrive at `start`: draw its compute and queue what follows."""
-        it = iteration[w]
-        end = start + compute_time(w, it, start)
-        span[w] = (start, end)
-        ep = epoch[w]
-        if overlap and push_n and not collective:
-            push_event(start, _PULLED, w, ep)   # its push's data starts with the compute
-        push_event(end, _COMPUTED, w, ep)
+        end = start + self.compute_time(w, self.iteration[w], start)
+        self.span[w] = (start, end)
+        ep = self.epoch[w]
+        if self.overlap and self.push_n and not self.collective:
+            self.push_event(start, _PULLED, w, ep)   # its push's data starts with the compute
+        self.push_event(end, _COMPUTED, w, ep)
 
-    def release(rel, now: float) -> None:
+    def release(self, rel, now: float) -> None:
         w, it, _, ep = rel
-        iteration[w] = it
-        span[w] = None
-        push_begun[w] = computed[w] = data_done[w] = False
-        if collective:
-            computing.add(w)
-            if fresh[w]:
-                fresh[w] = False
-                pulled[w] = pull_n
-                begin(w, now + (pull_delay(w, it) + pdur[w]))
+        self.iteration[w] = it
+        self.span[w] = None
+        self.push_begun[w] = self.computed[w] = self.data_done[w] = False
+        if self.collective:
+            self.computing.add(w)
+            if self.fresh[w]:
+                self.fresh[w] = False
+                self.pulled[w] = self.pull_n
+                self.begin(w, now + (self.pull_delay(w, it) + self.pdur[w]))
             else:
-                pulled[w] = 0
-                begin(w, now)
+                self.pulled[w] = 0
+                self.begin(w, now)
             return
-        pulled[w] = pull_n
-        if pull_n:
-            add_flow(now, w, pull_n, True)
+        self.pulled[w] = self.pull_n
+        if self.pull_n:
+            self.add_flow(now, w, self.pull_n, True)
         else:
-            begin(w, now + pull_delay(w, it))
+            self.begin(w, now + self.pull_delay(w, it))
 
-    def start_collective(now: float) -> None:
+    def start_collective(self, now: float) -> None:
         """No live worker is computing: the waiting ones all-reduce now."""
-        nonlocal next_round
-        parts = list(waiting)
-        waiting.clear()
-        bw_part, lat_part = allreduce_parts(algorithm, push_n, len(parts), ar_bw, ar_lat)
-        if overlap:
-            last_start = max(span[w][0] for w in parts)
+        parts = list(self.waiting)
+        self.waiting.clear()
+        algorithm, ar_bw, ar_lat = self.allreduce
+        bw_part, lat_part = allreduce_parts(algorithm, self.push_n, len(parts), ar_bw, ar_lat)
+        if self.overlap:
+            last_start = max(self.span[w][0] for w in parts)
             done = max(now, last_start + bw_part) + lat_part
         else:
             done = now + (bw_part + lat_part)
         for w in parts:
-            push_begun[w] = True
-        rounds[next_round] = [(w, epoch[w]) for w in parts]
-        push_event(done, _REDUCED, next_round, -1)
-        next_round += 1
+            self.push_begun[w] = True
+        self.rounds[self.next_round] = [(w, self.epoch[w]) for w in parts]
+        self.push_event(done, _REDUCED, self.next_round, -1)
+        self.next_round += 1
 
-    def record_bytes(w: int, row) -> None:
-        b = (pulled[w], push_n if push_begun[w] else 0)
-        if row is not None and b != default_bytes:
-            rec.set_bytes(row, *b)
+    def record_bytes(self, w: int, row) -> None:
+        b = (self.pulled[w], self.push_n if self.push_begun[w] else 0)
+        if row is not None and b != self.default_bytes:
+            self.rec.set_bytes(row, *b)
 
-    for t, kind, w in sampler.membership_events():
-        push_event(float(t), _FAIL if kind == "fail" else _JOIN, int(w), -1)
-    for rel in driver.start(0.0):
-        release(rel, 0.0)
+    def arrive(self, t, w, kind=_PUSH):
+        """`w`'s push is in flight for its latency, then arrives."""
+        self.push_event(t + self.push_delay(w, self.iteration[w]), kind, w, self.epoch[w])
 
-    now = 0.0
-    pushed = 0
-    heappop = heapq.heappop
-    done_ = False
-    while heap and not done_:
-        t, _, kind, a, b = heappop(heap)
-        if t > time_budget:
-            now = time_budget
-            break
-        now = t
-        released = ()
-        if kind == _LINK:
-            if b != link.token:
-                continue   # the rates changed since this completion was queued
-            link.remove(t, a)
-            w, is_pull = flow_owner.pop(a)
-            flow[w] = -1
-            retime(t)
-            it = iteration[w]
-            if is_pull:
-                begin(w, t + pull_delay(w, it))
-            elif not overlap or computed[w]:
-                push_event(t + push_delay(w, it), _PUSH, w, epoch[w])
-            else:
-                data_done[w] = True
-            continue
-        if kind in (_PULLED, _COMPUTED, _PUSH) and b != epoch[a]:
-            continue   # its worker failed (or rejoined) since
-        if kind == _PULLED:        # overlap: the push's data phase starts with the compute
-            push_begun[a] = True
-            add_flow(t, a, push_n, False)
-            continue
-        if kind == _COMPUTED:
-            w = a
-            computed[w] = True
-            if collective:
-                computing.discard(w)
-                waiting.append(w)
-                if not computing:
-                    start_collective(t)
-            elif not push_n:
-                push_event(t + push_delay(w, iteration[w]), _PUSH, w, epoch[w])
-            elif overlap:
-                if data_done[w]:
-                    push_event(t + push_delay(w, iteration[w]), _PUSH, w, epoch[w])
-            else:
-                push_begun[w] = True
-                add_flow(t, w, push_n, False)
-            continue
-        if kind == _PUSH:
-            step = driver.push(a, t, *span[a])
-            record_bytes(a, step.row)
-            pushed += 1
-            released = step.released
-        elif kind == _REDUCED:
-            for w, ep in rounds.pop(a):
-                if ep != epoch[w]:
-                    continue   # it failed during the collective: recorded as lost then
-                step = driver.push(w, t, *span[w])
-                record_bytes(w, step.row)
-                pushed += 1
-                for rel in step.released:
-                    release(rel, t)
-                if driver.num_updates >= update_budget or pushed >= grad_budget:
-                    done_ = True
-                    break
-            continue
-        elif kind == _FAIL:
-            w = a
-            if not live[w]:
+    # -- events: each returns the workers released, or None --------------------------------
+    def on_link(self, t, fid, token):
+        if token != self.link.token:
+            return None   # the rates changed since this completion was queued
+        self.link.remove(t, fid)
+        w, is_pull = self.flow_owner.pop(fid)
+        self.flow[w] = -1
+        self.retime(t)
+        if is_pull:
+            self.begin(w, t + self.pull_delay(w, self.iteration[w]))
+        elif not self.overlap or self.computed[w]:
+            self.arrive(t, w)
+        else:
+            self.data_done[w] = True
+        return None
+
+    def on_pulled(self, t, w):   # overlap: the push's data phase starts with the compute
+        self.push_begun[w] = True
+        self.add_flow(t, w, self.push_n, False)
+        return None
+
+    def on_computed(self, t, w):
+        self.computed[w] = True
+        if self.collective:
+            self.computing.discard(w)
+            self.waiting.append(w)
+            if not self.computing:
+                self.start_collective(t)
+        elif not self.push_n:
+            self.arrive(t, w)
+        elif self.overlap:
+            if self.data_done[w]:
+                self.arrive(t, w)
+        else:
+            self.push_begun[w] = True
+            self.add_flow(t, w, self.push_n, False)
+        return None
+
+    def on_push(self, t, w):
+        step = self.driver.push(w, t, *self.span[w])
+        self.record_bytes(w, step.row)
+        self.pushed += 1
+        return step.released
+
+    def on_reduced(self, t, round_id, budgets) -> bool:
+        """The collective ended: every participant's push arrives. True: the budget ran out."""
+        for w, ep in self.rounds.pop(round_id):
+            if ep != self.epoch[w]:
+                continue   # it failed during the collective: recorded as lost then
+            for rel in self.on_push(t, w):
+                self.release(rel, t)
+            if self.exhausted(budgets):
+                return True
+        return False
+
+    def on_fail(self, t, w):
+        if not self.live[w]:
+            return None
+        start_end = self.span[w]
+        if self.flow[w] >= 0:   # a transfer cut off: its bytes are lost
+            fid = self.flow[w]
+            if start_end is None:   # mid-pull: when it would have started at the current rates
+                it = self.iteration[w]
+                est = t + self.link.remaining(fid, t) / self.link.rate(fid) + self.pull_delay(w, it)
+                start_end = (est, est + self.compute_time(w, it, est))
+            self.link.remove(t, fid)
+            del self.flow_owner[fid]
+            self.flow[w] = -1
+            self.retime(t)
+        if start_end is None:
+            start_end = (t, t)   # not in flight (blocked at its gate): the driver records no row
+        step = self.driver.fail(w, t, *start_end)
+        self.record_bytes(w, step.row)
+        if self.forget is not None:
+            self.forget(w)
+        if self.collective:
+            self.computing.discard(w)
+            if w in self.waiting:
+                self.waiting.remove(w)
+            if self.waiting and not self.computing:
+                self.start_collective(t)
+        return step.released
+
+    def on_join(self, t, w):
+        if self.live[w]:
+            return None
+        self.fresh[w] = True
+        return self.driver.join(w, t).released
+
+    def exhausted(self, budgets) -> bool:
+        return self.driver.num_updates >= budgets[0] or self.pushed >= budgets[2]
+
+    def run(self, budgets) -> float:
+        """Run the events until the budgets (updates, seconds, gradients) run out; the stop time."""
+        time_budget = budgets[1]
+        for t, kind, w in self.membership:
+            self.push_event(float(t), _FAIL if kind == "fail" else _JOIN, int(w), -1)
+        for rel in self.driver.start(0.0):
+            self.release(rel, 0.0)
+        handlers = {_PULLED: self.on_pulled, _COMPUTED: self.on_computed, _PUSH: self.on_push,
+                    _FAIL: self.on_fail, _JOIN: self.on_join}
+        epoch, heap, heappop = self.epoch, self.heap, heapq.heappop
+        now = 0.0
+        while heap:
+            t, _, kind, a, b = heappop(heap)
+            if t > time_budget:
+                return time_budget
+            now = t
+            if kind == _LINK:
+                self.on_link(t, a, b)
                 continue
-            start_end = span[w]
-            if flow[w] >= 0:   # a transfer cut off: its bytes are lost
-                fid = flow[w]
-                if start_end is None:   # mid-pull: when it would have started at the current rates
-                    it = iteration[w]
-                    est = t + link.remaining(fid, t) / link.rate(fid) + pull_delay(w, it)
-                    start_end = (est, est + compute_time(w, it, est))
-                link.remove(t, fid)
-                del flow_owner[fid]
-                flow[w] = -1
-                retime(t)
-            if start_end is None:
-                start_end = (t, t)   # not in flight (blocked at its gate): the driver records no row
-            step = driver.fail(w, t, *start_end)
-            record_bytes(w, step.row)
-            if forget is not None:
-                forget(w)
-            if collective:
-                computing.discard(w)
-                if w in waiting:
-                    waiting.remove(w)
-                if waiting and not computing:
-                    start_collective(t)
-            released = step.released
-        else:  # _JOIN
-            w = a
-            if live[w]:
+            if kind == _REDUCED:
+                if self.on_reduced(t, a, budgets):
+                    return now
                 continue
-            fresh[w] = True
-            step = driver.join(w, t)
-            released = step.released
-        for rel in released:
-            release(rel, t)
-        if driver.num_updates >= update_budget or pushed >= grad_budget:
-            break
-    return now
+            if kind in (_PULLED, _COMPUTED, _PUSH) and b != epoch[a]:
+                continue   # its worker failed (or rejoined) since
+            released = handlers[kind](t, a)
+            if kind in (_PULLED, _COMPUTED) or released is None:
+                continue
+            for rel in released:
+                self.release(rel, t)
+            if self.exhausted(budgets):
+                break
+        return now
 
 
 def __dir__():
