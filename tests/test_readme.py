@@ -41,3 +41,13 @@ def test_command_line_examples_parse(capsys):
         if getattr(args, "optimizer", None):
             from staleness.engine import optim
             optim.get(args.optimizer)
+
+
+def test_your_own_policy_block_defines_a_policy_that_simulates():
+    import staleness as st
+
+    scope: dict = {}
+    exec(compile(_block("**Your own policy, in your own file.**"), "README.md", "exec"), scope)
+    st.policies.register("readme_bounded_asp", scope["bounded_asp"], overwrite=True)
+    sched = st.simulate_schedule("readme_bounded_asp:1", "1*2,3*2", num_updates=40, seed=0)
+    assert sched.staleness[sched.applied].max() <= 1 and sched.columns["dropped"].sum() > 0
