@@ -144,3 +144,14 @@ def test_exit_descriptions():
 
     assert _describe_exit(-9) == "killed by signal 9 (SIGKILL)"
     assert _describe_exit(3) == "exited with status 3"
+
+
+def test_the_stage_killed_by_a_signal_is_reported_when_its_peer_died_of_it_first():
+    """Seen in CI: stage 1 was SIGKILLed and stage 0 exited with status 2 ("connection
+    reset by peer") before the launcher's next poll; the report named stage 0."""
+    from staleness.pipeline.multiprocess import first_death
+
+    assert first_death([2, -9]) == 1
+    assert first_death([None, -9, 1]) == 1
+    assert first_death([0, 2, None]) == 1
+    assert first_death([0, None, 0]) is None

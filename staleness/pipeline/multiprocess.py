@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-__all__ = ["DEFAULT_HEARTBEAT_S", "connect", "launch_local", "train_distributed"]
+__all__ = ["DEFAULT_HEARTBEAT_S", "connect", "first_death", "launch_local", "train_distributed"]
 
 DEFAULT_HEARTBEAT_S = 10
 
@@ -135,6 +135,17 @@ def _train(ptask, args, process_id: int, log):
                                         lead=process_id == 0, log=lambda line: log(f"stage {process_id}: {line}")))
 
 
+def first_death(codes: list) -> int | None:
+    """The stage to report among processes' exit codes (None: still running, 0: done,
+    > 0: exited with a status, < 0: killed by a signal); None when none died. A stage
+    killed by a signal is the cause when several are found dead at one poll: the others
+    exit with a status when they lose their peer ("connection reset"), and a loaded
+    machine can delay the poll past both."""
+    dead = [i for i, c in enumerate(codes) if c is not None and c != 0]
+    signalled = [i for i in dead if codes[i] < 0]
+    return (signalled or dead or [None])[0]
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -184,9 +195,8 @@ def launch_local(num_processes: int, stage_args: list[str], *, timeout: float | 
     try:
         while True:
             codes = [p.poll() for p in procs]
-            dead = [i for i, c in enumerate(codes) if c is not None and c != 0]
-            if dead:
-                i = dead[0]
+            i = first_death(codes)
+            if i is not None:
                 print(f"staleness pipeline: stage {i} (process {procs[i].pid}) died: {_describe_exit(codes[i])}; "
                       f"stopping the other stages", file=stream, flush=True)
                 kill_groups(procs, heartbeat_timeout)
