@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Metric", "KNOWN", "get", "resolve"]
+__all__ = ["Metric", "KNOWN", "get", "resolve", "find"]
 
 GOALS = ("higher", "lower")
 REACH_RTOL = 1e-6   # a value within this (relative to max(1, |target|)) of a target meets it: float32 rounding
@@ -114,6 +114,15 @@ def resolve(names, declared=None) -> tuple[Metric, ...]:
         m = table.get(n)
         out.append((m if isinstance(m, Metric) else get(n)).validate())
     return tuple(out)
+
+
+def find(metrics, name: str, task_name: str) -> Metric:
+    """The metric called `name` among a task's `metrics` (ValueError naming the valid ones)."""
+    for m in metrics:
+        if m.name == name:
+            return m
+    raise ValueError(f"metric = {name!r} is not a metric of task {task_name!r}; "
+                     f"valid: {', '.join(m.name for m in metrics)}")
 
 
 def __dir__():

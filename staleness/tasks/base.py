@@ -121,11 +121,9 @@ class Task:
 
     def metric(self, name: str):
         """The `staleness.metrics.Metric` `name` of this task (ValueError naming the valid ones)."""
-        for m in self.metrics:
-            if m.name == name:
-                return m
-        raise ValueError(f"metric = {name!r} is not a metric of task {self.name!r}; "
-                         f"valid: {', '.join(self.metric_names)}")
+        from staleness import metrics
+
+        return metrics.find(self.metrics, name, self.name)
 
     def config(self) -> dict:
         """What a Result's config records of its task: name, minibatch size, the seed of
