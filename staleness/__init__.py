@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "policies", "lr", "cluster", "tasks", "engine", "runtime", "results",
     "pipeline", "plots", "compare", "metrics", "specs", "files", "Schedule", "simulate_schedule", "simulate",
-    "sweep", "Result",
+    "sweep", "Result", "rollouts",
 ]
 
 _LAZY = {
@@ -37,6 +37,7 @@ _LAZY = {
     "simulate": ("staleness.engine", "simulate"),
     "sweep": ("staleness.engine", "sweep"),
     "Result": ("staleness.results", "Result"),
+    "rollouts": ("staleness.rollouts", None),
 }
 
 

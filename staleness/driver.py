@@ -12,11 +12,18 @@ what to do next:
     step = driver.push(worker, now, start, end)     # its gradient arrived
     step = driver.fail(worker, now)                 # it died (its in-flight gradient is lost)
     step = driver.join(worker, now)                 # it (re)joins
+    step = driver.complete(now)                     # (complete_later) the oldest decided update is trained
     #   step.row:      the trace row the event recorded (None: none)
     #   step.accepted: the gradient is kept for an update (False: dropped)
     #   step.applied:  rows of the update applied now, in push order (None: no update)
     #   step.released: Released(worker, iteration, version, epoch) of every worker that
-    #                  may start its next iteration now, on the current version
+    #                  may start its next iteration now, on the newest completed version
+
+An update is completed (its parameters exist) as soon as it is decided, unless
+the driver is made with `complete_later=True` (asynchronous RL's learner, which
+trains an update for a while): then the caller calls `complete(now)` when it is
+trained; its update time is then, and workers released meanwhile pull the
+version before it.
 
 The two drivers differ only in where events come from (a heap of simulated
 times; the transport) and what they do with a step: the simulator draws the
@@ -203,13 +210,15 @@ class Driver:
       num_workers: λ.
       now: the start time (seconds).
       state: a `SyncState` to continue from (a resumed run); default `policy.init`.
+      complete_later: updates are completed by `complete` calls, not when decided.
 
     Public attributes: `policy`, `state`, `rec` (the `Recorder`), `inflight` [λ]
     (`InFlight` or None), `epoch` [λ], `buffer` (rows accepted for the next update).
     """
 
-    def __init__(self, policy, num_workers: int, now: float = 0.0, state=None):
+    def __init__(self, policy, num_workers: int, now: float = 0.0, state=None, complete_later: bool = False):
         self.policy = policy
+        self.complete_later = complete_later
         self.num_workers = num_workers
         self.state = state if state is not None else policy.init(num_workers, now)
         self.rec = Recorder()
@@ -239,7 +248,7 @@ class Driver:
         """Let `worker` start its next iteration on the current version (the gate opened).
         (Plain tuples in the `InFlight` and `Released` layouts: this runs once per event.)"""
         it = self.state.table.clocks[worker]
-        v = len(self.rec.update_time)
+        v = self.state.completed
         ep = self.epoch[worker]
         wait = now - self.ready[worker]
         self.inflight[worker] = (it, v, now, wait if wait > 0.0 else 0.0, ep)
@@ -253,12 +262,25 @@ class Driver:
 
     def _after(self, out, now: float, row, accepted: bool) -> Step:
         applied = None
+        released = out.released
         if out.update:
             applied = tuple(self.buffer)
             self.buffer = []
             self.rec.applied(applied, now)
+            if not self.complete_later:
+                more = self.policy.complete(self.state, now).released
+                if more:
+                    released = released + more
         release = self.release
-        return Step(row, accepted, applied, tuple([release(r, now) for r in out.released]))
+        return Step(row, accepted, applied, tuple([release(r, now) for r in released]))
+
+    def complete(self, now: float) -> Step:
+        """The oldest decided update finished training at `now` (`complete_later`): its
+        update time becomes `now` and the workers its version releases start on it."""
+        out = self.policy.complete(self.state, now)
+        self.rec.update_time[self.state.completed - 1] = now
+        release = self.release
+        return Step(None, False, None, tuple([release(r, now) for r in out.released]))
 
     def push(self, worker: int, now: float, start: float, end: float, loss=None) -> Step:
         """`worker`'s gradient of its in-flight iteration arrived at `now`; it computed
@@ -294,7 +316,16 @@ class Driver:
         return self._after(out, now, None, False)
 
     def to_schedule(self, *, policy: str, cluster: str, seed, end_time: float, meta: dict) -> Schedule:
-        """The run so far as a Schedule (rows still buffered for an update are left out)."""
+        """The run so far as a Schedule (rows still buffered for an update, or of an update
+        decided but not completed, are left out)."""
+        pending = list(self.buffer)
+        done = self.state.completed
+        if done < self.rec.num_updates:
+            av = self.rec.apply_version
+            pending += [r for r in range(len(av)) if av[r] >= done]
+            del self.rec.update_time[done:]
+            for r in pending:
+                av[r] = NOT_APPLIED
         return self.rec.to_schedule(num_workers=self.num_workers, policy=policy, cluster=cluster, seed=seed,
-                                    rstar=self.state.rstar, end_time=end_time, pending=self.buffer,
+                                    rstar=self.state.rstar, end_time=end_time, pending=pending,
                                     meta={"max_gap": self.state.max_gap, **meta})

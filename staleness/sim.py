@@ -70,7 +70,7 @@ from staleness.schedule import Schedule
 
 __all__ = ["simulate_schedule"]
 
-_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED = range(7)
+_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED = range(8)
 
 
 def _bytes_arg(name: str, value) -> int | None:
@@ -99,6 +99,7 @@ def simulate_schedule(
     payload_bytes: int | None = None,
     push_bytes: int | None = None,
     overlap: bool = False,
+    sizes=None,
 ) -> Schedule:
     """Simulate when every gradient is computed, pushed and applied.
 
@@ -116,6 +117,9 @@ def simulate_schedule(
         compressed or quantized gradient or delta); needs `payload_bytes`.
       overlap: a push's transfer may run while its gradient is computed (see
         the module docstring); False: it starts when the compute ends.
+      sizes: sizes(worker, iteration) -> how many of the cluster's steps iteration
+        `iteration` of `worker` takes (asynchronous RL: the tokens its rollout decodes,
+        `RLTask.rollout_sizes`); None: one step each.
     At least one of num_updates / max_time / max_gradients is required.
 
     Returns: a `Schedule` holding every gradient pushed (applied or dropped)
@@ -152,16 +156,31 @@ def simulate_schedule(
                float(max_time) if max_time is not None else math.inf,
                int(max_gradients) if max_gradients is not None else math.inf)
 
+    if sizes is not None and not callable(sizes):
+        raise ValueError(f"simulate_schedule: sizes = {sizes!r} must be a function (worker, iteration) -> steps "
+                         "(or None)")
     lam = cluster.num_workers
     sampler = cluster.sampler(int(seed))
-    driver = Driver(policy, lam, 0.0)
+    learner = getattr(policy.work, "learner_seconds", None)   # optional (see staleness.policies.work)
+    driver = Driver(policy, lam, 0.0, complete_later=learner is not None)
     steps = policy.work.steps_per_worker(cluster.mean_seconds)
-    compute_time, forget = policy.work.timing(sampler.compute_time, steps, lam)
+    one_step = sampler.compute_time
+    if sizes is not None:
+        def one_step(w, it, start, _base=sampler.compute_time):
+            return _base(w, it, start) * sizes(w, it)
+    compute_time, forget = policy.work.timing(one_step, steps, lam)
 
     nbytes = None if pull_b is None else (pull_b, pull_b if push_b is None else push_b)
     collective = sampler.allreduce is not None and policy.aggregation.all_live
     shared = sampler.server is not None and nbytes is not None and nbytes != (0, 0)
-    if collective or shared:
+    if learner is not None:
+        if collective or shared:
+            raise ValueError(f"simulate_schedule: policy {policy.describe()!r} has a learner; clusters with an "
+                             "all-reduce or a shared server link are not modelled for it (use links with their own "
+                             "latency and bandwidth)")
+        train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam)
+        now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
+    elif collective or shared:
         now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
     else:
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
@@ -181,13 +200,36 @@ def _byte_seconds(nbytes: int, bandwidth) -> list[float]:
     return [nbytes / b if nbytes and b != math.inf else 0.0 for b in bandwidth]
 
 
-def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None) -> float:
+class _Learner:
+    """Asynchronous RL's learner: it trains one decided update at a time, each for
+    `seconds(sizes of its rows, mean step seconds, λ)`; `decided` returns when the
+    update just decided will be trained."""
+
+    def __init__(self, seconds, sizes, mean_step: float, num_workers: int):
+        self.seconds, self.sizes, self.mean_step, self.num_workers = seconds, sizes, mean_step, num_workers
+        self.row_size: dict[int, float] = {}
+        self.free = 0.0
+
+    def pushed(self, row: int | None, worker: int, iteration: int) -> None:
+        if row is not None:
+            self.row_size[row] = 1.0 if self.sizes is None else float(self.sizes(worker, iteration))
+
+    def decided(self, rows, now: float) -> float:
+        took = self.seconds([self.row_size.pop(r, 1.0) for r in rows], self.mean_step, self.num_workers)
+        self.free = max(now, self.free) + took
+        return self.free
+
+
+def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
+                     learner: _Learner | None = None) -> float:
     """Every transfer's time is fixed when it starts: one heap entry per gradient.
-    Returns the simulated time at which the run stopped."""
+    With a `learner`, each decided update completes when it is trained (a heap entry
+    per update). Returns the simulated time at which the run stopped."""
     update_budget, time_budget, grad_budget = budgets
     lam = driver.num_workers
     push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
     span = [(0.0, 0.0)] * lam   # (start, end) of each worker's in-flight computation
+    current = [0] * lam          # the iteration each worker computes
     epoch = driver.epoch
     rec = driver.rec
 
@@ -203,6 +245,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             start = now + pull_delay(w, it)
             end = start + compute_time(w, it, start)
             span[w] = (start, end)
+            current[w] = it
             seq += 1
             heappush(heap, (end + push_delay(w, it), seq, _PUSH, w, ep))
     else:
@@ -218,6 +261,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             start = now + (pull_delay(w, it) + pdur[w])
             end = start + compute_time(w, it, start)
             span[w] = (start, end)
+            current[w] = it
             seq += 1
             if overlap:
                 arrive = max(start + qdur[w], end) + push_delay(w, it)
@@ -233,7 +277,8 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
 
     now = 0.0
     pushed = 0
-    live = driver.state.live
+    state = driver.state
+    live = state.live
     heappop = heapq.heappop
     while heap:
         t, _, kind, w, ep = heappop(heap)
@@ -246,6 +291,10 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
                 continue
             step = driver.push(w, t, *span[w])
             pushed += 1
+            if learner is not None:
+                learner.pushed(step.row, w, current[w])
+        elif kind == _TRAINED:
+            step = driver.complete(t)
         elif kind == _FAIL:
             if not live[w]:
                 continue
@@ -260,9 +309,12 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             if live[w]:
                 continue
             step = driver.join(w, t)
+        if learner is not None and step.applied is not None:
+            seq += 1
+            heappush(heap, (learner.decided(step.applied, t), seq, _TRAINED, -1, -1))
         for rel in step.released:
             schedule(rel, t)
-        if driver.num_updates >= update_budget or pushed >= grad_budget:
+        if state.completed >= update_budget or pushed >= grad_budget:
             break
     return now
 

@@ -137,12 +137,16 @@ def gradient(task, params, data_key, worker, iteration, index=None):
     return jax.value_and_grad(task.loss)(params, batch)
 
 
-def _slots(task, local, slot_mode: str, consts, stale, worker, iteration, index, inner):
+def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration, index, inner):
     """(losses [C], grads) of one update's C slots: minibatch gradients, or for a
     local-update method the deltas of each slot's inner steps (and the new inner
-    states [C, ...] in `inner`'s place)."""
+    states [C, ...] in `inner`'s place), or for asynchronous RL's learner the
+    objective's gradients at `params` on rollouts generated with `stale`."""
     data_key = consts["data_key"]
     c = worker.shape[0]
+    if local is not None and local.learner:
+        losses, grads = local.slots(task, slot_mode, data_key, params, stale, worker, iteration)
+        return losses, grads, None
     if local is not None and local.streaming:
         states, own = inner
 
@@ -203,7 +207,8 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
     opt, rules, local = static.opt, static.rules, static.local
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
-    losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, stale, worker, iteration, index, inner)
+    losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, params, stale, worker, iteration, index,
+                                      inner)
     extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
     if static.padded:
         params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask,

@@ -243,7 +243,7 @@ def _compiled(grid: Grid, lay: _Layout):
     """(chunk, evaluate, task placed) of the batched replay on `lay`'s devices."""
     task = grid.task
     if len(lay.devices) > 1:
-        const_keys = ("data_key", "rule") + (("steps",) if grid.local is not None else ())
+        const_keys = ("data_key", "rule") + (("steps",) if grid.steps is not None else ())
         chunk_fn, eval_fn = _sharded_fns(lay.mesh, grid.opt.tx, grid.rules, grid.local, task.indexed, const_keys)
         return chunk_fn, eval_fn, jax.device_put(task, NamedSharding(lay.mesh, P()))
     # one device: the engine's own batched replay (the per-device program of the sharded one)
@@ -260,7 +260,7 @@ def _init_call(grid: Grid, lay: _Layout, sel: list, data_keys: list):
     cs = {"data_key": jax.random.wrap_key_data(np.stack([np.asarray(jax.random.key_data(data_keys[i]))
                                                          for i in sel])),
           "rule": jnp.asarray([grid.rules.index(r) for _, _, r, _ in cfgs], jnp.int32)}
-    if grid.local is not None:
+    if grid.steps is not None:
         cs["steps"] = jnp.asarray(grid.steps[idx])        # [W, λ]
     c = core.init_carry_batched(grid.task, [s for _, s, _, _ in cfgs], grid.opt, grid.ring,
                                 lrs=[v for *_, v in cfgs], inner=grid.inner_opt, num_workers=grid.num_workers,
@@ -331,7 +331,7 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
     for i, idx in enumerate(indices):
         pol, seed, rule, _ = grid.configs[idx]
         members.append(_runner.Member(grid.schedules[(pol, seed)], grid.plans[idx], seed, rule, rates[i],
-                                      None if grid.local is None else grid.steps[idx],
+                                      None if grid.steps is None else grid.steps[idx],
                                       {**layout, "sweep_index": idx}))
     options = _runner.Options(grid.chunk, grid.task.config(), grid.opt.describe(),
                               None if grid.inner_opt is None else grid.inner_opt.describe(), on_divergence="mark",

@@ -54,6 +54,8 @@ class Local(NamedTuple):
     def streaming(self) -> bool:
         return bool(self.fragment_keys)
 
+    learner = False   # not asynchronous RL's learner step (`engine.rollout.Learner`)
+
 
 def local_delta(task, local: Local, params, inner_state, data_key, worker, round_, steps):
     """H inner steps from `params`: returns (mean inner loss, Δ = params − θ_H, inner state).

@@ -44,6 +44,21 @@ def resolve_task(task, num_workers: int, batch_size: int | None = None, data_dir
     return registry.resolve(task, num_workers, batch_size, data_dir, partition)
 
 
+def work_sizes(task, policy, seed: int):
+    """The simulator's `sizes` of `policy` on `task` with data seed `seed`: an RL task's
+    rollout sizes in tokens for a policy with a learner (asynchronous RL), else None.
+    A learner policy needs an RL task and an RL task a learner policy (ValueError)."""
+    learner = getattr(policy.work, "learner_seconds", None) is not None
+    rl_task = hasattr(task, "rollout_sizes")
+    if learner and not rl_task:
+        raise ValueError(f"policy {policy.describe()!r} trains on rollouts; task {task.name!r} has none: use an RL "
+                         "task (rl-bandit, rl-digits, or staleness.tasks.rl.from_functions)")
+    if rl_task and not learner:
+        raise ValueError(f"task {task.name!r} is an RL task: its policy must generate rollouts (rl_sync, "
+                         f"rl_one_step_off, rl_async[:ETA]); got {policy.describe()!r}")
+    return task.rollout_sizes(core.keys(int(seed))[1]) if rl_task else None
+
+
 def _check_lr(value, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
@@ -87,6 +102,16 @@ def local_setup(schedules, task, inner_optimizer):
     schedules that all are (or all are not) of a local-update method."""
     steps = [s.meta.get("local_steps") for s in schedules]
     if all(x is None for x in steps):
+        works = {s.policy.work for s in schedules}
+        step = [w.engine_local(None, 0, False, None) for w in works]   # None: a gradient; else e.g. RL's learner
+        if any(x is not None for x in step):
+            if len(set(step)) > 1 or None in step:
+                raise ValueError(f"sweep: {', '.join(sorted(str(s.policy) for s in schedules))} need separate "
+                                 "sweeps: their workers compute different things")
+            if inner_optimizer is not None:
+                raise ValueError("inner_optimizer is for local-update methods; the policy "
+                                 f"{schedules[0].policy.describe()!r} has no inner steps")
+            return step[0], None, None
         if inner_optimizer is not None:
             raise ValueError("inner_optimizer is for local-update methods (local_sgd, diloco, async_diloco, "
                              f"streaming_diloco); the policy {schedules[0].policy.describe()!r} computes gradients")
@@ -193,7 +218,7 @@ def replay(
     chunk = _chunks.chunk_length(schedule.num_updates, eval_every, num_evals)
     plan = make_plan(schedule, chunk)
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
-    if local is not None:
+    if steps is not None:
         consts["steps"] = jnp.asarray(steps[0])
     carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers,
                             local is not None and local.streaming)
@@ -226,7 +251,7 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     task = resolve_task(task, cluster.num_workers, kwargs.get("batch_size"))
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
     sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
-                              payload_bytes=pull_bytes, push_bytes=push_bytes)
+                              payload_bytes=pull_bytes, push_bytes=push_bytes, sizes=work_sizes(task, policy, seed))
     return replay(sched, task, seed=seed, **kwargs)
 
 
@@ -286,7 +311,8 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     # as `simulate` does: transfers carry the bytes of the task's pytree (the method's payload)
     payload = {p: _payload.payload_bytes(task, p) for p in pols}
     schedules = {(p, x): simulate_schedule(p, cluster, num_updates=s.num_updates, max_time=s.max_time, seed=x,
-                                           payload_bytes=payload[p][0], push_bytes=payload[p][1])
+                                           payload_bytes=payload[p][0], push_bytes=payload[p][1],
+                                           sizes=work_sizes(task, p, x))
                  for p in pols for x in seeds}
     configs = list(itertools.product(pols, seeds, rules, lrs))
     u_max = max(x.num_updates for x in schedules.values())

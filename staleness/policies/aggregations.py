@@ -7,7 +7,9 @@ from `EachGradient`, user ones need not):
 - `EachGradient`: every gradient is one update, applied on arrival (ASP, SSP, DSSP);
 - `AllLive`: one update per round from every live worker's gradient (BSP);
 - `Count(n)`: Rudra n-softsync, floor(λ/n) gradients from any workers;
-- `FirstOfRound(b)`: backup workers, the first λ − b gradients of a round.
+- `FirstOfRound(b)`: backup workers, the first λ − b gradients of a round;
+- `Fresh(η)`: asynchronous RL's learner, λ rollouts per update, dropping those
+  staler than η.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
 
-__all__ = ["Aggregation", "EachGradient", "AllLive", "Count", "FirstOfRound"]
+__all__ = ["Aggregation", "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh"]
 
 
 @runtime_checkable
@@ -117,3 +119,23 @@ class FirstOfRound(EachGradient):
     def validate(self, num_workers):
         if self.b >= num_workers:
             raise ValueError(f"backup_workers: b = {self.b} must be < the number of workers ({num_workers})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fresh(EachGradient):
+    """A learner update from every λ rollouts (from any actors, in arrival order),
+    keeping only those at most `eta` versions stale when consumed (None: all). A
+    rollout pushed when `version` updates are decided is consumed by update
+    `version`, so its staleness is known on arrival: version − pull_version; a
+    staler one is dropped (counted in `SyncState.dropped`)."""
+
+    eta: int | None = None
+
+    def accepts(self, state, worker, pull_version):
+        return self.eta is None or state.version - pull_version <= self.eta
+
+    def due(self, state):
+        return state.buffered >= state.table.num_workers
+
+    def size(self, num_live, num_workers):
+        return num_workers

@@ -14,13 +14,13 @@ returns a `Policy` whose spec parses back to it (`staleness.policies.parse`).
 from __future__ import annotations
 
 from staleness import checks
-from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound
-from staleness.policies.gates import ClockBound, DynamicBound, Free, RoundBound
+from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh
+from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, RoundBound, RoundLag
 from staleness.policies.policy import Policy
-from staleness.policies.work import LocalSteps, Streaming
+from staleness.policies.work import LocalSteps, Rollout, Streaming
 
 __all__ = ["bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-           "streaming_diloco"]
+           "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "RL_MODES"]
 
 
 def bsp() -> Policy:
@@ -106,3 +106,50 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
     work = Streaming(steps // fragments, False, fragments, overlap, float(alpha), bits)
     spec = f"streaming_diloco:{steps}:fragments={fragments}:overlap={overlap}:alpha={float(alpha):g}:bits={bits}"
     return Policy(ClockBound(0), AllLive(), spec, work, "nesterov:0.9,lr=0.7")
+
+
+# -- asynchronous RL (data staleness): actors generate rollouts, a learner trains on them -----------
+RL_MODES = ("pace", "drop")
+"""What `rl_async` does about staleness: 'pace' holds actors back (AReaL's rule) and drops
+the few rollouts that still arrive too stale; 'drop' lets actors run free and drops every
+rollout staler than η when it arrives."""
+
+
+def _learner_suffix(learner: float) -> str:
+    return "" if learner == 0.5 else f":learner={learner:g}"
+
+
+def rl_sync(learner: float = 0.5) -> Policy:
+    """Synchronous on-policy RL: every actor generates one rollout on version k, the
+    learner trains update k on all of them, then every actor pulls version k + 1
+    (staleness 0). `learner`: the learner's time per update (see `Rollout`)."""
+    return Policy(RoundLag(0), AllLive(), "rl_sync" + _learner_suffix(learner), Rollout(learner))
+
+
+def rl_one_step_off(learner: float = 0.5) -> Policy:
+    """One-step off-policy RL (verl's recipe): round k + 1 is generated while the learner
+    trains on round k, on the version before that update, so every consumed rollout after
+    the first round is exactly one version stale once the learner takes time (at
+    learner = 0 it is synchronous)."""
+    return Policy(RoundLag(1), AllLive(), "rl_one_step_off" + _learner_suffix(learner), Rollout(learner))
+
+
+def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5) -> Policy:
+    """Asynchronous RL bounded by η (AReaL's `max_head_offpolicyness`): actors generate
+    continuously on the newest completed version; the learner updates from every λ
+    rollouts in arrival order; no consumed rollout is more than η versions stale.
+
+    mode: 'pace' (AReaL's rule): an actor may not start a rollout that would be consumed
+      more than η versions after the version it pulls (`Capacity`); one that still arrives
+      too stale (it finished out of order) is dropped. 'drop': actors never wait; every
+      rollout staler than η on arrival is dropped (which biases what is consumed toward
+      short generations).
+    eta: None is fully asynchronous (no bound, nothing dropped); η = 0 is `rl_sync`.
+    """
+    if eta is not None:
+        checks.integer("rl_async", "eta", eta, low=0)
+    if mode not in RL_MODES:
+        raise ValueError(f"rl_async: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
+    gate = Capacity(eta) if eta is not None and mode == "pace" else Free()
+    spec = "rl_async" + ("" if eta is None else f":{eta}") + (":mode=drop" if mode == "drop" and eta is not None else "")
+    return Policy(gate, Fresh(eta), spec + _learner_suffix(learner), Rollout(learner))

@@ -11,7 +11,11 @@ workers wait for; and what happens after a push, a failure or a join.
 - `DynamicBound(s_low, r_max, cap)`: DSSP, `ClockBound(s_low)` plus the
   synchronization controller (`dssp_controller`);
 - `RoundBound()`: backup workers; a worker that pushed on time waits for its
-  round's update.
+  round's update;
+- `RoundLag(η)`: asynchronous RL in rounds (`rl_sync`, `rl_one_step_off`): the
+  round's barrier, and the learner at most η completed versions behind;
+- `Capacity(η)`: asynchronous RL (AReaL's η): rollout j may start once version
+  ⌊j / λ⌋ − η is completed.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
 
-__all__ = ["Gate", "Free", "ClockBound", "DynamicBound", "RoundBound", "dssp_controller"]
+__all__ = ["Gate", "Free", "ClockBound", "DynamicBound", "RoundBound", "RoundLag", "Capacity", "dssp_controller"]
 
 
 @runtime_checkable
@@ -222,3 +226,73 @@ class RoundBound(Free):
     def after_push(self, state, worker, pull_version, now):
         key = pull_version + 1
         return None if key <= state.version else key
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundLag(Free):
+    """Rounds of rollouts in lockstep with a learner η versions behind (asynchronous
+    RL: `rl_sync` at η = 0, `rl_one_step_off` at η = 1).
+
+    An actor starts its rollout i when every live actor has pushed rollout i − 1
+    (the round's barrier, BSP's `ClockBound(0)`) and the learner has completed
+    update i − 1 − η. The learner's update i trains on round i, so a rollout of
+    round i is generated on version >= i − η and is consumed at version i:
+    staleness <= η (exactly η once the learner is the bottleneck: one-step
+    off-policy is one version stale). Its level is min(slowest live clock,
+    completed versions + η).
+    """
+
+    eta: int = 0
+
+    def level(self, state):
+        return min(state.table.min_clock, state.completed + self.eta)
+
+    def after_push(self, state, worker, pull_version, now):
+        return self.on_join(state, worker)
+
+    def on_join(self, state, worker):
+        key = state.table.clocks[worker]
+        return None if key <= self.level(state) else key
+
+    def bound(self):
+        return 0
+
+
+class _CapacityState:
+    """`Capacity`'s own state: rollouts started (reserved) so far and rollouts per update."""
+
+    __slots__ = ("started", "per_update")
+
+    def __init__(self, num_workers: int):
+        self.started = num_workers      # every actor starts one rollout at the beginning
+        self.per_update = num_workers
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity(Free):
+    """AReaL's staleness control (`max_head_offpolicyness` η): rollouts are numbered in
+    the order they start; with c rollouts per update (one per actor), rollout j is
+    expected to be consumed by update ⌊j / c⌋, so an actor may start rollout j only
+    once the learner has completed version ⌊j / c⌋ − η. Its level is the completed
+    version. A rollout that arrives out of order and would still be staler than η is
+    the aggregation's to drop (`Fresh`)."""
+
+    eta: int = 0
+
+    def init(self, num_workers, now):
+        return _CapacityState(num_workers)
+
+    def level(self, state):
+        return state.completed
+
+    def after_push(self, state, worker, pull_version, now):
+        return self.on_join(state, worker)
+
+    def on_join(self, state, worker):
+        g = state.gate
+        key = g.started // g.per_update - self.eta
+        g.started += 1
+        return None if key <= state.completed else key
+
+    def bound(self):
+        return None

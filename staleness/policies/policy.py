@@ -12,6 +12,12 @@ call it through `staleness.driver`)::
     #                 the current version
     out = policy.fail(state, worker, now)          # a worker died; its in-flight gradient is lost
     out = policy.join(state, worker, now)          # a worker (re)joins and pulls the newest version
+    out = policy.complete(state, now)              # the oldest decided update's parameters now exist
+
+An update is decided by `push` (or `fail`) and completed by `complete`: the
+drivers call it at once (the server trains in no simulated time), except
+where a learner trains for a while (asynchronous RL, `staleness.sim`);
+released workers pull the newest completed version.
 
 Time is always passed in (simulated seconds, or the runtime's
 `time.monotonic()`); nothing here reads a clock, draws a random number or
@@ -149,6 +155,19 @@ class Policy:
         table.drain(self.gate.level(state), released)
         table.note_gaps(released)
         return PushOutcome(False, update, tuple(released))
+
+    def complete(self, state: SyncState, now: float) -> PushOutcome:
+        """The oldest decided, not yet completed update's parameters exist at `now`:
+        gates whose level counts completed versions (`RoundLag`, `Capacity`) may
+        release workers."""
+        if state.completed >= state.version:
+            raise ValueError(f"complete: no decided update is pending (version {state.version}, "
+                             f"completed {state.completed})")
+        state.completed += 1
+        released: list[int] = []
+        state.table.drain(self.gate.level(state), released)
+        state.table.note_gaps(released)
+        return PushOutcome(False, False, tuple(released))
 
     def join(self, state: SyncState, worker: int, now: float) -> PushOutcome:
         """`worker` (re)joins at `now`, fast-forwarded to the slowest live clock."""

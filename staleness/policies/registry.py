@@ -38,6 +38,9 @@ _BUILTIN: dict[str, tuple[Callable[..., Policy], tuple[str, ...]]] = {
     "diloco": (F.diloco, ("steps",)),
     "async_diloco": (F.async_diloco, ("steps",)),
     "streaming_diloco": (F.streaming_diloco, ("steps",)),
+    "rl_sync": (F.rl_sync, ()),
+    "rl_one_step_off": (F.rl_one_step_off, ()),
+    "rl_async": (F.rl_async, ("eta",)),
 }
 _ALIASES = {"hardsync": "bsp", "backup_workers": "backup"}
 _REGISTERED: dict[str, tuple[Callable[..., Policy], tuple[str, ...] | None]] = {}

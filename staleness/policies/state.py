@@ -148,14 +148,22 @@ class SyncState:
     Public read-only attributes for drivers: `clocks`, `live`, `num_live`,
     `blocked`, `min_clock`, `max_clock`, `version` (updates applied),
     `buffered` (accepted gradients waiting for the next update), `dropped`,
-    `rstar` (DSSP: list of (time, worker, r*)), `max_gap`.
+    `rstar` (DSSP: list of (time, worker, r*)), `max_gap`, `completed`.
+
+    `version` counts the updates decided (the buffered gradients became an update);
+    `completed` the updates whose new parameters exist (`Policy.complete`). They
+    are equal except while a learner trains (asynchronous RL: an update decided at
+    t is trained until t + its learner time, and actors released meanwhile pull
+    the last completed version); released workers pull version `completed`.
     """
 
-    __slots__ = ("table", "version", "buffered", "dropped", "contributors", "live_contributors", "gate")
+    __slots__ = ("table", "version", "buffered", "dropped", "contributors", "live_contributors", "gate",
+                 "completed")
 
     def __init__(self, num_workers: int, gate_state: Any = None):
         self.table = ClockTable(num_workers)
         self.version = 0
+        self.completed = 0
         self.buffered = 0
         self.dropped = 0
         self.contributors: dict[int, None] = {}  # workers with a gradient in the buffer

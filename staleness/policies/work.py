@@ -27,7 +27,14 @@ The control-plane methods are plain Python; the two numeric ones
 
 - `Gradient`: one minibatch gradient per iteration (the seeds' parameter-server family);
 - `LocalSteps(steps, dynamic)`: H inner steps, then a delta (Local SGD, DiLoCo, async DiLoCo);
-- `Streaming(...)`: Streaming DiLoCo's fragments, overlap and quantized outer gradients.
+- `Streaming(...)`: Streaming DiLoCo's fragments, overlap and quantized outer gradients;
+- `Rollout(learner)`: asynchronous RL's actors: generate rollouts with the pulled
+  version, which a learner trains on at its current version (data staleness).
+
+A work may also have `learner_seconds(sizes, mean_seconds, num_workers)`: the
+seconds a learner trains one update whose rows had these sizes (`Rollout`);
+the simulator then completes each update that long after it is decided
+(`Policy.complete`), one at a time. Works without it complete updates at once.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from staleness import checks
 
-__all__ = ["Work", "Gradient", "LocalSteps", "Streaming", "ComputeTime"]
+__all__ = ["Work", "Gradient", "LocalSteps", "Streaming", "Rollout", "ComputeTime"]
 
 #: compute_time(worker, iteration, start seconds) -> seconds, as `cluster.Sampler.compute_time`.
 ComputeTime = Callable[[int, int, float], float]
@@ -251,3 +258,67 @@ class Streaming(LocalSteps):
     def describe(self) -> str:
         return (f"streaming:{self.steps}:fragments={self.fragments}:overlap={self.overlap}:"
                 f"alpha={self.alpha:g}:bits={self.bits}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """An actor of asynchronous RL: it pulls version v, generates a rollout (G
+    completions of each of its B prompts, sampled from π_v) and pushes it; the
+    learner computes the objective's gradient at its *current* version u on
+    rollouts generated at v <= u (data staleness u − v, in the `Schedule`'s
+    columns: `pull_version` is the behavior version).
+
+    Time: a rollout takes the cluster's step time per decoded token times its size
+    (the tokens its batch decodes, prefill included: `RLTask.rollout_sizes`), so
+    the cluster's step time is an actor's seconds per token. The learner trains an
+    update of rollouts with sizes s_r for `learner` × t̄ × Σ s_r / λ seconds (t̄ the
+    cluster's mean step time, λ actors): with learner = 1 training a batch of λ
+    rollouts takes as long as an average actor generating one.
+
+    The pull moves the parameters' bytes (the weight sync); rollouts (tokens,
+    log-probabilities, rewards) are small next to them and move no modelled bytes.
+    """
+
+    learner: float = 0.5
+
+    local: ClassVar[bool] = False
+    collective_round: ClassVar[bool] = False
+    compiled_what: ClassVar[str] = "nothing"
+    iterations_per_sync: ClassVar[int] = 1
+
+    def __post_init__(self):
+        if isinstance(self.learner, bool) or not isinstance(self.learner, (int, float)) or not (
+                self.learner >= 0 and self.learner < float("inf")):
+            raise ValueError(f"rollout: learner = {self.learner!r} must be a finite number >= 0 (the learner's "
+                             "seconds per update, in units of an actor generating one average rollout)")
+
+    def steps_per_worker(self, mean_seconds) -> None:
+        return None
+
+    def timing(self, one_step, steps, num_workers):
+        """(compute_time, forget): the cluster's time per token, already scaled by each
+        rollout's size by the simulator."""
+        return one_step, None
+
+    def learner_seconds(self, sizes: Sequence[float], mean_seconds: float, num_workers: int) -> float:
+        """Seconds the learner trains one update of rollouts of these sizes (tokens)."""
+        return float(self.learner) * float(mean_seconds) * float(sum(sizes)) / num_workers
+
+    def payload_bytes(self, shapes) -> tuple[int, int]:
+        """(pull, push) bytes: the parameters (the weight sync), then nothing modelled."""
+        from staleness.engine import payload
+
+        return payload.tree_bytes(shapes), 0
+
+    def engine_local(self, inner_tx, max_steps, masked, shapes):
+        """The engine's learner step (`engine.rollout.Learner`): generate at the pulled
+        version, the objective's gradient at the current one."""
+        from staleness.engine import rollout
+
+        return rollout.Learner()
+
+    def replay_settings(self) -> tuple:
+        return ()
+
+    def describe(self) -> str:
+        return f"rollout:learner={self.learner:g}"

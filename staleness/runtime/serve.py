@@ -107,6 +107,11 @@ class PolicyCalls:
         self.calls.append(("join", worker, now))
         return out
 
+    def complete(self, state, now: float):
+        """Not recorded: the server completes every update as it decides it, and
+        `replay` does the same."""
+        return self.policy.complete(state, now)
+
     def replay(self, num_workers: int):
         """The policy's `SyncState` after these calls (made again on a fresh state)."""
         if self.start is None:
@@ -116,13 +121,15 @@ class PolicyCalls:
         for call in self.calls:
             kind = call[0]
             if kind == "push":
-                policy.push(state, call[1], call[2], call[3])
+                out = policy.push(state, call[1], call[2], call[3])
             elif kind == "fail":
-                policy.fail(state, call[1], call[2])
+                out = policy.fail(state, call[1], call[2])
             elif kind == "join":
-                policy.join(state, call[1], call[2])
+                out = policy.join(state, call[1], call[2])
             else:
                 raise ValueError(f"resume: unknown policy call {call!r} in the checkpoint")
+            if out.update:   # the server completes each update when it decides it
+                policy.complete(state, call[-1])
         return state
 
 

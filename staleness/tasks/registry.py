@@ -208,12 +208,32 @@ def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_op
     return task if task.name == name else dataclasses.replace(task, name=name)
 
 
+def _rl_task(name: str, batch_size, partition, num_workers: int, seed, options: dict):
+    """A built-in RL task (`staleness.tasks.rl.get`): batch_size is its prompts per rollout;
+    the objective and its parameters are options."""
+    from staleness.tasks import rl
+
+    if partition not in (None, "iid"):
+        raise ValueError(f"partition = {partition!r}: RL task {name!r} has no data partition (every actor samples "
+                         "the whole prompt set); leave it out")
+    if batch_size is not None:
+        options = {**options, "prompts_per_rollout": batch_size}
+    return rl.get(name, num_workers=num_workers, seed=0 if seed is None else seed, **options)
+
+
 def resolve(task: Any, num_workers: int, batch_size: int | None = None, data_dir: Any = None,
             partition: str | None = None) -> Task:
     """The Task a run trains: `task` itself (checked against the run's `num_workers`),
     or the task named `task` (built-in, registered or 'package.module:factory')
     built for `num_workers` workers with the given options (None: the default).
     What `staleness.engine.resolve_task` and the runtime call."""
+    from staleness.tasks import rl
+
+    if isinstance(task, rl.RLTask):
+        if task.num_workers < num_workers:
+            raise ValueError(f"RL task {task.name!r} is built for num_workers = {task.num_workers} actors but the "
+                             f"schedule has {num_workers}; build it for num_workers={num_workers} (tasks.get)")
+        return task
     if isinstance(task, str):
         kwargs = {"num_workers": num_workers}
         for key, value in (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition)):
@@ -241,8 +261,10 @@ def declared_optimizer(name: str):
 
 
 def names() -> list[str]:
-    """Names of the built-in tasks, then the registered ones, for `get`."""
-    return list(_BUILDERS) + [n for n in _REGISTERED if n not in _BUILDERS]
+    """Names of the built-in tasks (the RL ones last), then the registered ones, for `get`."""
+    from staleness.tasks import rl
+
+    return list(_BUILDERS) + list(rl.NAMES) + [n for n in _REGISTERED if n not in _BUILDERS]
 
 
 def options(name: str) -> dict[str, Any]:
@@ -287,6 +309,10 @@ def get(name: str, batch_size: int | None = None, partition: str | None = None, 
     Returns:
       The `Task`.
     """
+    from staleness.tasks import rl
+
+    if name in rl.NAMES:
+        return _rl_task(name, batch_size, partition, num_workers, seed, task_options)
     given = {k: v for k, v in (("batch_size", batch_size), ("partition", partition), ("seed", seed))
              if v is not None}
     check_common(given.get("batch_size", GET_DEFAULTS["batch_size"]), num_workers,

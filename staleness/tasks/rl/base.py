@@ -147,6 +147,9 @@ class RLTask:
       pad_token: token id stored past each completion's length.
       metrics: `staleness.metrics.Metric` of "reward" and "greedy_reward" (higher is better).
       options: ((key, value), ...) the task-specific options it was built with.
+      optimizer: the learner's optimizer when a run names none (a spec or an optax
+        transformation); None: 'sgd'.
+      prefill: the simulated cost of a rollout's prompt, in decoded tokens (timing only).
     """
 
     name: str
@@ -168,8 +171,35 @@ class RLTask:
     pad_token: int = 0
     metrics: tuple = ()
     options: tuple = ()
+    optimizer: Any = None
+    prefill: float = 0.0
 
     metric_names = ("reward", "greedy_reward")
+    indexed = False        # the engine draws no minibatch indices: rollouts are generated in the replay
+    partition = "iid"      # every actor samples the whole prompt set
+
+    @property
+    def batch_size(self) -> int:
+        """Prompts per rollout (B), what a supervised task's minibatch size is to a run."""
+        return self.prompts_per_rollout
+
+    @property
+    def default_metric(self) -> str:
+        """The metric a comparison ranks by: "reward"."""
+        return "reward"
+
+    def rollout_sizes(self, data_key: Any):
+        """sizes(actor, iteration) -> the simulated size of that rollout in decoded tokens:
+        `prefill` + the tokens its batch decodes (`decode_tokens` of its prompts, drawn from
+        `data_key` like the replay draws them). The simulator multiplies an actor's seconds
+        per token by it (`staleness.sim.simulate_schedule(sizes=...)`)."""
+        bits = np.asarray(jax.random.key_data(data_key)) if isinstance(data_key, jax.Array) else data_key
+        lengths, prefill = self.lengths, float(self.prefill)
+        prompt_indices = self.prompt_indices
+
+        def sizes(actor: int, iteration: int) -> float:
+            return prefill + float(np.max(lengths[prompt_indices(bits, actor, iteration)]))
+        return sizes
 
     @property
     def num_prompts(self) -> int:
@@ -286,5 +316,6 @@ jax.tree_util.register_dataclass(
     RLTask,
     data_fields=["prompts", "completion_lengths", "lengths", "eval_prompts", "eval_lengths"],
     meta_fields=["name", "num_workers", "group_size", "prompts_per_rollout", "max_length", "seed", "objective",
-                 "init_fn", "logits_fn", "reward_fn", "eval_samples", "pad_token", "metrics", "options"],
+                 "init_fn", "logits_fn", "reward_fn", "eval_samples", "pad_token", "metrics", "options", "optimizer",
+                 "prefill"],
 )

@@ -156,7 +156,7 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
                    objective: str = "decoupled_ppo", name: str = "rl-custom", num_workers: int = 4,
                    group_size: int = 4, prompts_per_rollout: int = 8, seed: int = 0, eval_samples: int = 4,
                    reward_range: tuple[float, float] = (-math.inf, math.inf), options: tuple = (),
-                   **objective_params: Any) -> RLTask:
+                   optimizer: Any = None, prefill: float = 0.0, **objective_params: Any) -> RLTask:
     """An `RLTask` from the user's policy functions, prompt set, reward function and length rule.
 
     Args:
@@ -174,6 +174,9 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
       eval_samples: completions sampled per held-out prompt for `evaluate`'s "reward" (>= 1).
       reward_range: (low, high) of rewards, recorded with the metrics.
       options: ((key, value), ...) recorded in `config()` (hashable values).
+      optimizer: the learner's optimizer when a run names none (a spec such as 'adam:lr=1e-3'
+        or an optax transformation); None: 'sgd'.
+      prefill: a prompt's simulated cost in decoded tokens (timing only; default 0).
 
     Returns:
       The RLTask.
@@ -210,7 +213,14 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
                   logits_fn=policy.logits_fn, reward_fn=reward_fn, prompts=prompts,
                   completion_lengths=completion_lengths, lengths=decode_lengths, eval_prompts=eval_prompts,
                   eval_lengths=eval_lengths, eval_samples=eval_samples, pad_token=pad_token, metrics=metrics,
-                  options=tuple(options))
+                  options=tuple(options), optimizer=optimizer, prefill=_prefill(prefill))
+
+
+def _prefill(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= value < math.inf):
+        raise TaskError(f"prefill = {value!r} must be a finite number >= 0 (a prompt's simulated cost in decoded "
+                        "tokens)")
+    return float(value)
 
 
 def _draw_lengths(prompt_set: PromptSet, prompts: PyTree, eval_prompts: PyTree, max_length: int, seed: int

@@ -218,8 +218,11 @@ def rl_digits(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
                           PromptSet(prompts, _lengths.from_prompts("length"), eval_prompts=eval_prompts),
                           reward_fn, objective=objective, name=NAME, num_workers=num_workers, group_size=group_size,
                           prompts_per_rollout=prompts_per_rollout, seed=seed, reward_range=(0.0, 1.0),
-                          options=recorded, **options)
+                          options=recorded, optimizer=OPTIMIZER, **options)
 
+
+OPTIMIZER = "adam:lr=1e-3"
+"""The learner's default optimizer for rl-digits."""
 
 rl_digits.model_options = DigitsConfig._fields   # read by rl.get: options that are not in the signature
 
