@@ -51,3 +51,13 @@ def test_your_own_policy_block_defines_a_policy_that_simulates():
     st.policies.register("readme_bounded_asp", scope["bounded_asp"], overwrite=True)
     sched = st.simulate_schedule("readme_bounded_asp:1", "1*2,3*2", num_updates=40, seed=0)
     assert sched.staleness[sched.applied].max() <= 1 and sched.columns["dropped"].sum() > 0
+
+
+def test_async_rl_block_runs_and_reports_reward_and_staleness(capsys):
+    scope: dict = {}
+    exec(compile(_block("### Asynchronous RL: data staleness"), "README.md", "exec"), scope)
+    result, task = scope["result"], scope["task"]
+    assert "reward" in result.history and len(result.history) == 3
+    s = scope["st"].rollouts.summary(result.schedule, task)
+    assert s["max_staleness"] <= 2 and abs(sum(s["staleness_per_token"]) - 1.0) < 1e-9
+    assert "reward" in capsys.readouterr().out

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["Learner", "generation_key", "rollout_gradient", "GENERATION_SALT"]
+__all__ = ["Learner", "generation_key", "generate_rollout", "learner_gradient", "behavior_loss", "rollout_gradient",
+           "GENERATION_SALT"]
 
 GENERATION_SALT = 0x6E6
 """Folded into the data key for the generation keys (the prompts use the data key itself)."""
@@ -37,13 +38,32 @@ def generation_key(data_key, actor, iteration):
     return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(data_key, GENERATION_SALT), actor), iteration)
 
 
+def generate_rollout(task, behavior, data_key, actor, iteration):
+    """`actor`'s rollout `iteration`: its prompts, sampled from `behavior` params (what an
+    actor computes; the real runtime's workers call it)."""
+    idx = task.prompt_indices(data_key, actor, iteration)
+    return task.generate(behavior, generation_key(data_key, actor, iteration), idx)
+
+
+def learner_gradient(task, params, rollout):
+    """(loss, grad) of the objective at the learner's `params` on `rollout`, with
+    π_prox = `params` (no gradient through it): what the learner computes per rollout
+    (the real runtime's server calls it)."""
+    prox = lax.stop_gradient(task.logp(params, rollout))
+    return jax.value_and_grad(task.loss)(params, rollout, prox)
+
+
+def behavior_loss(task, rollout):
+    """The objective at the behavior policy itself (π_θ = π_prox = π_behav): what an actor
+    reports with its push in a real run (finite; the learner's loss needs its version)."""
+    return task.objective.loss(rollout.logp, rollout.logp, None, rollout.mask, rollout.rewards)
+
+
 def rollout_gradient(task, params, behavior, data_key, actor, iteration):
     """(loss, grad, mean reward) of one rollout: generated with `behavior` params, the
     objective and its gradient at `params` (π_prox = `params`, without gradient)."""
-    idx = task.prompt_indices(data_key, actor, iteration)
-    rollout = task.generate(behavior, generation_key(data_key, actor, iteration), idx)
-    prox = lax.stop_gradient(task.logp(params, rollout))
-    loss, grad = jax.value_and_grad(task.loss)(params, rollout, prox)
+    rollout = generate_rollout(task, behavior, data_key, actor, iteration)
+    loss, grad = learner_gradient(task, params, rollout)
     return loss, grad, jnp.mean(rollout.rewards)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from staleness.engine import core
 from staleness.engine import local as _local
+from staleness.engine import rollout as _rollout
 from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer
 
@@ -54,7 +55,18 @@ def _streaming_delta(task, pulled, own, inner_state, data_key, worker, round_, *
     return _local.streaming_delta(task, local, pulled, own, inner_state, data_key, worker, round_)
 
 
+def _generate(task, params, data_key, worker, iteration):
+    rollout = _rollout.generate_rollout(task, params, data_key, worker, iteration)
+    return _rollout.behavior_loss(task, rollout), rollout
+
+
+def _learner_gradient(task, params, rollout):
+    return _rollout.learner_gradient(task, params, rollout)[1]
+
+
 _gradient_jit = jax.jit(_gradient)
+_generate_jit = jax.jit(_generate)
+_learner_gradient_jit = jax.jit(_learner_gradient)
 _local_delta_jit = jax.jit(_local_delta, static_argnames=("local",))
 _streaming_delta_jit = jax.jit(_streaming_delta, static_argnames=("local",))
 _stack_jit = jax.jit(_stack)
@@ -72,6 +84,10 @@ class Numerics:
       slots: gradient slots per update (the policy's largest update); 1 selects
         the one-gradient path.
       data_key: the run's minibatch key (`engine.core.keys(seed)[1]`).
+      local: the engine's step configuration of the policy's work: an `engine.local.Local`
+        (local-update methods), an `engine.rollout.Learner` (asynchronous RL: workers are
+        actors that generate rollouts and push them; `update` computes the learner's
+        gradients on them at the current parameters, then the one server update), or None.
     """
 
     def __init__(self, task, opt: Optimizer, rule, slots: int, data_key, local=None, inner=None,
@@ -81,7 +97,9 @@ class Numerics:
         self.rule = rule
         self.slots = int(slots)
         self.data_key = data_key
-        self.local, self.inner, self.local_steps = local, inner, local_steps
+        self.learner = local if local is not None and local.learner else None
+        self.local = None if self.learner is not None else local
+        self.inner, self.local_steps = inner, local_steps
         self._inner_states: dict[int, object] = {}   # worker -> its inner-optimizer state (its thread's)
         self._scalar = None        # sharding of the update's small inputs (None: NumPy, placed by jit)
         self._tau: dict[int, object] = {}   # staleness -> its [1] int32 input, placed once
@@ -106,6 +124,8 @@ class Numerics:
         For a local-update method: (mean inner loss, delta) of the worker's inner steps,
         its inner-optimizer state kept here between its iterations."""
         task, key = self.on(device)
+        if self.learner is not None:   # an actor: (its behavior loss, its rollout)
+            return _generate_jit(task, params, key, np.int32(worker), np.int32(iteration))
         if self.local is not None:
             state = self._inner_states.get(worker)
             if state is None:   # a fresh inner state (and for Streaming DiLoCo own parameters: version 0)
@@ -161,6 +181,9 @@ class Numerics:
         zeros: a params-shaped zero pytree used to pad to `slots` (needed when c < slots).
         Returns (params, opt_state).
         """
+        if self.learner is not None:   # the pushes are rollouts: the learner's gradients at `params` first
+            task, _ = self.on(next(iter(jax.tree.leaves(params)[0].devices())))
+            grads = [_learner_gradient_jit(task, params, r) for r in grads]
         c = len(grads)
         if self.slots == 1:
             return _server_update_jit(params, opt_state, grads[0], self._tau1(staleness[0]), self._one,
@@ -191,11 +214,13 @@ class Numerics:
             outs.append(self.gradient(jax.device_put(params, d), 0, 0, d))
             self._inner_states.clear()   # a warm-up's inner steps are not the run's
         if server_device is not None:
-            server_params = (server_device.put(params) if hasattr(server_device, "put")
-                             else jax.device_put(params, server_device))
+            put = server_device.put if hasattr(server_device, "put") else (
+                lambda tree: jax.device_put(tree, server_device))
+            server_params = put(params)
             grad = jax.tree.map(jnp.zeros_like, server_params)
             opt_state = self.init_state(server_params)
-            outs.append(self.update(server_params, opt_state, [grad], [0], 0, grad))
+            pushed = [grad] if self.learner is None else [put(outs[0][1])]   # a gradient, or a rollout
+            outs.append(self.update(server_params, opt_state, pushed, [0], 0, grad))
         jax.block_until_ready(outs)
 
 

@@ -63,5 +63,5 @@ def build_result(server, spec, config: dict, status: str, evaluate: Callable | N
         meta={"max_gap": state.max_gap if state is not None else 0, "recorded": "runtime", "sync": spec.sync,
               "server_busy_s": float(server.busy), "rounds_ahead": int(server.link.rounds_ahead),
               "time_scale": spec.time_scale if spec.cluster else None,
-              **({"local_steps": list(spec.local_steps)} if spec.local is not None else {})})
+              **({"local_steps": list(spec.local_steps)} if spec.local_steps is not None else {})})
     return Result(pd.DataFrame(rows), sched, jax.device_get(server.params), config, train_loss, status)

@@ -195,6 +195,8 @@ class Server:
         self.params = params
         self.opt_state = opt_state
         self.zeros = zeros
+        # asynchronous RL: the learner's update is complete after it is computed (`_do`)
+        self._learner = getattr(self.policy.work, "learner_seconds", None) is not None
         self.link = link
         self.num_updates = int(spec.num_updates)
         self.max_time = spec.max_time
@@ -274,6 +276,14 @@ class Server:
             self.link.release(Release(w, it, v, ep), self.params)
 
     def _do(self, step, now: float) -> None:
+        if step.applied is not None and self.driver.complete_later:
+            # a learner (asynchronous RL): workers released with the decision generate on the
+            # version before it while the update is computed; the update's own version
+            # releases the rest when it is complete
+            self._send(step.released)
+            self._apply(step.applied, now)
+            self._send(self.driver.complete(self.now()).released)
+            return
         if step.applied is not None:
             self._apply(step.applied, now)
         self._send(step.released)   # after the update: released workers pull the new version
@@ -428,13 +438,14 @@ class Server:
         saved, record = self._saved, self.on_checkpoint is not None
         if saved is None:
             self._calls = PolicyCalls(self.policy) if record else None
-            d = Driver(self._calls or self.policy, self.num_workers, now)
+            d = Driver(self._calls or self.policy, self.num_workers, now, complete_later=self._learner)
         else:
             calls = PolicyCalls(self.policy, saved.policy_start, saved.policy_calls)
             state = calls.replay(self.num_workers)
             self._calls = calls if record else None
             d = Driver.resume(self._calls or self.policy, self.num_workers, now, state=state, recorder=self.rec,
                               epoch=saved.epoch)
+            d.complete_later = self._learner
         self.driver = d
         self.rec = d.rec
         self.rec.row_bytes = self.row_bytes

@@ -62,7 +62,7 @@ class RunSpec:
                    policy=self.policy.describe(), cluster=self.cluster.describe() if self.cluster else "",
                    workers=self.num_workers, eval_every=self.eval_every, runtime="real", sync=self.sync,
                    time_scale=self.time_scale if self.cluster else None, num_updates=self.num_updates)
-        if self.local is not None:
+        if self.local_steps is not None:
             out.update(inner_optimizer=self.inner.describe(), local_steps=list(self.local_steps))
         out.update(extra)
         return out
@@ -73,7 +73,12 @@ class RunSpec:
             return None
         from staleness.runtime.worker import Delays
 
-        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps)
+        sizes = None
+        if self.local is not None and self.local.learner:   # an actor's rollout takes its size in tokens
+            from staleness.engine import core
+
+            sizes = self.task.rollout_sizes(core.keys(self.seed)[1])
+        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps, sizes)
 
     def membership(self, after: float = 0.0) -> list[tuple[float, str, int]]:
         """Failure-model events (real seconds since the start) later than `after`."""
@@ -116,6 +121,9 @@ def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int 
     return sync, on_worker_failure or "continue"
 
 
+_RL_NAMES = ("rl-bandit", "rl-digits")   # the built-in RL tasks (staleness.tasks.rl.NAMES), checked before building
+
+
 def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=None,
               lr_rule="constant", optimizer=None, batch_size=None, data_dir=None, max_time=None,
               eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
@@ -124,7 +132,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     """Validate a real run's arguments; see `runtime.run`. processes: the job's
     process count (several: sync='collective' only when asked for, see `resolve_sync`)."""
     from staleness import cluster as _cluster
-    from staleness.engine.run import policy_default, resolve_optimizer, resolve_task
+    from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -161,7 +169,13 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
         eval_every = max(1, -(-num_updates // num_evals))
     eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
+    if processes > 1 and (getattr(policy.work, "learner_seconds", None) is not None or task in _RL_NAMES
+                          or hasattr(task, "rollout_sizes")):
+        raise ValueError(f"policy {policy.describe()!r} / task {getattr(task, 'name', task)!r}: asynchronous RL runs "
+                         "for real on the devices of one process (actors in threads, the learner on the server); "
+                         "across processes it is not built yet")
     task = resolve_task(task, num_workers, batch_size, data_dir)
+    work_sizes(task, policy, seed)   # an RL policy needs an RL task and vice versa (ValueError)
     opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy.optimizer, lr), lr,
                             num_updates, task)
     local = inner = steps = None
@@ -174,6 +188,8 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     elif inner_optimizer is not None:
         raise ValueError(f"inner_optimizer is for local-update methods; the policy {policy.describe()!r} "
                          "computes gradients")
+    else:
+        local = policy.work.engine_local(None, 0, False, None)   # asynchronous RL's learner step, else None
     if task.num_workers < num_workers:
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
                          f"run's {num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax "

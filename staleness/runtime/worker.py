@@ -46,6 +46,7 @@ class Delays:
     time_scale: float
     t0: float = 0.0
     steps: tuple | None = None   # local-update methods: inner steps per iteration of each worker
+    sizes: object = None         # asynchronous RL: sizes(worker, iteration) -> its rollout's steps (tokens)
 
 
     def pull(self, worker: int, iteration: int) -> float:
@@ -54,6 +55,8 @@ class Delays:
     def compute(self, worker: int, iteration: int, now: float) -> float:
         sim_start = (now - self.t0) / self.time_scale
         steps = 1 if self.steps is None else self.steps[worker]
+        if self.sizes is not None:
+            steps = self.sizes(worker, iteration)
         return steps * self.sampler.compute_time(worker, iteration, sim_start) * self.time_scale
 
     def push(self, worker: int, iteration: int) -> float:
