@@ -4,7 +4,8 @@
 Sections (each a claim; every number is computed here, from this run):
 
 1. `areal` (AReaL, Fu et al. 2025, Table "staleness"): for η in {0, 1, 2, 4, 8, ∞}
-   (`rl_async:η`, AReaL's pacing), naive PPO (clip against the behavior policy)
+   (`rl_async:η:batch=2` on 8 actors, AReaL's pacing: the learner updates from 2
+   rollouts at a time, so rollouts reach staleness 8), naive PPO (clip against the behavior policy)
    degrades as η grows while decoupled PPO stays near η = 0 up to about η = 8,
    and throughput (updates per simulated second) rises with η. Learning rates
    tuned per objective at η = 0 on separate seeds; final reward = mean sampled
@@ -50,14 +51,14 @@ SECTIONS = ("areal", "one_step_off", "lengths", "inflight")
 INF = "inf"
 
 FULL = {
-    "areal": dict(workers=4, cluster="1,1,1.5,3+jitter=0.3", updates=60, etas=[0, 1, 2, 4, 8, None],
-                  objectives=["ppo", "decoupled_ppo"], grid=[3e-4, 1e-3, 3e-3], tune_seeds=[100, 101], num_evals=6,
+    "areal": dict(workers=8, batch=2, cluster="1*8+jitter=0.5", updates=60, etas=[0, 1, 2, 4, 8, None],
+                  objectives=["ppo", "decoupled_ppo"], grid=[1e-3, 3e-3], tune_seeds=[100], num_evals=6,
                   learner=0.5),
     "one_step_off": dict(workers=4, cluster="1,1,1.5,3+jitter=0.3", updates=40, show_rounds=3),
     "lengths": dict(workers=4, cluster="1,1,1.5,3+jitter=0.5", updates=300, eta=1, prompts_per_rollout=1),
 }
 QUICK = {
-    "areal": dict(workers=4, cluster="1,1,1.5,3+jitter=0.3", updates=12, etas=[0, 2, None],
+    "areal": dict(workers=8, batch=2, cluster="1*8+jitter=0.5", updates=12, etas=[0, 2, None],
                   objectives=["ppo", "decoupled_ppo"], grid=[1e-3], tune_seeds=[100], num_evals=2, learner=0.5),
     "one_step_off": dict(workers=4, cluster="1,1,1.5,3+jitter=0.3", updates=12, show_rounds=2),
     "lengths": dict(workers=4, cluster="1,1,1.5,3+jitter=0.5", updates=80, eta=1, prompts_per_rollout=1),
@@ -68,9 +69,8 @@ def label(eta) -> str:
     return "∞" if eta is None else str(eta)
 
 
-def spec(eta, learner: float, mode: str = "pace") -> str:
-    p = st.policies.rl_async(eta, mode=mode, learner=learner)
-    return p.spec
+def spec(eta, learner: float, mode: str = "pace", batch: int | None = None) -> str:
+    return st.policies.rl_async(eta, mode=mode, learner=learner, batch=batch).spec
 
 
 def final_reward(result) -> float:
@@ -99,7 +99,7 @@ def section_areal(cfg, seeds, log) -> dict:
     out = {"settings": cfg, "objectives": {}}
     for obj in cfg["objectives"]:
         task = st.tasks.get("rl-digits", num_workers=cfg["workers"], objective=obj)
-        sync = spec(0, cfg["learner"])
+        sync = spec(0, cfg["learner"], batch=cfg["batch"])
         t0 = time.time()
         tune = st.sweep(task, [sync], cluster, seeds=cfg["tune_seeds"], lrs=cfg["grid"], num_updates=cfg["updates"],
                         num_evals=cfg["num_evals"])
@@ -110,7 +110,7 @@ def section_areal(cfg, seeds, log) -> dict:
         best = max(scores, key=lambda k: -math.inf if math.isnan(scores[k]) else scores[k])
         log(f"  areal {obj}: tuned lr {best:g} ({', '.join(f'{k:g}: {v:.3f}' for k, v in scores.items())}) "
             f"in {time.time() - t0:.0f}s")
-        pols = [spec(e, cfg["learner"]) for e in cfg["etas"]]
+        pols = [spec(e, cfg["learner"], batch=cfg["batch"]) for e in cfg["etas"]]
         t0 = time.time()
         res = st.sweep(task, pols, cluster, seeds=seeds, lrs=[best], num_updates=cfg["updates"],
                        num_evals=cfg["num_evals"])

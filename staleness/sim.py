@@ -210,8 +210,10 @@ class _Learner:
         self.row_size: dict[int, float] = {}
         self.free = 0.0
 
-    def pushed(self, row: int | None, worker: int, iteration: int) -> None:
+    def pushed(self, rec, row: int | None) -> None:
+        """Row `row` of the recorder `rec` was pushed: remember its rollout's size."""
         if row is not None:
+            worker, iteration = rec.rows[row][:2]
             self.row_size[row] = 1.0 if self.sizes is None else float(self.sizes(worker, iteration))
 
     def decided(self, rows, now: float) -> float:
@@ -222,14 +224,11 @@ class _Learner:
 
 def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
                      learner: _Learner | None = None) -> float:
-    """Every transfer's time is fixed when it starts: one heap entry per gradient.
-    With a `learner`, each decided update completes when it is trained (a heap entry
-    per update). Returns the simulated time at which the run stopped."""
+    """Every transfer's time is fixed when it starts: one heap entry per gradient (and, with a
+    `learner`, one per update, completed when trained). Returns the time the run stopped."""
     update_budget, time_budget, grad_budget = budgets
-    lam = driver.num_workers
     push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
-    span = [(0.0, 0.0)] * lam   # (start, end) of each worker's in-flight computation
-    current = [0] * lam          # the iteration each worker computes
+    span = [(0.0, 0.0)] * driver.num_workers   # (start, end) of each worker's in-flight computation
     epoch = driver.epoch
     rec = driver.rec
 
@@ -245,7 +244,6 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             start = now + pull_delay(w, it)
             end = start + compute_time(w, it, start)
             span[w] = (start, end)
-            current[w] = it
             seq += 1
             heappush(heap, (end + push_delay(w, it), seq, _PUSH, w, ep))
     else:
@@ -261,7 +259,6 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             start = now + (pull_delay(w, it) + pdur[w])
             end = start + compute_time(w, it, start)
             span[w] = (start, end)
-            current[w] = it
             seq += 1
             if overlap:
                 arrive = max(start + qdur[w], end) + push_delay(w, it)
@@ -279,9 +276,8 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
     pushed = 0
     state = driver.state
     live = state.live
-    heappop = heapq.heappop
     while heap:
-        t, _, kind, w, ep = heappop(heap)
+        t, _, kind, w, ep = heapq.heappop(heap)
         if t > time_budget:
             now = time_budget
             break
@@ -292,17 +288,15 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             step = driver.push(w, t, *span[w])
             pushed += 1
             if learner is not None:
-                learner.pushed(step.row, w, current[w])
+                learner.pushed(rec, step.row)
         elif kind == _TRAINED:
             step = driver.complete(t)
         elif kind == _FAIL:
             if not live[w]:
                 continue
             step = driver.fail(w, t, *span[w])
-            if nbytes is not None and step.row is not None:
-                # its push had not left yet: only the pull's bytes moved
-                if t < (span[w][0] if overlap else span[w][1]):
-                    rec.set_bytes(step.row, nbytes[0], 0)
+            if nbytes is not None and step.row is not None and t < (span[w][0] if overlap else span[w][1]):
+                rec.set_bytes(step.row, nbytes[0], 0)   # its push had not left yet: only the pull's bytes moved
             if forget is not None:
                 forget(w)
         else:  # _JOIN

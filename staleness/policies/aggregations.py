@@ -123,19 +123,20 @@ class FirstOfRound(EachGradient):
 
 @dataclasses.dataclass(frozen=True)
 class Fresh(EachGradient):
-    """A learner update from every λ rollouts (from any actors, in arrival order),
-    keeping only those at most `eta` versions stale when consumed (None: all). A
-    rollout pushed when `version` updates are decided is consumed by update
-    `version`, so its staleness is known on arrival: version − pull_version; a
-    staler one is dropped (counted in `SyncState.dropped`)."""
+    """A learner update from every `batch` rollouts (None: λ, one per actor on average;
+    from any actors, in arrival order), keeping only those at most `eta` versions stale
+    when consumed (None: all). A rollout pushed when `version` updates are decided is
+    consumed by update `version`, so its staleness is known on arrival:
+    version − pull_version; a staler one is dropped (counted in `SyncState.dropped`)."""
 
     eta: int | None = None
+    batch: int | None = None
 
     def accepts(self, state, worker, pull_version):
         return self.eta is None or state.version - pull_version <= self.eta
 
     def due(self, state):
-        return state.buffered >= state.table.num_workers
+        return state.buffered >= (state.table.num_workers if self.batch is None else self.batch)
 
     def size(self, num_live, num_workers):
-        return num_workers
+        return num_workers if self.batch is None else self.batch

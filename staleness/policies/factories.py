@@ -134,7 +134,7 @@ def rl_one_step_off(learner: float = 0.5) -> Policy:
     return Policy(RoundLag(1), AllLive(), "rl_one_step_off" + _learner_suffix(learner), Rollout(learner))
 
 
-def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5) -> Policy:
+def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None) -> Policy:
     """Asynchronous RL bounded by η (AReaL's `max_head_offpolicyness`): actors generate
     continuously on the newest completed version; the learner updates from every λ
     rollouts in arrival order; no consumed rollout is more than η versions stale.
@@ -145,11 +145,16 @@ def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5) -
       rollout staler than η on arrival is dropped (which biases what is consumed toward
       short generations).
     eta: None is fully asynchronous (no bound, nothing dropped); η = 0 is `rl_sync`.
+    batch: rollouts per learner update (None: one per actor, λ); fewer make the learner
+      update more often than each actor generates, so rollouts grow staler.
     """
     if eta is not None:
         checks.integer("rl_async", "eta", eta, low=0)
+    if batch is not None:
+        checks.integer("rl_async", "batch", batch, low=1)
     if mode not in RL_MODES:
         raise ValueError(f"rl_async: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
-    gate = Capacity(eta) if eta is not None and mode == "pace" else Free()
-    spec = "rl_async" + ("" if eta is None else f":{eta}") + (":mode=drop" if mode == "drop" and eta is not None else "")
-    return Policy(gate, Fresh(eta), spec + _learner_suffix(learner), Rollout(learner))
+    gate = Capacity(eta, batch) if eta is not None and mode == "pace" else Free()
+    spec = ("rl_async" + ("" if eta is None else f":{eta}") + (":mode=drop" if mode == "drop" and eta is not None else "")
+            + ("" if batch is None else f":batch={batch}"))
+    return Policy(gate, Fresh(eta, batch), spec + _learner_suffix(learner), Rollout(learner))

@@ -263,24 +263,26 @@ class _CapacityState:
 
     __slots__ = ("started", "per_update")
 
-    def __init__(self, num_workers: int):
+    def __init__(self, num_workers: int, per_update: int):
         self.started = num_workers      # every actor starts one rollout at the beginning
-        self.per_update = num_workers
+        self.per_update = per_update
 
 
 @dataclasses.dataclass(frozen=True)
 class Capacity(Free):
     """AReaL's staleness control (`max_head_offpolicyness` η): rollouts are numbered in
-    the order they start; with c rollouts per update (one per actor), rollout j is
-    expected to be consumed by update ⌊j / c⌋, so an actor may start rollout j only
-    once the learner has completed version ⌊j / c⌋ − η. Its level is the completed
-    version. A rollout that arrives out of order and would still be staler than η is
-    the aggregation's to drop (`Fresh`)."""
+    the order they start; with c rollouts per update (`batch`; None: one per actor),
+    rollout j is expected to be consumed by update ⌊j / c⌋, so an actor may start
+    rollout j only once the learner has completed version ⌊j / c⌋ − η. Its level is the
+    completed version. Every actor starts one rollout at the beginning (with
+    c·(η + 1) < λ some of those already exceed the bound). A rollout that arrives out
+    of order and would still be staler than η is the aggregation's to drop (`Fresh`)."""
 
     eta: int = 0
+    batch: int | None = None
 
     def init(self, num_workers, now):
-        return _CapacityState(num_workers)
+        return _CapacityState(num_workers, num_workers if self.batch is None else self.batch)
 
     def level(self, state):
         return state.completed
