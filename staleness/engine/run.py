@@ -73,8 +73,8 @@ def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
     parameter shapes (to check that lr= can be set). The task's own optax object is
     described as `optim.TASK_OPTAX`, so a replay that rebuilds the task gets it back."""
     own = optimizer is None and task.optimizer is not None
-    if optimizer is None:
-        optimizer = task.optimizer if task.optimizer is not None else "sgd"
+    if optimizer is None:   # the task's own; a rate given to the run replaces an lr= it names
+        optimizer = policy_default(task.optimizer, lr) if task.optimizer is not None else "sgd"
     shapes = jax.eval_shape(task.init_fn, jax.random.key(0)) if lr is not None else None
     opt = _optim.resolve(optimizer, lr, horizon, shapes)
     return dataclasses.replace(opt, name=_optim.TASK_OPTAX) if own and opt.name == "optax" else opt
