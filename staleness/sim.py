@@ -185,6 +185,7 @@ def simulate_schedule(
     else:
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
 
+    _check_not_stalled(driver, policy)
     # Gradients pushed but not aggregated when the budget ran out are not part of the run.
     meta = {} if steps is None else {"local_steps": list(steps)}
     if nbytes is not None or overlap or collective:
@@ -193,6 +194,17 @@ def simulate_schedule(
                            "aggregation": "allreduce" if collective else ("server" if shared else "links")}
     return driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
                               end_time=float(now), meta=meta)
+
+
+def _check_not_stalled(driver, policy) -> None:
+    """A run that ran out of events with live workers all waiting at the gate and none
+    computing can never go on: the policy deadlocked (a bug in a gate, or a gate whose
+    level cannot rise once its workers wait). Say so rather than return a short run."""
+    state = driver.state
+    live = [w for w in range(driver.num_workers) if state.live[w]]
+    if live and all(driver.inflight[w] is None for w in live) and all(state.blocked[w] for w in live):
+        raise RuntimeError(f"simulate_schedule: policy {policy.describe()!r} deadlocked after "
+                           f"{state.completed} updates: every live worker waits at the gate and none is computing")
 
 
 def _byte_seconds(nbytes: int, bandwidth) -> list[float]:

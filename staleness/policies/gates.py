@@ -259,24 +259,32 @@ class RoundLag(Free):
 
 
 class _CapacityState:
-    """`Capacity`'s own state: rollouts started (reserved) so far and rollouts per update."""
+    """`Capacity`'s own state: tickets handed out (rollouts started or waiting to start),
+    rollouts per update, tickets that will never be consumed because their actor failed,
+    and which actors hold an outstanding ticket."""
 
-    __slots__ = ("started", "per_update")
+    __slots__ = ("tickets", "per_update", "abandoned", "holding")
 
     def __init__(self, num_workers: int, per_update: int):
-        self.started = num_workers      # every actor starts one rollout at the beginning
+        self.tickets = num_workers      # every actor starts one rollout at the beginning
         self.per_update = per_update
+        self.abandoned = 0
+        self.holding = set(range(num_workers))
 
 
 @dataclasses.dataclass(frozen=True)
 class Capacity(Free):
-    """AReaL's staleness control (`max_head_offpolicyness` η): rollouts are numbered in
-    the order they start; with c rollouts per update (`batch`; None: one per actor),
-    rollout j is expected to be consumed by update ⌊j / c⌋, so an actor may start
-    rollout j only once the learner has completed version ⌊j / c⌋ − η. Its level is the
-    completed version. Every actor starts one rollout at the beginning (with
-    c·(η + 1) < λ some of those already exceed the bound). A rollout that arrives out
-    of order and would still be staler than η is the aggregation's to drop (`Fresh`)."""
+    """AReaL's staleness control (`max_head_offpolicyness` η): an actor may start a
+    rollout only while the rollouts started and not thrown away number at most
+    (η + 1 + completed versions) × c, c the rollouts per update (`batch`; None: one per
+    actor). So rollouts are consumed at most η versions after the version they start
+    on, if they arrive in the order they started. Implemented with tickets: the actor's
+    request gets ticket j (in request order) and starts once
+    j < (η + 1 + completed) × c + (rollouts dropped) + (tickets abandoned by failed actors),
+    the gate's level + 1 (dropped rollouts and lost ones free their place, as AReaL counts
+    accepted and running rollouts only). Every actor starts one rollout at the beginning.
+    A rollout that arrives out of order and would still be staler than η is the
+    aggregation's to drop (`Fresh`)."""
 
     eta: int = 0
     batch: int | None = None
@@ -285,16 +293,27 @@ class Capacity(Free):
         return _CapacityState(num_workers, num_workers if self.batch is None else self.batch)
 
     def level(self, state):
-        return state.completed
+        g = state.gate
+        return (self.eta + 1 + state.completed) * g.per_update + state.dropped + g.abandoned - 1
+
+    def pushed(self, state, worker, now):
+        state.gate.holding.discard(worker)
+
+    def failed(self, state, worker):
+        g = state.gate
+        if worker in g.holding:   # its rollout (running or waiting to start) will never arrive
+            g.holding.discard(worker)
+            g.abandoned += 1
 
     def after_push(self, state, worker, pull_version, now):
         return self.on_join(state, worker)
 
     def on_join(self, state, worker):
         g = state.gate
-        key = g.started // g.per_update - self.eta
-        g.started += 1
-        return None if key <= state.completed else key
+        key = g.tickets
+        g.tickets += 1
+        g.holding.add(worker)
+        return None if key <= self.level(state) else key
 
     def bound(self):
         return None

@@ -1,0 +1,64 @@
+"""Control-plane regressions of the asynchronous-RL policies (no numerics)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import staleness as st
+from staleness.policies import Fresh, Policy, Rollout, gates
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 3])
+def test_capacity_gate_with_small_batches_never_deadlocks_after_drops(eta):
+    """8 actors, 2 rollouts per update: the first rollouts past the bound are dropped. The
+    gate once counted dropped rollouts as if they would be consumed, so no actor could start
+    again and the simulation ended silently after one update (the η = 0, 1 rows of the
+    AReaL table were a few updates long)."""
+    sched = st.simulate_schedule(f"rl_async:{eta}:batch=2", "1*8+jitter=0.5", num_updates=60, seed=0)
+    assert sched.num_updates == 60
+    assert sched.staleness[sched.applied].max() <= eta
+
+
+def test_capacity_gate_frees_the_places_of_failed_actors():
+    cluster = st.cluster.parse("1*8+jitter=0.5").failures([(w, 3.0 + w, None) for w in range(5)])
+    sched = st.simulate_schedule("rl_async:1:batch=2", cluster, num_updates=80, seed=0)
+    assert sched.num_updates == 80
+    assert sched.staleness[sched.applied].max() <= 1
+
+
+def test_throughput_rises_with_eta_on_small_batches():
+    times = [st.simulate_schedule(f"rl_async:{e}:batch=2", "1*8+jitter=0.5", num_updates=60, seed=s).update_time[-1]
+             for e in (0, 1, 2, 4) for s in (0,)]
+    assert all(a > b for a, b in zip(times, times[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stuck(gates.Free):
+    """A gate whose level never rises once its workers wait (the old capacity rule's bug)."""
+
+    def level(self, state):
+        return 0
+
+    def after_push(self, state, worker, pull_version, now):
+        return 1
+
+
+def test_a_deadlocked_policy_is_an_error_not_a_short_run():
+    p = Policy(_Stuck(), Fresh(None, 2), "stuck", Rollout())
+    with pytest.raises(RuntimeError, match="'stuck' deadlocked after 2 updates"):
+        st.simulate_schedule(p, "1*4", num_updates=10, seed=0)
+
+
+def test_every_worker_dead_is_not_a_deadlock():
+    cluster = st.cluster.constant(2).failures([(0, 2.5, None), (1, 2.5, None)])
+    sched = st.simulate_schedule("asp", cluster, num_updates=100, seed=0)
+    assert 0 < sched.num_updates < 100
+
+
+def test_rl_async_zero_is_rl_sync_with_batches_of_one_per_actor():
+    a = st.simulate_schedule("rl_async:0", st.cluster.heterogeneous([1.0, 1.0, 1.5, 3.0]).jitter(0.2), num_updates=20)
+    b = st.simulate_schedule("rl_sync", st.cluster.heterogeneous([1.0, 1.0, 1.5, 3.0]).jitter(0.2), num_updates=20)
+    for k in ("worker", "iteration", "pull_version", "apply_version"):
+        np.testing.assert_array_equal(np.sort(a.columns[k]), np.sort(b.columns[k]))
+    np.testing.assert_array_equal(a.update_time, b.update_time)
