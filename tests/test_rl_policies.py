@@ -62,3 +62,23 @@ def test_rl_async_zero_is_rl_sync_with_batches_of_one_per_actor():
     for k in ("worker", "iteration", "pull_version", "apply_version"):
         np.testing.assert_array_equal(np.sort(a.columns[k]), np.sort(b.columns[k]))
     np.testing.assert_array_equal(a.update_time, b.update_time)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_minibatches_add_staleness_one_version_per_optimizer_step(m):
+    """miles#1697: several optimizer steps per rollout batch silently add staleness. With m
+    minibatches every round's rollouts are generated on one version and its j-th update
+    consumes them j versions stale; m = 1 is plain rl_sync."""
+    sched = st.simulate_schedule(f"rl_sync:minibatches={m}", st.cluster.heterogeneous([1.0, 1.0, 1.5, 3.0]),
+                                 num_updates=8 * m, seed=0)
+    a = sched.applied
+    np.testing.assert_array_equal(sched.staleness[a], sched.columns["apply_version"][a] % m)
+    assert np.all(sched.columns["pull_version"][a] % m == 0)
+    np.testing.assert_array_equal(np.bincount(sched.staleness[a]), [32 // m] * m)
+
+
+def test_minibatches_must_divide_the_actors():
+    with pytest.raises(ValueError, match="minibatches = 3 must divide the number of actors"):
+        st.simulate_schedule("rl_sync:minibatches=3", "1*4", num_updates=3)
+    with pytest.raises(ValueError, match="minibatches"):
+        st.policies.rl_sync(minibatches=0)

@@ -26,7 +26,8 @@ factory returning a `Policy`, named on every command as
 (module `registry`; `parse` turns spec strings into policies).
 """
 
-from staleness.policies.aggregations import AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh
+from staleness.policies.aggregations import (AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh,
+                                             Minibatches)
 from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd,
                                           rl_async, rl_one_step_off, rl_sync, softsync, ssp, streaming_diloco)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, Gate, RoundBound, RoundLag, dssp_controller
@@ -38,7 +39,7 @@ from staleness.policies.work import Gradient, LocalSteps, Rollout, Streaming, Wo
 __all__ = [
     "Policy", "PushOutcome", "SyncState", "ClockTable", "Gate", "Aggregation", "Work", "Unknown",
     "Free", "ClockBound", "DynamicBound", "RoundBound", "RoundLag", "Capacity",
-    "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Gradient", "LocalSteps", "Streaming", "Rollout",
+    "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
     "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "RL_MODES",
     "dssp_controller", "parse", "register", "names", "spec_help", "recorded",

@@ -19,7 +19,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
 
-__all__ = ["Aggregation", "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh"]
+__all__ = ["Aggregation", "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches"]
 
 
 @runtime_checkable
@@ -140,3 +140,25 @@ class Fresh(EachGradient):
 
     def size(self, num_live, num_workers):
         return num_workers if self.batch is None else self.batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Minibatches(EachGradient):
+    """A round's rollouts in `m` learner updates (PPO-style minibatches, several optimizer
+    steps per batch): an update from every λ / m rollouts in arrival order, and one from
+    the rest once every live actor has pushed the round. Rollouts of a round are generated
+    on one version, so the j-th update of a round consumes them j versions stale."""
+
+    m: int = 2
+
+    def due(self, state):
+        t = state.table
+        return state.buffered >= t.num_workers // self.m or (state.buffered > 0 and t.min_clock == t.max_clock)
+
+    def size(self, num_live, num_workers):
+        return -(-num_workers // self.m)
+
+    def validate(self, num_workers):
+        if num_workers % self.m:
+            raise ValueError(f"minibatches = {self.m} must divide the number of actors ({num_workers}): each "
+                             "learner update takes actors / minibatches rollouts of the round")

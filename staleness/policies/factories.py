@@ -14,7 +14,7 @@ returns a `Policy` whose spec parses back to it (`staleness.policies.parse`).
 from __future__ import annotations
 
 from staleness import checks
-from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh
+from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh, Minibatches
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, RoundBound, RoundLag
 from staleness.policies.policy import Policy
 from staleness.policies.work import LocalSteps, Rollout, Streaming
@@ -119,19 +119,29 @@ def _learner_suffix(learner: float) -> str:
     return "" if learner == 0.5 else f":learner={learner:g}"
 
 
-def rl_sync(learner: float = 0.5) -> Policy:
+def _rounds(name: str, eta: int, learner: float, minibatches: int) -> Policy:
+    checks.integer(name, "minibatches", minibatches, low=1)
+    spec = name + _learner_suffix(learner) + ("" if minibatches == 1 else f":minibatches={minibatches}")
+    aggregation = AllLive() if minibatches == 1 else Minibatches(minibatches)
+    return Policy(RoundLag(eta, minibatches), aggregation, spec, Rollout(learner))
+
+
+def rl_sync(learner: float = 0.5, minibatches: int = 1) -> Policy:
     """Synchronous on-policy RL: every actor generates one rollout on version k, the
     learner trains update k on all of them, then every actor pulls version k + 1
-    (staleness 0). `learner`: the learner's time per update (see `Rollout`)."""
-    return Policy(RoundLag(0), AllLive(), "rl_sync" + _learner_suffix(learner), Rollout(learner))
+    (staleness 0). `learner`: the learner's time per update (see `Rollout`).
+    minibatches: m > 1 splits each round's rollouts into m learner updates (several
+    optimizer steps per batch): the j-th is j versions stale, though every rollout was
+    generated on the round's version (the staleness "on-policy" PPO epochs add)."""
+    return _rounds("rl_sync", 0, learner, minibatches)
 
 
-def rl_one_step_off(learner: float = 0.5) -> Policy:
+def rl_one_step_off(learner: float = 0.5, minibatches: int = 1) -> Policy:
     """One-step off-policy RL (verl's recipe): round k + 1 is generated while the learner
     trains on round k, on the version before that update, so every consumed rollout after
     the first round is exactly one version stale once the learner takes time (at
-    learner = 0 it is synchronous)."""
-    return Policy(RoundLag(1), AllLive(), "rl_one_step_off" + _learner_suffix(learner), Rollout(learner))
+    learner = 0 it is synchronous). minibatches: as for `rl_sync`."""
+    return _rounds("rl_one_step_off", 1, learner, minibatches)
 
 
 def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None) -> Policy:

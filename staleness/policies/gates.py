@@ -239,13 +239,16 @@ class RoundLag(Free):
     round i is generated on version >= i − η and is consumed at version i:
     staleness <= η (exactly η once the learner is the bottleneck: one-step
     off-policy is one version stale). Its level is min(slowest live clock,
-    completed versions + η).
+    completed rounds + η). With `per_round` m > 1 the learner takes m updates per
+    round (minibatches, `Minibatches`), so a round is complete after m updates and
+    the j-th minibatch of a round is j versions staler.
     """
 
     eta: int = 0
+    per_round: int = 1   # learner updates per round (minibatches of the round's rollouts)
 
     def level(self, state):
-        return min(state.table.min_clock, state.completed + self.eta)
+        return min(state.table.min_clock, state.completed // self.per_round + self.eta)
 
     def after_push(self, state, worker, pull_version, now):
         return self.on_join(state, worker)
