@@ -175,9 +175,9 @@ def simulate_schedule(
     shared = sampler.server is not None and nbytes is not None and nbytes != (0, 0)
     if learner is not None:
         if collective or shared:
-            raise ValueError(f"simulate_schedule: policy {policy.describe()!r} has a learner; clusters with an "
-                             "all-reduce or a shared server link are not modelled for it (use links with their own "
-                             "latency and bandwidth)")
+            raise ValueError(f"simulate_schedule: cluster = {cluster.describe()!r} has an all-reduce or a shared "
+                             f"server link, which are not modelled for policy {policy.describe()!r} (a learner); "
+                             "give the workers their own links (+net=BANDWIDTH:LATENCY)")
         train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam)
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
     elif collective or shared:

@@ -139,8 +139,10 @@ def rl_sync(learner: float = 0.5, minibatches: int = 1) -> Policy:
 def rl_one_step_off(learner: float = 0.5, minibatches: int = 1) -> Policy:
     """One-step off-policy RL (verl's recipe): round k + 1 is generated while the learner
     trains on round k, on the version before that update, so every consumed rollout after
-    the first round is exactly one version stale once the learner takes time (at
-    learner = 0 it is synchronous). minibatches: as for `rl_sync`."""
+    the first round is exactly one version stale (also at learner = 0: the actors are
+    released with the decision of update k, before it is complete, as in the real
+    runtime, where the server releases them before it computes the update).
+    minibatches: as for `rl_sync`."""
     return _rounds("rl_one_step_off", 1, learner, minibatches)
 
 
@@ -151,7 +153,8 @@ def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, b
 
     mode: 'pace' (AReaL's rule): an actor may not start a rollout that would be consumed
       more than η versions after the version it pulls (`Capacity`); one that still arrives
-      too stale (it finished out of order) is dropped. 'drop': actors never wait; every
+      too stale (it finished out of order: with long-tailed lengths a sizeable share) is
+      dropped. 'drop': actors never wait; every
       rollout staler than η on arrival is dropped (which biases what is consumed toward
       short generations).
     eta: None is fully asynchronous (no bound, nothing dropped); η = 0 is `rl_sync`.
