@@ -8,7 +8,8 @@
     task.evaluate(params)                                     # {"loss": ..., "accuracy": ...}
 
 Built-in names: quadratic, linreg, digits-mlp, digits-cnn, mnist1d-mlp,
-mnist1d-cnn, cifar10-resnet20, cifar100-resnet20 (see `names()`).
+mnist1d-cnn, cifar10-resnet20, cifar100-resnet20, and the RL tasks rl-bandit and
+rl-digits (`rl`: asynchronous RL's actors and learner) (see `names()`).
 
 Your own: `from_flax(model, loss, data, ...)` (a linen or nnx model, a loss name
 or function, arrays), `from_functions(init, loss, sample, evaluate, ...)`;
@@ -17,7 +18,7 @@ accepts `--task package.module:factory`. Per-worker partitions: iid, shard,
 dirichlet:ALPHA, sizes:F1,...,Fλ (`partitions`).
 """
 
-from staleness.tasks import cifar, data, models, partitions
+from staleness.tasks import cifar, data, models, partitions, rl
 from staleness.tasks.base import Task
 from staleness.tasks.batches import NO_EXAMPLE, concat_batches
 from staleness.tasks.builders import from_flax, from_functions
@@ -51,4 +52,5 @@ __all__ = [
     "partitions",
     "register",
     "resolve",
+    "rl",
 ]
