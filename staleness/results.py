@@ -188,7 +188,7 @@ class Result:
         for k, v in self.final.items():
             if k not in ("update", "time"):
                 out[f"final_{k}"] = float(v)
-        if target is not None and metric in self.history:
+        if target is not None:   # time_to names the valid metrics when `metric` is not in the history
             out[f"time_to_{metric}_{target:g}"] = self.time_to(target, metric)
         out["status"] = self.status
         return out

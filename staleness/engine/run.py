@@ -244,15 +244,30 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
-    if isinstance(policy, str):
-        policy = _policies.parse(policy)
-    if isinstance(cluster, str):
-        cluster = _cluster.parse(cluster)
+    policy, cluster = _policy_and_cluster(policy, cluster)
     task = resolve_task(task, cluster.num_workers, kwargs.get("batch_size"))
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
     sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
                               payload_bytes=pull_bytes, push_bytes=push_bytes, sizes=work_sizes(task, policy, seed))
     return replay(sched, task, seed=seed, **kwargs)
+
+
+def _policy_and_cluster(policy, cluster):
+    """(Policy, Cluster) of a policy and a cluster given as values or spec strings; a
+    TypeError naming the argument for anything else."""
+    from staleness import cluster as _cluster
+
+    if isinstance(policy, str):
+        policy = _policies.parse(policy)
+    if not isinstance(policy, _policies.Policy):
+        raise TypeError(f"policy = {policy!r} must be a staleness.policies.Policy or a spec string such as 'ssp:3' "
+                        f"(valid: {_policies.spec_help()})")
+    if isinstance(cluster, str):
+        cluster = _cluster.parse(cluster)
+    if not isinstance(cluster, _cluster.Cluster):
+        raise TypeError(f"cluster = {cluster!r} must be a staleness.cluster.Cluster or a spec string such as "
+                        "'1*4,2.6*4' (see staleness.cluster)")
+    return policy, cluster
 
 
 def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),

@@ -1,0 +1,22 @@
+"""Issue 25 regressions: what a researcher hits in the first hour is an error that names the
+setting, not an AttributeError or a silently dropped setting."""
+
+import pytest
+
+import staleness as st
+
+
+def test_simulate_names_a_policy_or_cluster_of_the_wrong_type():
+    """`st.simulate(task, 123, cl)` raised AttributeError: 'int' object has no attribute 'work'."""
+    with pytest.raises(TypeError, match=r"policy = 123 must be a staleness.policies.Policy or a spec string"):
+        st.simulate("quadratic", 123, "2", num_updates=2)
+    with pytest.raises(TypeError, match=r"cluster = None must be a staleness.cluster.Cluster or a spec string"):
+        st.simulate("quadratic", "asp", None, num_updates=2)
+
+
+def test_summary_with_a_target_on_a_metric_the_task_lacks_is_an_error():
+    """`r.summary(target=0.9)` on a task without accuracy dropped the target silently."""
+    r = st.simulate("quadratic", "asp", "2", num_updates=4, num_evals=1)
+    with pytest.raises(ValueError, match="metric = 'accuracy' is not in the history; valid: train_loss, loss"):
+        r.summary(target=0.9)
+    assert "time_to_loss_1" in r.summary(target=1.0, metric="loss")
