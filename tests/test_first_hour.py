@@ -20,3 +20,13 @@ def test_summary_with_a_target_on_a_metric_the_task_lacks_is_an_error():
     with pytest.raises(ValueError, match="metric = 'accuracy' is not in the history; valid: train_loss, loss"):
         r.summary(target=0.9)
     assert "time_to_loss_1" in r.summary(target=1.0, metric="loss")
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(seeds=(0, 0)), "seeds repeats 0"),
+                                          (dict(policies=["asp", "asp"]), "policies repeats asp"),
+                                          (dict(lrs=(0.1, 0.1)), "lrs repeats 0.1")])
+def test_a_sweep_refuses_repeated_runs(kwargs, name):
+    """`--policy asp --policy asp` or `--seeds 0,0` counted duplicate runs as independent seeds."""
+    policies = kwargs.pop("policies", ["asp"])
+    with pytest.raises(ValueError, match=f"sweep: {name}; give each once"):
+        st.sweep("quadratic", policies, "2", num_updates=2, **kwargs)

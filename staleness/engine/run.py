@@ -319,6 +319,12 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     seeds = [int(x) for x in s.seeds]
     if not pols or not seeds or not rules or not lrs:
         raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
+    for name, values in (("policies", [p.describe() for p in pols]), ("seeds", seeds),
+                         ("lr_rules", [r.describe() for r in rules]), ("lrs", lrs)):
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:   # a repeated run would count as an independent sample in medians and intervals
+            raise ValueError(f"sweep: {name} repeats {', '.join(repeated)}; give each once (a repeated run is not "
+                             "another sample)")
     optimizer, lrs = _policy_rates(pols, s.optimizer, lrs)
     if isinstance(cluster, str):
         cluster = _cluster.parse(cluster)
