@@ -82,3 +82,22 @@ def test_minibatches_must_divide_the_actors():
         st.simulate_schedule("rl_sync:minibatches=3", "1*4", num_updates=3)
     with pytest.raises(ValueError, match="minibatches"):
         st.policies.rl_sync(minibatches=0)
+
+
+def test_requeue_generates_a_dropped_rollouts_prompts_again_on_a_newer_version():
+    """mode=requeue: a rollout staler than η is thrown away and the same actor generates the
+    same prompts (its clock did not advance: the same iteration) next, on a newer version."""
+    cluster = st.cluster.parse("1,1,1.5,3+jitter=0.5")
+    sched = st.simulate_schedule("rl_async:1:mode=requeue", cluster, num_updates=60, seed=0)
+    c = sched.columns
+    dropped = np.flatnonzero(c["dropped"])
+    assert len(dropped) > 0
+    assert sched.staleness[sched.applied].max() <= 1
+    for r in dropped:
+        later = np.flatnonzero((c["worker"] == c["worker"][r]) & (np.arange(len(c["worker"])) > r))
+        if len(later):
+            nxt = later[0]
+            assert c["iteration"][nxt] == c["iteration"][r] and c["pull_version"][nxt] > c["pull_version"][r]
+    drop = st.simulate_schedule("rl_async:1:mode=drop", cluster, num_updates=60, seed=0).columns
+    for w in range(4):   # in drop mode a worker's iterations never repeat
+        assert len(np.unique(drop["iteration"][drop["worker"] == w])) == int((drop["worker"] == w).sum())

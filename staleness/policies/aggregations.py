@@ -127,10 +127,14 @@ class Fresh(EachGradient):
     from any actors, in arrival order), keeping only those at most `eta` versions stale
     when consumed (None: all). A rollout pushed when `version` updates are decided is
     consumed by update `version`, so its staleness is known on arrival:
-    version − pull_version; a staler one is dropped (counted in `SyncState.dropped`)."""
+    version − pull_version; a staler one is dropped (counted in `SyncState.dropped`).
+    requeue: a dropped rollout's prompts are generated again by its actor, next, on the
+    newest version (its clock does not advance, so its next iteration draws the same
+    prompts: `Policy.push`)."""
 
     eta: int | None = None
     batch: int | None = None
+    requeue: bool = False   # a rollout thrown away is generated again (its actor's clock does not advance)
 
     def accepts(self, state, worker, pull_version):
         return self.eta is None or state.version - pull_version <= self.eta

@@ -109,10 +109,11 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
 
 
 # -- asynchronous RL (data staleness): actors generate rollouts, a learner trains on them -----------
-RL_MODES = ("pace", "drop")
+RL_MODES = ("pace", "drop", "requeue")
 """What `rl_async` does about staleness: 'pace' holds actors back (AReaL's rule) and drops
-the few rollouts that still arrive too stale; 'drop' lets actors run free and drops every
-rollout staler than η when it arrives."""
+the rollouts that still arrive too stale; 'drop' lets actors run free and drops every
+rollout staler than η when it arrives; 'requeue' lets them run free and has a rollout
+staler than η generated again, on the newest version, by the same actor."""
 
 
 def _learner_suffix(learner: float) -> str:
@@ -156,7 +157,9 @@ def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, b
       too stale (it finished out of order: with long-tailed lengths a sizeable share) is
       dropped. 'drop': actors never wait; every
       rollout staler than η on arrival is dropped (which biases what is consumed toward
-      short generations).
+      short generations). 'requeue': actors never wait; a rollout staler than η is thrown
+      away and its prompts generated again next by the same actor on the newest version
+      (nothing is lost, at the cost of the generation).
     eta: None is fully asynchronous (no bound, nothing dropped); η = 0 is `rl_sync`.
     batch: rollouts per learner update (None: one per actor, λ); fewer make the learner
       update more often than each actor generates, so rollouts grow staler.
@@ -168,6 +171,7 @@ def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, b
     if mode not in RL_MODES:
         raise ValueError(f"rl_async: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
     gate = Capacity(eta, batch) if eta is not None and mode == "pace" else Free()
-    spec = ("rl_async" + ("" if eta is None else f":{eta}") + (":mode=drop" if mode == "drop" and eta is not None else "")
+    spec = ("rl_async" + ("" if eta is None else f":{eta}") + (f":mode={mode}" if mode != "pace" and eta is not None else "")
             + ("" if batch is None else f":batch={batch}"))
-    return Policy(gate, Fresh(eta, batch), spec + _learner_suffix(learner), Rollout(learner))
+    return Policy(gate, Fresh(eta, batch, mode == "requeue" and eta is not None), spec + _learner_suffix(learner),
+                  Rollout(learner))

@@ -116,7 +116,8 @@ class Policy:
         if not table.live[worker]:
             raise ValueError(f"push: worker {worker} is not live")
         accepted = self.aggregation.accepts(state, worker, pull_version)
-        table.advance(worker)
+        if accepted or not getattr(self.aggregation, "requeue", False):   # a requeued rollout is redone
+            table.advance(worker)
         self.gate.pushed(state, worker, now)
         update = False
         if accepted:
