@@ -2,12 +2,19 @@
 
     cmp = staleness.compare.compare("digits-mlp", ["bsp", "asp", "ssp:3"], cluster, max_time=600, seeds=[0, 1, 2])
     cmp.table()          # one row per policy: time to target, final metric, staleness, waiting
+    cmp.rollout_table()  # RL tasks: one row per policy: staleness per token, dropped rollouts, lengths
     cmp.results          # every Result (policy x seed) that ran
     cmp.save("runs/compare")   # table.csv, history.csv, comparison.png, timelines, one Result dir per run
 
 Every policy gets the same simulated-time budget (or the same number of
 updates), the same task, learning rate and seeds, so rows differ only by the
 policy.
+
+On an RL task (`rl-bandit`, `rl-digits`, `staleness.tasks.rl`) the policies are
+the rl_* ones (default `DEFAULT_RL_POLICIES`), the metric is the task's reward
+(higher is better), learning rates are tuned on a validation split of the
+training prompts (`RLTask.holdout`), and `rollout_table` gives what the learner
+consumed (`staleness.rollouts.summary`).
 
 With `out=`, every finished run is written to `out/results/<policy>_s<seed>/`
 as soon as it ends (with `out/compare.json` naming the whole plan), so an
@@ -31,9 +38,11 @@ from staleness import policies as _policies
 from staleness import stats
 from staleness.results import DivergenceError, Result
 
-__all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "MANIFEST", "ResumeError"]
+__all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "DEFAULT_RL_POLICIES", "MANIFEST", "ResumeError",
+           "rollout_table"]
 
 DEFAULT_POLICIES = ("bsp", "asp", "ssp:3", "ssp:15", "dssp:3:12", "softsync:4")
+DEFAULT_RL_POLICIES = ("rl_sync", "rl_one_step_off", "rl_async:2", "rl_async")   # on an RL task
 GRID_FACTORS = (0.1, 0.3, 1.0, 3.0, 10.0)   # the default lr grid, times the optimizer's learning rate
 TUNE_SEEDS = (1001, 1002)                   # seeds of the tuning runs (not the comparison's)
 EXTEND = 2   # times the default grid is extended by one step when its best value is at an edge
@@ -67,6 +76,7 @@ class Comparison:
     planned: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     interrupted: bool = False
     tuning: dict = dataclasses.field(default_factory=dict)   # policy -> tune_lr's record (or "skipped")
+    task: object = dataclasses.field(default=None, repr=False)   # the task (rollout_table of an RL task)
 
     def budget(self) -> str:
         """What the learning rates cost to choose: grid size × tuning seeds per policy."""
@@ -134,6 +144,11 @@ class Comparison:
             rows.append(row)
         return pd.DataFrame(rows)
 
+    def rollout_table(self):
+        """RL tasks: pandas DataFrame, one row per policy, of the rollouts its finished runs
+        generated and consumed (`rollout_table`); None for other tasks."""
+        return rollout_table(self._counted(), self.task)
+
     def history(self):
         """All evaluation histories in one frame, with policy, seed and status columns."""
         import pandas as pd
@@ -165,6 +180,9 @@ class Comparison:
         out.mkdir(parents=True, exist_ok=True)
         files.write_with(out / "table.csv", lambda p: self.table().to_csv(p, index=False))
         files.write_with(out / "history.csv", lambda p: self.history().to_csv(p, index=False))
+        rollouts = self.rollout_table()
+        if rollouts is not None:
+            files.write_with(out / "rollouts.csv", lambda p: rollouts.to_csv(p, index=False))
         counted = self._counted()
         if counted:
             plots.save(self.figure(), out / "comparison.png")
@@ -177,6 +195,62 @@ class Comparison:
                 seen.add(name)
                 plots.save(plots.worker_timeline(r.schedule, max_time=_timeline_window(r)), out / f"timeline_{name}.png")
         return out
+
+
+def _is_rl(task) -> bool:
+    return hasattr(task, "rollout_sizes")
+
+
+def rollout_table(results, task):
+    """RL: pandas DataFrame with one row per policy (in the order of `results`) of what its
+    runs generated and consumed (`staleness.rollouts.summary` of each run's schedule;
+    counts and lengths are medians over the runs, staleness means their mean, its max the
+    max): rollouts, consumed, dropped, lost, staleness_per_token (mean staleness of the
+    consumed completion tokens), staleness_per_rollout, staleness_max, length_generated /
+    length_consumed (mean completion length of generated / consumed rollouts). None when
+    `task` is not an RL task."""
+    import pandas as pd
+
+    from staleness import rollouts
+
+    if task is None or not _is_rl(task):
+        return None
+    by_policy: dict[str, list] = {}
+    for r in results:
+        by_policy.setdefault(r.config.get("policy", r.schedule.policy.describe()), []).append(r)
+    rows = []
+    for pol, runs in by_policy.items():
+        sums = [rollouts.summary(r.schedule, task) for r in runs]
+
+        def med(key, sub=None):
+            values = [s[key] if sub is None else s[key][sub] for s in sums]
+            values = [v for v in values if math.isfinite(v)]
+            return float(np.median(values)) if values else math.nan
+
+        def mean(key):
+            values = [s[key] for s in sums if math.isfinite(s[key])]
+            return float(np.mean(values)) if values else math.nan
+
+        row = {"policy": pol, "seeds": len(runs)}
+        for key in ("rollouts", "consumed", "dropped", "lost"):
+            v = med(key)
+            row[key] = int(v) if float(v).is_integer() else v
+        row["staleness_per_token"] = mean("mean_staleness_per_token")
+        row["staleness_per_rollout"] = mean("mean_staleness_per_rollout")
+        row["staleness_max"] = max(s["max_staleness"] for s in sums)
+        row["length_generated"] = med("length_generated", "mean")
+        row["length_consumed"] = med("length_consumed", "mean")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _holdout(task):
+    """The task to tune learning rates on: its `holdout()` (an RL task's holds out a
+    quarter of its training prompts). ValueError when the task has no validation split."""
+    if hasattr(task, "holdout"):
+        return task.holdout()
+    raise ValueError(f"task {getattr(task, 'name', task)!r} has no validation split; give a learning rate instead "
+                     "of tuning it")
 
 
 def _timeline_window(result: Result) -> float:
@@ -209,7 +283,7 @@ def check_tunable(task, what: str) -> None:
     """Raise ValueError (naming `what`, the argument that asks for tuning) if `task`
     has no validation split to tune learning rates on (`Task.holdout`)."""
     try:
-        task.holdout()
+        _holdout(task)
     except ValueError as e:
         raise ValueError(f"{what} asks to tune the learning rates, but {e}") from None
 
@@ -227,7 +301,7 @@ def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates
     """
     from staleness.engine.run import sweep
 
-    val = task.holdout()
+    val = _holdout(task)
     m = val.metric(metric)
     runs = sweep(val, [policy], cluster, seeds=seeds, lr_rules=[lr_rule], lrs=list(grid), num_updates=num_updates,
                  max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, num_evals=num_evals)
@@ -282,7 +356,7 @@ def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
     return done
 
 
-def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_time: float | None = None,
+def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | None = None,
             num_updates: int | None = None, lr: float | None = None, lr_rule="constant", optimizer=None,
             inner_optimizer=None,
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
@@ -290,6 +364,10 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
             out=None, resume: bool = False, overwrite: bool = False, tune: bool = True, lr_grid=None,
             tune_seeds=TUNE_SEEDS, default_lr: float | None = None) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
+
+    policies: specs or Policy objects (default: `DEFAULT_POLICIES`, `DEFAULT_RL_POLICIES`
+      on an RL task). An RL policy on a supervised task, or the other way round, is a
+      ValueError before anything runs.
 
     metric: the table's metric (default: the task's, accuracy where it has one);
       its direction and range come from the task. target: a value of it for
@@ -315,14 +393,14 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     from staleness import cluster as _cluster
     from staleness.engine.run import resolve_task
 
-    pols = [_policies.parse(p) for p in policies]
-    if not pols:
+    pols = None if policies is None else [_policies.parse(p) for p in policies]
+    if pols is not None and not pols:
         raise ValueError("compare: policies is empty; give at least one policy")
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("compare: seeds is empty; give at least one seed")
     cluster = _cluster.default() if cluster is None else (_cluster.parse(cluster) if isinstance(cluster, str) else cluster)
-    for p in pols:
+    for p in pols or ():
         p.init(cluster.num_workers)  # fail fast on e.g. softsync:n with n > workers
     if max_time is None and num_updates is None:
         raise ValueError("compare: give max_time (simulated seconds, the same for every policy) or num_updates")
@@ -331,6 +409,11 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     if out is not None:
         out = files.check_out(out, overwrite=overwrite or resume, what="out")
     task = resolve_task(task, cluster.num_workers, batch_size, data_dir, partition)
+    if pols is None:
+        pols = [_policies.parse(p) for p in (DEFAULT_RL_POLICIES if _is_rl(task) else DEFAULT_POLICIES)]
+        for p in pols:
+            p.init(cluster.num_workers)
+    _check_kinds(task, pols)
     metric, target = _resolve_metric(task, metric, target)
     if lr_grid is not None and lr is None and tune:
         check_tunable(task, "lr_grid")
@@ -341,6 +424,7 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
                    "optimizer": str(getattr(optimizer, "describe", lambda: optimizer)()),
                    "inner_optimizer": str(getattr(inner_optimizer, "describe", lambda: inner_optimizer)()),
                    "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals,
+                   **_task_settings(task),
                    "tune": bool(lr is None and tune), "lr_grid": None if lr_grid is None else list(lr_grid),
                    "default_lr": default_lr}
     runs = _Runs(task, cluster, metric, max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, num_evals,
@@ -348,10 +432,33 @@ def compare(task, policies=DEFAULT_POLICIES, cluster=None, *, seeds=(0,), max_ti
     done = _open_out(out, resume, plan_config, planned)
     tuning = _tuning(runs, pols, out, resume, tune, lr_grid, tune_seeds, progress)
     results, interrupted = _run_all(runs, pols, seeds, tuning, done, out, progress)
-    cmp = Comparison(results, metric, target, planned, interrupted, tuning)
+    cmp = Comparison(results, metric, target, planned, interrupted, tuning, task)
     if out is not None:
         cmp.save(out, results=False)
     return cmp
+
+
+def _check_kinds(task, pols) -> None:
+    """ValueError when an RL policy meets a supervised task or the other way round."""
+    from staleness.engine.run import work_sizes
+
+    for p in pols:
+        work_sizes(task, p, 0)   # the engine's check (a closure for RL; nothing is computed)
+
+
+def _task_settings(task) -> dict:
+    """What of an RL task, beyond its name, a resumed comparison must share: its
+    objective, group size and options ({} for other tasks, as before)."""
+    out = {}
+    if not _is_rl(task):
+        return out
+    if task.options:
+        out["task_options"] = [[k, v if isinstance(v, (bool, int, float, str)) else str(v)] for k, v in task.options]
+    objective = getattr(task, "objective", None)
+    if objective is not None:
+        out["objective"] = objective.describe()
+        out["group_size"] = task.group_size
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,7 +511,7 @@ def _tuning(runs: _Runs, pols, out, resume: bool, tune: bool, lr_grid, tune_seed
 
     tuning = {}
     try:
-        runs.task.holdout()
+        _holdout(runs.task)
     except ValueError as e:
         tuning = {"skipped": str(e)}
     else:
@@ -435,6 +542,23 @@ def _tune_one(runs: _Runs, pol, lr_grid, tune_seeds) -> dict:
     return t
 
 
+def _fixed_rate(runs: _Runs, pol):
+    """The learning rate of an untuned run: the given one; else None (the optimizer's
+    own) for a local-update method's outer optimizer and for an optimizer that names
+    its rate (a task's 'adam:lr=1e-3', an optax object); else `default_lr`."""
+    from staleness.engine import optim
+
+    if runs.lr is not None:
+        return runs.lr
+    if pol.local and runs.optimizer is None:
+        return None
+    opt = runs.optimizer if runs.optimizer is not None else (
+        pol.optimizer if pol.optimizer is not None else runs.task.optimizer)
+    if opt is not None and not (isinstance(opt, str) and optim.get(opt).lr is None):
+        return None
+    return runs.default_lr
+
+
 def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: bool) -> tuple[list, bool]:
     """(Results in plan order, interrupted): every policy × seed not `done`, each saved
     into `out` as it ends; Ctrl-C anywhere (scheduling, saving) stops the loop and
@@ -455,8 +579,7 @@ def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: 
                 continue
             bar.set_postfix_str(f"{pol.describe()} seed {seed}")
             chosen = tuning.get(pol.describe(), {}).get("lr")
-            rate = chosen if chosen is not None else (runs.lr if runs.lr is not None else (
-                None if pol.local and runs.optimizer is None else runs.default_lr))
+            rate = chosen if chosen is not None else _fixed_rate(runs, pol)
             try:
                 r = simulate(runs.task, pol, runs.cluster, num_updates=runs.num_updates, max_time=runs.max_time,
                              seed=seed, lr=rate, lr_rule=runs.lr_rule, optimizer=runs.optimizer,

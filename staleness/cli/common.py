@@ -7,7 +7,11 @@ import sys
 
 import math
 
-__all__ = ["UsageError", "Parser", "print_table", "count", "natural", "positive", "nonnegative", "check_out"]
+__all__ = ["UsageError", "Parser", "print_table", "count", "natural", "positive", "nonnegative", "check_out",
+           "add_task_option", "task_options", "build_task", "rl_task_name", "is_rl_policy", "check_pairing",
+           "declared_optimizer", "DEFAULT_RL_POLICIES"]
+
+from staleness.compare import DEFAULT_RL_POLICIES   # noqa: E402 - the policies compare runs on an RL task
 
 
 class UsageError(ValueError):
@@ -111,3 +115,114 @@ def print_table(rows: list[dict], file=None) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(c, width)), file=file)
 
 
+
+
+# -- tasks: options, RL or supervised ----------------------------------------------------
+def add_task_option(p) -> None:
+    p.add_argument("--task-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="a task option (repeatable), e.g. objective=ppo, eps=0.2, group_size=4 for the RL tasks "
+                   "(see staleness.tasks.rl.get), num_samples=2000 for mnist1d-*; VALUE is read as an integer, "
+                   "a number, true/false or none where it is one, else as text")
+
+
+def _value(text: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def task_options(args) -> dict:
+    """--task-option KEY=VALUE pairs as keyword arguments (UsageError for a malformed one)."""
+    out: dict = {}
+    for item in getattr(args, "task_option", None) or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--task-option = {item!r} must be KEY=VALUE, e.g. objective=ppo")
+        if key in ("num_workers", "batch_size", "partition", "data_dir", "seed", "name"):
+            flag = {"num_workers": "--cluster", "batch_size": "--batch-size", "partition": "--partition",
+                    "data_dir": "--data-dir", "seed": "--seed", "name": "--task"}[key]
+            raise UsageError(f"--task-option {key}: set by the run ({flag}), not an option")
+        if key in out:
+            raise UsageError(f"--task-option {key} is given twice")
+        out[key] = _value(value)
+    return out
+
+
+def build_task(args, num_workers: int):
+    """The task of --task for `num_workers` workers, with --batch-size, --data-dir,
+    --partition and --task-option (an unknown option is one line, exit 2)."""
+    from staleness import tasks
+    from staleness.engine import resolve_task
+
+    options = task_options(args)
+    batch_size, data_dir, partition = (getattr(args, k, None) for k in ("batch_size", "data_dir", "partition"))
+    if batch_size is not None and "prompts_per_rollout" in options:
+        raise UsageError("--batch-size is an RL task's prompts per rollout; give it or --task-option "
+                         "prompts_per_rollout, not both")
+    if not options:
+        return resolve_task(args.task, num_workers, batch_size, data_dir, partition)
+    given = {k: v for k, v in (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition))
+             if v is not None}
+    try:
+        return tasks.get(args.task, num_workers=num_workers, **given, **options)
+    except TypeError as e:   # tasks.get: an option the task does not take
+        raise UsageError(f"--task-option: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def rl_task_name(name) -> bool | None:
+    """Whether task name `name` is an RL task (without building it): True for the
+    built-in RL tasks, False for the other built-in and registered ones, None for a
+    'package.module:factory' (known once built)."""
+    from staleness.tasks import registry, rl
+
+    if name in rl.NAMES:
+        return True
+    if name in registry.names():
+        return False
+    return None
+
+
+def is_rl_policy(policy) -> bool:
+    """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async)."""
+    return getattr(policy.work, "learner_seconds", None) is not None
+
+
+def check_pairing(policies, task, rl: bool | None = None) -> None:
+    """UsageError (one line) when an RL policy meets a supervised task or the other way
+    round. `task`: the --task name (`rl` None: from the name) or a built task."""
+    if not isinstance(task, str):
+        name, rl = task.name, hasattr(task, "rollout_sizes")
+    else:
+        name = task
+        rl = rl_task_name(task) if rl is None else rl
+    if rl is None:
+        return
+    for p in policies:
+        if is_rl_policy(p) and not rl:
+            raise UsageError(f"--policy {p.describe()} trains on rollouts (asynchronous RL) but --task {name} is "
+                             "not an RL task; use --task rl-bandit or rl-digits, or a gradient policy (bsp, asp, "
+                             "ssp:3, ...)")
+        if rl and not is_rl_policy(p):
+            raise UsageError(f"--task {name} is an RL task but --policy {p.describe()} does not generate rollouts; "
+                             "use rl_sync, rl_one_step_off or rl_async[:ETA]")
+
+
+def declared_optimizer(name: str):
+    """`staleness.tasks.registry.declared_optimizer`, also for the built-in RL tasks
+    (rl-digits trains with adam): the optimizer task `name` trains with by default, or
+    None (plain sgd, or not known without building the task)."""
+    from staleness.tasks import registry, rl
+
+    if name in rl.NAMES:
+        own = {m.NAME: getattr(m, "OPTIMIZER", None) for m in (rl.bandit, rl.digits)}
+        return own.get(name)
+    return registry.declared_optimizer(name)

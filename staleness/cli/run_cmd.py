@@ -9,7 +9,8 @@ import sys
 import time
 
 from staleness import files, policies
-from staleness.cli.common import UsageError, check_out, count, natural, nonnegative, positive, print_table
+from staleness.cli.common import (UsageError, check_out, check_pairing, count, declared_optimizer, natural,
+                                   nonnegative, positive, print_table)
 
 __all__ = ["add"]
 
@@ -149,7 +150,7 @@ def _settle_lr(args, policy) -> None:
     from staleness.cli.simulate_cmd import DEFAULT_LR
     from staleness.tasks import registry
 
-    plain = args.task in registry.names() and registry.declared_optimizer(args.task) is None
+    plain = args.task in registry.names() and declared_optimizer(args.task) is None   # rl-digits: adam
     if policy.local:   # the outer optimizer is the method's; the workers' sgd gets the default
         if args.inner_optimizer is None and plain:
             args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
@@ -187,6 +188,7 @@ def _cmd_run(args) -> int:
 
     multi = _multiprocess(args)
     policy = _policies.parse(args.policy)   # specs first: one line before JAX starts
+    check_pairing([policy], args.task)       # an RL policy needs an RL task, and the other way round
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)
@@ -257,6 +259,7 @@ def _cmd_launch(args) -> int:
     from staleness.tasks import registry
 
     policy = _policies.parse(args.policy)
+    check_pairing([policy], args.task)
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_specs(args)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from staleness import policies
-from staleness.cli.common import count, natural, positive, print_table
+from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, build_task, check_pairing, count,
+                                   natural, positive, print_table, rl_task_name)
 
 __all__ = ["add"]
 
@@ -18,13 +19,19 @@ def add(sub) -> None:
         "on a cluster, and print staleness and waiting statistics.",
     )
     p.add_argument("--policy", action="append", default=None,
-                   help="policy spec (repeatable; default: bsp, asp, ssp:3, dssp:3:12, softsync:4): "
-                   + policies.spec_help())
+                   help="policy spec (repeatable; default: bsp, asp, ssp:3, dssp:3:12, softsync:4, and "
+                   f"{', '.join(DEFAULT_RL_POLICIES)} with an RL --task): " + policies.spec_help())
     p.add_argument("--cluster", default=None,
                    help="cluster spec (see staleness.cluster.parse); default: 4 workers at 1.0 s + 4 at 2.6 s")
     p.add_argument("--updates", type=count, default=2000, help="server updates to simulate (default 2000)")
     p.add_argument("--max-time", type=positive, default=None, help="simulated seconds budget (optional)")
     p.add_argument("--seed", type=natural, default=0)
+    p.add_argument("--task", default=None, help="time the runs of this task as `simulate` does (optional): an RL "
+                   "task's rollouts take as long as the tokens they decode (without it, one cluster step each), "
+                   "and transfers carry the bytes of its parameters")
+    p.add_argument("--batch-size", type=count, default=None, help="with --task: its minibatch size (RL tasks: "
+                   "prompts per rollout)")
+    add_task_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per policy instead of a table")
     p.add_argument("--save", default=None, help="write the schedule of the first policy to this JSON file")
     p.set_defaults(func=_cmd_schedule)
@@ -35,11 +42,16 @@ def _cmd_schedule(args) -> int:
     from staleness import policies as P
     from staleness.sim import simulate_schedule
 
-    specs = args.policy or ["bsp", "asp", "ssp:3", "dssp:3:12", "softsync:4"]
+    if args.task is None and (args.task_option or args.batch_size is not None):
+        raise UsageError("--task-option and --batch-size apply to a --task")
+    rl = rl_task_name(args.task) if args.task is not None else None
+    specs = args.policy or (list(DEFAULT_RL_POLICIES) if rl else ["bsp", "asp", "ssp:3", "dssp:3:12", "softsync:4"])
     pols = [P.parse(s) for s in specs]
     cluster = C.default() if args.cluster is None else C.parse(args.cluster)
     for pol in pols:
         pol.init(cluster.num_workers)  # validates e.g. softsync n <= workers before any work
+    if args.task is not None:
+        check_pairing(pols, args.task)
     if args.save:
         from pathlib import Path
 
@@ -54,9 +66,11 @@ def _cmd_schedule(args) -> int:
             return True
 
         files.check_file(Path(args.save), what="--save", replaceable=is_schedule)
+    timing = _timing(args, pols, cluster)
     rows = []
     for i, pol in enumerate(pols):
-        sched = simulate_schedule(pol, cluster, num_updates=args.updates, max_time=args.max_time, seed=args.seed)
+        sched = simulate_schedule(pol, cluster, num_updates=args.updates, max_time=args.max_time, seed=args.seed,
+                                  **timing(pol))
         if i == 0 and args.save:
             sched.save(args.save)
         rows.append(sched.summary())
@@ -64,7 +78,7 @@ def _cmd_schedule(args) -> int:
         for r in rows:
             print(json.dumps(r))
     else:
-        print(f"cluster: {cluster.describe()}   seed: {args.seed}")
+        print(f"cluster: {cluster.describe()}   seed: {args.seed}" + (f"   task: {args.task}" if args.task else ""))
         cols = ["policy", "updates", "sim_time_s", "updates_per_s", "gradients_per_update",
                 "staleness_mean", "staleness_max", "wait_fraction_mean", "dropped", "lost"]
         print_table([{k: r[k] for k in cols} | ({"rstar_mean": r["rstar_mean"]} if "rstar_mean" in r else {})
@@ -72,3 +86,19 @@ def _cmd_schedule(args) -> int:
     return 0
 
 
+
+
+def _timing(args, pols, cluster):
+    """policy -> simulate_schedule's sizes and payload keywords: `simulate`'s for --task
+    (an RL task's rollout sizes in tokens, the parameters' bytes), else none."""
+    if args.task is None:
+        return lambda pol: {}
+    task = build_task(args, cluster.num_workers)
+    check_pairing(pols, task)
+    from staleness.engine import payload
+    from staleness.engine.run import work_sizes
+
+    def timing(pol):
+        pull, push = payload.payload_bytes(task, pol)
+        return {"payload_bytes": pull, "push_bytes": push, "sizes": work_sizes(task, pol, args.seed)}
+    return timing

@@ -6,12 +6,14 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import UsageError, check_out, count, natural, positive, print_table
+from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, build_task, check_out,
+                                   check_pairing, count, is_rl_policy, natural, positive, print_table, rl_task_name)
 
 __all__ = ["add_simulate", "add_compare"]
 
 DEFAULT_TASK = "digits-mlp"
 DEFAULT_MAX_TIME = 600.0   # simulated seconds: ~3,300 ASP updates and ~230 BSP rounds on the default cluster
+DEFAULT_RL_UPDATES = 40    # learner updates per run on an RL task (its simulated time is per generated token)
 DEFAULT_LR = 0.1
 DEFAULT_ACCURACY_TARGET = 0.95   # the default --target when the metric is accuracy (no default for others)
 
@@ -24,8 +26,10 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--cluster", default=None,
                    help="cluster spec, e.g. '1*4,2.6*4+jitter=0.1' or 'gtx1080ti*4,gtx1060*4' "
                    "(default: 4 workers at 1.0 s + 4 at 2.6 s per iteration, 10%% jitter)")
-    p.add_argument("--max-time", type=positive, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g})")
-    p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time)")
+    p.add_argument("--max-time", type=positive, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g}; "
+                   "RL tasks: --updates)")
+    p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time; "
+                   f"default for RL tasks {DEFAULT_RL_UPDATES} learner updates)")
     p.add_argument("--lr", type=positive, default=None,
                    help=f"learning rate (default {DEFAULT_LR:g}, or the lr= the --optimizer spec names)")
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
@@ -37,14 +41,17 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
                    help="local-update methods (local_sgd, diloco, async_diloco): the workers' inner optimizer spec "
                    "(default: the task's, else sgd); --optimizer is then the outer one")
     p.add_argument("--batch-size", type=count, default=None,
-                   help="per-worker minibatch μ (default 32, or the task factory's own)")
+                   help="per-worker minibatch μ (default 32, or the task factory's own); RL tasks: prompts per "
+                   "rollout B (default 8)")
+    add_task_option(p)
     p.add_argument("--partition", default=None, help="iid (the default, or the task factory's own; every worker "
                    "samples all data), shard (disjoint "
                    "label-skewed shards), dirichlet:ALPHA (Dirichlet label proportions per worker, e.g. "
                    "dirichlet:0.5) or sizes:F1,...,Fn (unequal iid shards, one fraction per worker)")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks; or set STALENESS_CIFAR_DIR)")
     p.add_argument("--metric", default=None, help="metric for the table and time-to-target (default: accuracy "
-                   "where the task has it, else its first metric, e.g. loss); its direction comes from the task")
+                   "where the task has it, reward for RL tasks, else its first metric, e.g. loss); its direction "
+                   "comes from the task")
     p.add_argument("--target", type=float, default=None,
                    help=f"target value of --metric for time-to-target (default {DEFAULT_ACCURACY_TARGET:g} for "
                    "accuracy, none for other metrics); checked against the metric's range")
@@ -98,18 +105,38 @@ def settle_lr(args, task) -> None:
         args.lr = DEFAULT_LR
 
 
-def _budget(args):
+def _budget(args, rl: bool = False):
+    """(updates, max_time): --updates or --max-time, else DEFAULT_MAX_TIME simulated
+    seconds (DEFAULT_RL_UPDATES learner updates for RL: their time is per token)."""
     if args.updates is not None and args.max_time is not None:
         raise UsageError("give either --updates or --max-time, not both")
     if args.updates is None and args.max_time is None:
-        return None, DEFAULT_MAX_TIME
+        return (DEFAULT_RL_UPDATES, None) if rl else (None, DEFAULT_MAX_TIME)
     return args.updates, args.max_time
+
+
+def task_label(task) -> str:
+    """The task's name, with its objective for an RL task ('rl-digits, decoupled_ppo(eps=0.2)')."""
+    objective = getattr(task, "objective", None)
+    return task.name if objective is None else f"{task.name}, {objective.describe()}"
+
+
+def print_rollouts(results, task, file=None) -> None:
+    """An RL run's rollouts, one line per policy (`staleness.compare.rollout_table`)."""
+    from staleness.compare import rollout_table
+
+    table = rollout_table(results, task)
+    if table is not None and len(table):
+        print("rollouts (staleness per token weights each rollout by its completion tokens; lengths are mean "
+              "completion lengths, generated vs consumed):", file=file)
+        print_table(table.to_dict("records"), file=file)
 
 
 def add_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one policy with real numerics and write a Result",
                        description="Simulate POLICY on a cluster and train a task along the schedule.")
-    p.add_argument("--policy", default="ssp:3", help=f"policy spec (default ssp:3): {policies.spec_help()}")
+    p.add_argument("--policy", default=None, help="policy spec (default ssp:3, and rl_async:2 on an RL task): "
+                   f"{policies.spec_help()}")
     p.add_argument("--seed", type=natural, default=0)
     p.add_argument("--checkpoint", default=None, help="directory to checkpoint into after every evaluation")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
@@ -123,14 +150,17 @@ def _cmd_simulate(args) -> int:
     from staleness.results import DivergenceError
 
     cluster = _cluster(args)
-    policy = st.policies.parse(args.policy)
+    rl = rl_task_name(args.task)
+    policy = st.policies.parse(args.policy if args.policy is not None else ("rl_async:2" if rl else "ssp:3"))
     policy.init(cluster.num_workers)
+    check_pairing([policy], args.task)
     check_specs(args)
-    updates, max_time = _budget(args)
+    updates, max_time = _budget(args, is_rl_policy(policy) if rl is None else rl)
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR")
     out = check_out(args)
-    task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
+    task = build_task(args, cluster.num_workers)
+    check_pairing([policy], task)
     if not policy.local:
         settle_lr(args, task)
     elif args.inner_optimizer is None and task.optimizer is None:
@@ -145,10 +175,11 @@ def _cmd_simulate(args) -> int:
     except DivergenceError as e:
         result = e.result
         print(f"staleness: diverged: {e}", file=sys.stderr)
-    print(f"{policy.describe()} on {cluster.describe()} ({task.name}, seed {args.seed}): "
+    print(f"{policy.describe()} on {cluster.describe()} ({task_label(task)}, seed {args.seed}): "
           f"{time.perf_counter() - t0:.1f} s wall")
     print_table(result.history.to_dict("records"))
     print_table([result.summary(target, metric)])
+    print_rollouts([result], task)
     if out is not None:
         def summary_png(d):
             if len(result.history):
@@ -168,10 +199,12 @@ def add_compare(sub) -> None:
                        description="Run several policies on one cluster and task with the same simulated-time "
                        "budget; print time to target accuracy, final accuracy, staleness and waiting; write "
                        "CSV and PNG files. With no arguments: digits-mlp, 8 workers (4 fast, 4 at 1/2.6 speed), "
-                       "BSP, ASP, SSP(3), SSP(15), DSSP(3,12), softsync(4).")
+                       "BSP, ASP, SSP(3), SSP(15), DSSP(3,12), softsync(4). On an RL task (--task rl-bandit, "
+                       "rl-digits): the rl_* policies, the same number of learner updates each, final reward "
+                       "(higher is better) and the staleness of the rollouts the learner consumed.")
     p.add_argument("--policy", action="append", default=None,
-                   help="policy spec (repeatable; default: bsp asp ssp:3 ssp:15 dssp:3:12 softsync:4): "
-                   + policies.spec_help())
+                   help="policy spec (repeatable; default: bsp asp ssp:3 ssp:15 dssp:3:12 softsync:4, and "
+                   f"{' '.join(DEFAULT_RL_POLICIES)} on an RL task): " + policies.spec_help())
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--resume", dest="resume_compare", action="store_true",
                    help="continue the comparison in --out: run only what is not done yet")
@@ -210,16 +243,25 @@ def _cmd_compare(args) -> int:
     from staleness.compare import DEFAULT_POLICIES, check_tunable, compare
 
     cluster = _cluster(args)
-    policies = [st.policies.parse(p) for p in (args.policy or DEFAULT_POLICIES)]
+    rl = rl_task_name(args.task)
+    task = None
+    if rl is None and args.policy is None:   # a custom task: its kind picks the default policies
+        task = build_task(args, cluster.num_workers)
+        rl = hasattr(task, "rollout_sizes")
+    specs = args.policy or (DEFAULT_RL_POLICIES if rl else DEFAULT_POLICIES)
+    policies = [st.policies.parse(p) for p in specs]
     for p in policies:
         p.init(cluster.num_workers)
+    check_pairing(policies, args.task, rl)
     seeds = _seeds(args.seeds)
     check_specs(args)
-    updates, max_time = _budget(args)
+    updates, max_time = _budget(args, any(is_rl_policy(p) for p in policies) if rl is None else rl)
     if args.resume_compare and args.overwrite:
         raise UsageError("give either --resume or --overwrite, not both")
     out = check_out(args, default="runs/compare")
-    task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir, args.partition)
+    if task is None:
+        task = build_task(args, cluster.num_workers)
+    check_pairing(policies, task)
     metric, target = _metric_target(args, task)
     grid = _lr_grid(args.lr_grid)
     if grid is not None and args.lr is None and not args.no_tune:
@@ -237,13 +279,17 @@ def _cmd_compare(args) -> int:
                   tune=not args.no_tune, lr_grid=grid, default_lr=DEFAULT_LR)
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
     rate = f"lr {args.lr:g}" if args.lr is not None else cmp.budget()
-    print(f"{task.name} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
-          f"{rate}, lr rule {args.lr_rule}, seeds {args.seeds}: {time.perf_counter() - t0:.1f} s wall")
+    goal = "higher" if task.metric(metric).higher_is_better else "lower"
+    print(f"{task_label(task)} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
+          f"{rate}, lr rule {args.lr_rule}, seeds {args.seeds}, metric {metric} ({goal} is better): "
+          f"{time.perf_counter() - t0:.1f} s wall")
     print_table(cmp.table().to_dict("records"))
+    print_rollouts(cmp.results, task)
     if cmp.interrupted:
         done = sum(r.status != "stopped" for r in cmp.results)
         print(f"staleness: interrupted after {done} of {len(cmp.planned)} runs; wrote {out}/ "
               f"(continue with --resume)", file=sys.stderr)
         return 130
-    print(f"wrote {out}/table.csv, history.csv, comparison.png, timeline_*.png, results/")
+    extra = ", rollouts.csv" if hasattr(task, "rollout_sizes") else ""
+    print(f"wrote {out}/table.csv, history.csv{extra}, comparison.png, timeline_*.png, results/")
     return 0

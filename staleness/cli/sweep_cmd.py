@@ -30,12 +30,15 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import UsageError, check_out, count, natural, positive, print_table
+from staleness.cli.common import (UsageError, add_task_option, build_task, check_out, check_pairing, count,
+                                   declared_optimizer, natural, positive, print_table, rl_task_name, task_options)
+from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES
 from staleness.procs import kill_groups
 
 __all__ = ["add"]
 
 DEFAULT_POLICIES = ("asp", "ssp:3")
+DEFAULT_RL_POLICIES = ("rl_sync", "rl_async:2")   # on an RL task (rl-bandit, rl-digits)
 DEFAULT_UPDATES = 1000
 DEFAULT_LAUNCH_TIMEOUT = 3600.0   # seconds before --launch-local kills its processes
 
@@ -47,7 +50,8 @@ def add(sub) -> None:
                        "(--devices) or processes (--launch-local, --coordinator); write one table row per "
                        "configuration plus every Result.")
     p.add_argument("--policy", action="append", default=None,
-                   help=f"policy spec (repeatable; default {' '.join(DEFAULT_POLICIES)}): {policies.spec_help()}")
+                   help=f"policy spec (repeatable; default {' '.join(DEFAULT_POLICIES)}, and "
+                   f"{' '.join(DEFAULT_RL_POLICIES)} on an RL task): {policies.spec_help()}")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument("--lr-rules", default="constant",
                    help="comma-separated lr rules: constant, per_gradient, per_update, delay_adaptive:N")
@@ -59,13 +63,16 @@ def add(sub) -> None:
     p.add_argument("--task", default="digits-mlp", help="task name or package.module:factory (default digits-mlp)")
     p.add_argument("--cluster", default=None, help="cluster spec (default: 4 workers at 1.0 s + 4 at 2.6 s, "
                    "10%% jitter)")
-    p.add_argument("--updates", type=count, default=None, help=f"server updates per run (default {DEFAULT_UPDATES})")
+    p.add_argument("--updates", type=count, default=None, help=f"server updates per run (default {DEFAULT_UPDATES}; "
+                   f"{DEFAULT_RL_UPDATES} learner updates on an RL task)")
     p.add_argument("--max-time", type=positive, default=None, help="simulated seconds per run (instead of --updates)")
     p.add_argument("--optimizer", default=None, help="server (outer) optimizer spec (default: the policy's, else "
                    "the task's, else sgd)")
     p.add_argument("--inner-optimizer", default=None, help="local-update methods: the workers' optimizer spec")
     p.add_argument("--batch-size", type=count, default=None,
-                   help="per-worker minibatch (default 32, or the task factory's own)")
+                   help="per-worker minibatch (default 32, or the task factory's own); RL tasks: prompts per "
+                   "rollout (default 8)")
+    add_task_option(p)
     p.add_argument("--partition", default=None, help="iid (the default, or the task factory's own), shard, "
                    "dirichlet:ALPHA or sizes:F1,...,Fn")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks)")
@@ -79,7 +86,8 @@ def add(sub) -> None:
                    "(default min(8, grid size)); the numbers depend on it, not on devices or processes")
     p.add_argument("--cpu-devices", type=count, default=None, help="make N virtual CPU devices (per process) "
                    "before JAX starts")
-    p.add_argument("--metric", default=None, help="metric for time-to-target (default: the task's)")
+    p.add_argument("--metric", default=None, help="metric for time-to-target (default: the task's: accuracy, "
+                   "reward for RL tasks, ...)")
     p.add_argument("--target", type=float, default=None, help="target of --metric (default 0.95 for accuracy)")
     p.add_argument("--launch-local", type=count, default=None, metavar="N",
                    help="start N local processes of this sweep (127.0.0.1, a free port) and wait for them")
@@ -108,8 +116,9 @@ def _policies(args) -> list:
     """Policy objects of --policy, each local-update one expanded over --local-steps."""
     from staleness import policies as P
 
-    specs = args.policy or list(DEFAULT_POLICIES)
+    specs = args.policy or list(DEFAULT_RL_POLICIES if rl_task_name(args.task) else DEFAULT_POLICIES)
     pols = [P.parse(s) for s in specs]
+    check_pairing(pols, args.task)
     if args.local_steps is not None:
         steps = _list(args.local_steps, "--local-steps", int)
         if any(h < 1 for h in steps):
@@ -144,6 +153,7 @@ def _check(args):
     from staleness.engine import optim
     from staleness.tasks import registry
 
+    task_options(args)   # malformed KEY=VALUE: one line before anything runs
     pols = _policies(args)
     seeds = _list(args.seeds, "--seeds", int)
     if any(s < 0 for s in seeds):
@@ -162,18 +172,21 @@ def _check(args):
             raise UsageError(f"--lrs and --optimizer {args.optimizer!r} (lr={spec.lr:g}) disagree; give the "
                              "learning rates once")
     else:
-        plain = args.task in registry.names() and registry.declared_optimizer(args.task) is None
+        plain = args.task in registry.names() and declared_optimizer(args.task) is None
         named = args.optimizer is not None and optim.get(args.optimizer).lr is not None
         lrs = [DEFAULT_LR] if plain and not named and not any(p.local for p in pols) else [None]
     if any(p.local for p in pols) and args.inner_optimizer is None and args.task in registry.names() \
-            and registry.declared_optimizer(args.task) is None:
+            and declared_optimizer(args.task) is None:
         args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"   # the CLI's sgd default, for the workers' steps
     cluster = C.default().jitter(0.1) if args.cluster is None else C.parse(args.cluster)
     for p in pols:
         p.init(cluster.num_workers)
     if args.updates is not None and args.max_time is not None:
         raise UsageError("give either --updates or --max-time, not both")
-    updates = args.updates if args.updates is not None or args.max_time is not None else DEFAULT_UPDATES
+    if args.updates is not None or args.max_time is not None:
+        updates = args.updates
+    else:
+        updates = DEFAULT_RL_UPDATES if rl_task_name(args.task) else DEFAULT_UPDATES
     given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
     if any(given) and not all(given):
         raise UsageError("multi-process sweeps need all of --coordinator, --num-processes and --process-id")
@@ -206,11 +219,12 @@ def _cmd(args) -> int:
                              "--cpu-devices N makes N virtual CPU devices)")
     from staleness.engine import sweeps
 
-    def make_grid():
-        import staleness as st
+    built = []   # the task (for the table's default metric and an RL task's rollouts)
 
-        task = st.engine.resolve_task(args.task, cluster.num_workers, args.batch_size, args.data_dir,
-                                      args.partition)
+    def make_grid():
+        task = build_task(args, cluster.num_workers)
+        check_pairing(pols, task)
+        built.append(task)
         return sweeps.prepare(task, pols, cluster, seeds=seeds, lr_rules=rules, lrs=lrs, num_updates=updates,
                               max_time=args.max_time, optimizer=args.optimizer,
                               inner_optimizer=args.inner_optimizer, eval_every=args.eval_every,
@@ -229,7 +243,7 @@ def _cmd(args) -> int:
         results = sweeps.replay_grid(make_grid(), devices=args.devices, progress=not args.no_progress,
                                      block=args.block)
     wall = time.perf_counter() - t0
-    rows, metric, target = _table(results, args)
+    rows, metric, target = _table(results, args, built[0] if built else None)
     where = (f"{args.num_processes} processes" if multi else
              f"{len(results[0].config['devices'])} device(s)")
     compile_s = max(r.config["compile_s"] for r in results)
@@ -247,11 +261,15 @@ def _cmd(args) -> int:
     return 0 if all(r.status == "complete" for r in results) else 1
 
 
-def _table(results, args):
-    """(rows, metric, target): one row per configuration."""
+def _table(results, args, task=None):
+    """(rows, metric, target): one row per configuration (an RL task's with the mean
+    staleness of the completion tokens the learner consumed, `staleness.rollouts`)."""
+    from staleness import rollouts
+
     first = results[0]
     names = [c for c in first.history.columns if c not in ("update", "time", "train_loss")]
-    metric = args.metric or ("accuracy" if "accuracy" in names else names[0])
+    own = getattr(task, "default_metric", None)
+    metric = args.metric or (own if own in names else "accuracy" if "accuracy" in names else names[0])
     if metric not in names:
         raise UsageError(f"--metric = {metric!r} is not a metric of the task; valid: {', '.join(names)}")
     target = args.target
@@ -267,6 +285,8 @@ def _table(results, args):
         if "local_steps" in c:   # H (Streaming DiLoCo's iterations are H / fragments steps)
             row["local_steps"] = max(c["local_steps"]) * r.schedule.policy.work.iterations_per_sync
         row.update({k: v for k, v in r.summary(target, metric).items() if k not in row})
+        if task is not None and hasattr(task, "rollout_sizes"):
+            row["staleness_per_token"] = rollouts.summary(r.schedule, task)["mean_staleness_per_token"]
         row["divergence"] = c.get("divergence", "")
         rows.append({**{k: row[k] for k in order}, **{k: v for k, v in row.items() if k not in order}})
     return rows, metric, target
@@ -334,6 +354,8 @@ def _rebuild(args, out) -> list[str]:
     argv = ["sweep"]
     for p in args.policy or []:
         argv += ["--policy", p]
+    for option in args.task_option or []:
+        argv.append(f"--task-option={option}")
     for flag, dest in (("--seeds", "seeds"), ("--lr-rules", "lr_rules"), ("--lrs", "lrs"),
                        ("--local-steps", "local_steps"), ("--task", "task"), ("--cluster", "cluster"),
                        ("--updates", "updates"), ("--max-time", "max_time"), ("--optimizer", "optimizer"),

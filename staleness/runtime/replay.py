@@ -76,7 +76,9 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     task = task if task is not None else cfg.get("task")
     if task is None:
         raise ValueError("task is required to replay a bare trace (it has no config)")
-    if isinstance(task, str):
+    if isinstance(task, str) and "objective" in cfg and task == cfg.get("task"):   # an RL task's config
+        task = st.tasks.rl.from_config(cfg, sched.num_workers)
+    elif isinstance(task, str):
         task = st.tasks.get(task, batch_size=int(batch_size or cfg.get("batch_size") or 32),
                             num_workers=sched.num_workers, partition=cfg.get("partition", "iid"),
                             seed=int(cfg.get("task_seed") or 0), data_dir=data_dir,

@@ -256,7 +256,9 @@ def declared_optimizer(name: str):
     """The optimizer built-in or registered task `name` trains with by default (its
     factory's `optimizer` attribute; nothing is built, no data loaded), or None (sgd
     or unknown without building it)."""
-    builder = _BUILDERS.get(name) or _REGISTERED.get(name)
+    from staleness.tasks import rl
+
+    builder = _BUILDERS.get(name) or _REGISTERED.get(name) or rl.builder(name)
     return getattr(builder, "optimizer", None) if builder is not None else None
 
 

@@ -26,7 +26,7 @@ from staleness.tasks.rl.builders import Policy, PromptSet, from_functions
 from staleness.tasks.rl.objectives import OBJECTIVES, Objective
 
 __all__ = ["OBJECTIVES", "NAMES", "Objective", "Policy", "PromptSet", "RLTask", "Rollout", "bandit", "decode",
-           "digits", "from_functions", "get", "lengths", "names", "objectives"]
+           "digits", "from_functions", "get", "lengths", "names", "objectives", "builder", "from_config"]
 
 _BUILTINS = {bandit.NAME: bandit.rl_bandit, digits.NAME: digits.rl_digits}
 NAMES = tuple(_BUILTINS)
@@ -36,6 +36,30 @@ NAMES = tuple(_BUILTINS)
 def names() -> tuple[str, ...]:
     """The built-in RL task names."""
     return NAMES
+
+
+def builder(name: str):
+    """The factory of built-in RL task `name`, or None."""
+    return _BUILTINS.get(name)
+
+
+def from_config(cfg: dict, num_workers: int) -> RLTask:
+    """The built-in RL task a Result's config records (`RLTask.config()`), built again for
+    `num_workers` actors: name, seed, objective and its parameters, group size, prompts per
+    rollout and the task's options. A length rule other than the default cannot be rebuilt
+    from its text: ValueError (pass the task itself)."""
+    name = cfg.get("task")
+    if name not in _BUILTINS:
+        raise ValueError(f"task = {name!r} is not a built-in RL task ({', '.join(NAMES)}); pass the task itself")
+    options = {k: v for k, v in (cfg.get("task_options") or {}).items() if k != "length_rule"}
+    task = get(name, num_workers=num_workers, objective=cfg["objective"], seed=int(cfg.get("task_seed") or 0),
+               group_size=int(cfg["group_size"]), prompts_per_rollout=int(cfg["prompts_per_rollout"]),
+               **dict(cfg.get("objective_params") or {}), **options)
+    recorded = (cfg.get("task_options") or {}).get("length_rule")
+    if recorded is not None and recorded != dict(task.options).get("length_rule"):
+        raise ValueError(f"task {name!r} was built with length_rule = {recorded}, which cannot be rebuilt from its "
+                         "text; pass the task itself")
+    return task
 
 
 def get(name: str, num_workers: int = 4, objective: str = "decoupled_ppo", seed: int = 0,

@@ -188,6 +188,26 @@ class RLTask:
         """The metric a comparison ranks by: "reward"."""
         return "reward"
 
+    def holdout(self, fraction: float = 0.25, seed: int = 0) -> "RLTask":
+        """The task's validation split (for learning-rate tuning): a `fraction` of its
+        training prompts (drawn with `seed`) become the prompts it evaluates on, the rest
+        the prompts its actors sample; its own held-out (evaluation) prompts are not used.
+        The objective, group size and every other setting stay the task's. ValueError with
+        fewer than 2 training prompts."""
+        if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
+            raise ValueError(f"holdout: fraction = {fraction!r} must be a float in (0, 1)")
+        n = self.num_prompts
+        k = max(1, round(fraction * n))
+        if n - k < 1:
+            raise ValueError(f"task {self.name!r} has {n} training prompt(s): too few to hold out a validation split")
+        perm = np.random.default_rng(seed).permutation(n)
+        val, train = np.sort(perm[:k]), np.sort(perm[k:])
+        take = lambda idx: jax.tree.map(lambda a: np.asarray(a)[idx], self.prompts)   # noqa: E731
+        completion = np.asarray(self.completion_lengths)
+        return dataclasses.replace(self, name=f"{self.name}[validation]", prompts=take(train),
+                                   completion_lengths=completion[train], lengths=np.asarray(self.lengths)[train],
+                                   eval_prompts=take(val), eval_lengths=completion[val])
+
     def rollout_sizes(self, data_key: Any):
         """sizes(actor, iteration) -> the simulated size of that rollout in decoded tokens:
         `prefill` + the tokens its batch decodes (`decode_tokens` of its prompts, drawn from

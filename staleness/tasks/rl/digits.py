@@ -224,6 +224,7 @@ def rl_digits(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
 OPTIMIZER = "adam:lr=1e-3"
 """The learner's default optimizer for rl-digits."""
 
+rl_digits.optimizer = OPTIMIZER                   # read by tasks.registry.declared_optimizer
 rl_digits.model_options = DigitsConfig._fields   # read by rl.get: options that are not in the signature
 
 
