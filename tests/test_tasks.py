@@ -47,6 +47,7 @@ def test_names():
     assert tasks.names() == [
         "quadratic", "linreg", "digits-mlp", "digits-cnn",
         "mnist1d-mlp", "mnist1d-cnn", "cifar10-resnet20", "cifar100-resnet20", "stdlib-lm",
+        "rl-bandit", "rl-digits",
     ]
 
 
