@@ -18,6 +18,7 @@ policy, followed by the configuration values that differ between the runs
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,8 @@ __all__ = [
     "metric_vs_time", "metric_vs_updates", "staleness_histogram", "worker_timeline",
     "wait_fraction", "comparison_figure", "save", "DPI",
 ]
+
+MAX_BARS = 64   # per-worker bar charts group consecutive workers above this many
 
 DPI = 120  # of PNGs written by `save`
 
@@ -190,7 +193,8 @@ def worker_timeline(schedule, ax=None, max_time: float | None = None, max_worker
 def wait_fraction(schedules_or_results, ax=None, label_fn: Callable | None = None):
     """Fraction of each worker's time spent blocked at the gate (`Schedule.wait_fraction`),
     as bars grouped by worker, one bar per label (policy); several runs with
-    one label are averaged, with a min-max error bar.
+    one label are averaged, with a min-max error bar. Above `MAX_BARS` workers a bar
+    is the mean of a group of consecutive workers (100,000 bars took minutes to draw).
 
     Args:
       schedules_or_results: a `Schedule` or `Result`, or a list of them.
@@ -206,11 +210,19 @@ def wait_fraction(schedules_or_results, ax=None, label_fn: Callable | None = Non
     colors = _colors(labels)
     groups = _group(labels, [_schedule(x) for x in items])
     width = 0.8 / len(groups)
+    per_bar = 1
     for k, (label, scheds) in enumerate(groups.items()):
         num = max(s.num_workers for s in scheds)
         wf = np.full((len(scheds), num), np.nan)
         for r, s in enumerate(scheds):
             wf[r, : s.num_workers] = s.wait_fraction()
+        if num > MAX_BARS:   # one bar per group of consecutive workers (their mean), not one per worker
+            per_bar = -(-num // MAX_BARS)
+            pad = np.full((len(scheds), per_bar * MAX_BARS - num), np.nan)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                wf = np.nanmean(np.concatenate([wf, pad], axis=1).reshape(len(scheds), MAX_BARS, per_bar), axis=2)
+            num = wf.shape[1]
         mean = np.nanmean(wf, axis=0)
         yerr = None
         if len(scheds) > 1:
@@ -218,7 +230,7 @@ def wait_fraction(schedules_or_results, ax=None, label_fn: Callable | None = Non
         x = np.arange(num) - 0.4 + width * (k + 0.5)
         ax.bar(x, mean, width, yerr=yerr, color=colors[label], label=label,
                error_kw={"elinewidth": 0.8, "capsize": 0})
-    ax.set_xlabel("worker")
+    ax.set_xlabel("worker" if per_bar == 1 else f"workers, {per_bar} per bar (their mean)")
     ax.set_ylabel("time blocked at the gate (%)")
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
     ax.xaxis.set_major_locator(_int_locator())

@@ -30,3 +30,15 @@ def test_a_sweep_refuses_repeated_runs(kwargs, name):
     policies = kwargs.pop("policies", ["asp"])
     with pytest.raises(ValueError, match=f"sweep: {name}; give each once"):
         st.sweep("quadratic", policies, "2", num_updates=2, **kwargs)
+
+
+def test_wait_fraction_groups_workers_above_the_bar_limit():
+    """`staleness simulate --cluster "1*100000"` spent minutes drawing one bar per worker."""
+    from staleness import plots
+
+    sched = st.simulate_schedule("ssp:1", "0.5*600,2*600", num_updates=3000, seed=0)
+    ax = plots.wait_fraction(sched).axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert len(heights) == plots.MAX_BARS and "19 per bar" in ax.get_xlabel()
+    wf = sched.wait_fraction()
+    assert abs(heights[0] - wf[:19].mean()) < 1e-12 and abs(heights[-1] - wf[19 * 63:].mean()) < 1e-12
