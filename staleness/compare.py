@@ -198,7 +198,9 @@ class Comparison:
 
 
 def _is_rl(task) -> bool:
-    return hasattr(task, "rollout_sizes")
+    from staleness.tasks import rl   # here: importing the comparison loads no JAX
+
+    return rl.is_task(task)
 
 
 def rollout_table(results, task):

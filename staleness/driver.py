@@ -169,8 +169,9 @@ class Recorder:
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
     def to_schedule(self, *, num_workers: int, policy: str, cluster: str, seed: int, rstar,
-                    end_time: float, pending, meta: dict) -> Schedule:
-        """The trace as a Schedule, without the `pending` (pushed, not applied) rows."""
+                    end_time: float, pending, meta: dict, updates: int | None = None) -> Schedule:
+        """The trace as a Schedule, without the `pending` (pushed, not applied) rows; with
+        `updates`, only the first that many updates (the rows of later ones are pending)."""
         keep = np.ones(self.num_rows, bool)
         if len(pending):
             keep[list(pending)] = False
@@ -178,7 +179,7 @@ class Recorder:
                   "apply_version": np.int64, "dropped": np.bool_, "lost": np.bool_,
                   "pull_bytes": np.int64, "push_bytes": np.int64}
         columns = {k: np.asarray(v, dtypes.get(k, np.float64))[keep] for k, v in self.cols.items()}
-        return Schedule(columns=columns, update_time=np.asarray(self.update_time, np.float64),
+        return Schedule(columns=columns, update_time=np.asarray(self.update_time[:updates], np.float64),
                         num_workers=num_workers, policy=policy, cluster=cluster, seed=seed,
                         rstar=tuple(rstar), end_time=float(end_time),
                         meta=dict(meta, pending_unapplied=len(pending)))
@@ -320,12 +321,9 @@ class Driver:
         decided but not completed, are left out)."""
         pending = list(self.buffer)
         done = self.state.completed
-        if done < self.rec.num_updates:
+        if done < self.rec.num_updates:   # rows of updates decided but not yet trained
             av = self.rec.apply_version
             pending += [r for r in range(len(av)) if av[r] >= done]
-            del self.rec.update_time[done:]
-            for r in pending:
-                av[r] = NOT_APPLIED
         return self.rec.to_schedule(num_workers=self.num_workers, policy=policy, cluster=cluster, seed=seed,
-                                    rstar=self.state.rstar, end_time=end_time, pending=pending,
+                                    rstar=self.state.rstar, end_time=end_time, pending=pending, updates=done,
                                     meta={"max_gap": self.state.max_gap, **meta})

@@ -37,7 +37,9 @@ def table(schedule, task, seed: int | None = None):
     seed: the replay's seed (default the schedule's), which draws the prompts."""
     import pandas as pd
 
-    if not hasattr(task, "prompt_indices"):
+    from staleness.tasks import rl
+
+    if not rl.is_task(task):
         raise ValueError(f"task = {getattr(task, 'name', task)!r} is not an RL task (staleness.tasks.rl)")
     cols = schedule.columns
     bits = _data_bits(schedule.seed if seed is None else seed)

@@ -161,8 +161,8 @@ def simulate_schedule(
                          "(or None)")
     lam = cluster.num_workers
     sampler = cluster.sampler(int(seed))
-    learner = getattr(policy.work, "learner_seconds", None)   # optional (see staleness.policies.work)
-    driver = Driver(policy, lam, 0.0, complete_later=learner is not None)
+    learner = policy.work.learner_seconds if policy.learner else None   # optional (staleness.policies.work)
+    driver = Driver(policy, lam, 0.0, complete_later=policy.learner)
     steps = policy.work.steps_per_worker(cluster.mean_seconds)
     one_step = sampler.compute_time
     if sizes is not None:

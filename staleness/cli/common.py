@@ -191,16 +191,23 @@ def rl_task_name(name) -> bool | None:
     return None
 
 
+def is_rl_task(task) -> bool:
+    """Whether `task` (built, or a name) is an RL task (`staleness.tasks.rl.is_task`)."""
+    from staleness.tasks import rl
+
+    return rl.is_task(task)
+
+
 def is_rl_policy(policy) -> bool:
     """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async)."""
-    return getattr(policy.work, "learner_seconds", None) is not None
+    return policy.learner
 
 
 def check_pairing(policies, task, rl: bool | None = None) -> None:
     """UsageError (one line) when an RL policy meets a supervised task or the other way
     round. `task`: the --task name (`rl` None: from the name) or a built task."""
     if not isinstance(task, str):
-        name, rl = task.name, hasattr(task, "rollout_sizes")
+        name, rl = task.name, is_rl_task(task)
     else:
         name = task
         rl = rl_task_name(task) if rl is None else rl

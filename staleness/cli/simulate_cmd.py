@@ -6,7 +6,7 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, build_task, check_out,
+from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_task_option, build_task, check_out,
                                    check_pairing, count, is_rl_policy, natural, positive, print_table, rl_task_name)
 
 __all__ = ["add_simulate", "add_compare"]
@@ -247,7 +247,7 @@ def _cmd_compare(args) -> int:
     task = None
     if rl is None and args.policy is None:   # a custom task: its kind picks the default policies
         task = build_task(args, cluster.num_workers)
-        rl = hasattr(task, "rollout_sizes")
+        rl = is_rl_task(task)
     specs = args.policy or (DEFAULT_RL_POLICIES if rl else DEFAULT_POLICIES)
     policies = [st.policies.parse(p) for p in specs]
     for p in policies:
@@ -290,6 +290,6 @@ def _cmd_compare(args) -> int:
         print(f"staleness: interrupted after {done} of {len(cmp.planned)} runs; wrote {out}/ "
               f"(continue with --resume)", file=sys.stderr)
         return 130
-    extra = ", rollouts.csv" if hasattr(task, "rollout_sizes") else ""
+    extra = ", rollouts.csv" if is_rl_task(task) else ""
     print(f"wrote {out}/table.csv, history.csv{extra}, comparison.png, timeline_*.png, results/")
     return 0

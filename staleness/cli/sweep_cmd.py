@@ -30,7 +30,7 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import (UsageError, add_task_option, build_task, check_out, check_pairing, count,
+from staleness.cli.common import (is_rl_task, UsageError, add_task_option, build_task, check_out, check_pairing, count,
                                    declared_optimizer, natural, positive, print_table, rl_task_name, task_options)
 from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES
 from staleness.procs import kill_groups
@@ -285,7 +285,7 @@ def _table(results, args, task=None):
         if "local_steps" in c:   # H (Streaming DiLoCo's iterations are H / fragments steps)
             row["local_steps"] = max(c["local_steps"]) * r.schedule.policy.work.iterations_per_sync
         row.update({k: v for k, v in r.summary(target, metric).items() if k not in row})
-        if task is not None and hasattr(task, "rollout_sizes"):
+        if task is not None and is_rl_task(task):
             row["staleness_per_token"] = rollouts.summary(r.schedule, task)["mean_staleness_per_token"]
         row["divergence"] = c.get("divergence", "")
         rows.append({**{k: row[k] for k in order}, **{k: v for k, v in row.items() if k not in order}})

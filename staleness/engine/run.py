@@ -48,8 +48,9 @@ def work_sizes(task, policy, seed: int):
     """The simulator's `sizes` of `policy` on `task` with data seed `seed`: an RL task's
     rollout sizes in tokens for a policy with a learner (asynchronous RL), else None.
     A learner policy needs an RL task and an RL task a learner policy (ValueError)."""
-    learner = getattr(policy.work, "learner_seconds", None) is not None
-    rl_task = hasattr(task, "rollout_sizes")
+    from staleness.tasks import rl
+
+    learner, rl_task = policy.learner, rl.is_task(task)
     if learner and not rl_task:
         raise ValueError(f"policy {policy.describe()!r} trains on rollouts; task {task.name!r} has none: use an RL "
                          "task (rl-bandit, rl-digits, or staleness.tasks.rl.from_functions)")

@@ -79,6 +79,12 @@ class Policy:
         return self.work.local
 
     @property
+    def learner(self) -> bool:
+        """Whether a learner trains each update for a while (asynchronous RL: the work has
+        `learner_seconds`); its updates are completed after they are decided (`complete`)."""
+        return getattr(self.work, "learner_seconds", None) is not None
+
+    @property
     def lockstep(self) -> bool:
         """Whether every live worker starts each round together and one update takes
         all of their results (BSP's barrier and aggregation): the gate allows no

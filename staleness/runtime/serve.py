@@ -196,7 +196,6 @@ class Server:
         self.opt_state = opt_state
         self.zeros = zeros
         # asynchronous RL: the learner's update is complete after it is computed (`_do`)
-        self._learner = getattr(self.policy.work, "learner_seconds", None) is not None
         self.link = link
         self.num_updates = int(spec.num_updates)
         self.max_time = spec.max_time
@@ -438,14 +437,14 @@ class Server:
         saved, record = self._saved, self.on_checkpoint is not None
         if saved is None:
             self._calls = PolicyCalls(self.policy) if record else None
-            d = Driver(self._calls or self.policy, self.num_workers, now, complete_later=self._learner)
+            d = Driver(self._calls or self.policy, self.num_workers, now, complete_later=self.policy.learner)
         else:
             calls = PolicyCalls(self.policy, saved.policy_start, saved.policy_calls)
             state = calls.replay(self.num_workers)
             self._calls = calls if record else None
             d = Driver.resume(self._calls or self.policy, self.num_workers, now, state=state, recorder=self.rec,
                               epoch=saved.epoch)
-            d.complete_later = self._learner
+            d.complete_later = self.policy.learner
         self.driver = d
         self.rec = d.rec
         self.rec.row_bytes = self.row_bytes

@@ -121,9 +121,6 @@ def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int 
     return sync, on_worker_failure or "continue"
 
 
-_RL_NAMES = ("rl-bandit", "rl-digits")   # the built-in RL tasks (staleness.tasks.rl.NAMES), checked before building
-
-
 def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=None,
               lr_rule="constant", optimizer=None, batch_size=None, data_dir=None, max_time=None,
               eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
@@ -133,6 +130,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     process count (several: sync='collective' only when asked for, see `resolve_sync`)."""
     from staleness import cluster as _cluster
     from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
+    from staleness.tasks import rl
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -169,8 +167,7 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
         eval_every = max(1, -(-num_updates // num_evals))
     eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
-    if processes > 1 and (getattr(policy.work, "learner_seconds", None) is not None or task in _RL_NAMES
-                          or hasattr(task, "rollout_sizes")):
+    if processes > 1 and (policy.learner or rl.is_task(task)):
         raise ValueError(f"policy {policy.describe()!r} / task {getattr(task, 'name', task)!r}: asynchronous RL runs "
                          "for real on the devices of one process (actors in threads, the learner on the server); "
                          "across processes it is not built yet")

@@ -26,7 +26,8 @@ from staleness.tasks.rl.builders import Policy, PromptSet, from_functions
 from staleness.tasks.rl.objectives import OBJECTIVES, Objective
 
 __all__ = ["OBJECTIVES", "NAMES", "Objective", "Policy", "PromptSet", "RLTask", "Rollout", "bandit", "decode",
-           "digits", "from_functions", "get", "lengths", "names", "objectives", "builder", "from_config"]
+           "digits", "from_functions", "get", "lengths", "names", "objectives", "builder", "from_config",
+           "is_task"]
 
 _BUILTINS = {bandit.NAME: bandit.rl_bandit, digits.NAME: digits.rl_digits}
 NAMES = tuple(_BUILTINS)
@@ -36,6 +37,11 @@ NAMES = tuple(_BUILTINS)
 def names() -> tuple[str, ...]:
     """The built-in RL task names."""
     return NAMES
+
+
+def is_task(task) -> bool:
+    """Whether `task` is an RL task (an `RLTask`, or a built-in RL task name)."""
+    return isinstance(task, RLTask) or (isinstance(task, str) and task in _BUILTINS)
 
 
 def builder(name: str):
