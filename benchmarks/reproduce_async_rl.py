@@ -16,8 +16,14 @@ Sections (each a claim; every number is computed here, from this run):
 3. `lengths` (tinker-cookbook#822): dropping rollouts staler than η shifts the
    consumed length distribution toward short prompts; pacing the actors does not
    (one prompt per rollout, so a rollout's generation time is its prompt's length).
-4. `inflight` (PipelineRL): not built yet (`rl_inflight` is not implemented), reported
-   as not tested.
+4. `inflight` (PipelineRL, Piché et al. 2025): in-flight weight updates lower the
+   staleness of what the learner trains on at equal throughput. On 8 actors with
+   long-tailed rollout lengths, for G learner updates per λ rollouts: conventional RL
+   (`rl_sync:minibatches=G`, G optimizer steps per generation batch), asynchronous RL
+   (`rl_async:batch=λ/G`) and the same with in-flight updates (`rl_inflight:batch=λ/G`):
+   throughput (updates per simulated second), staleness per token (mean, max) and the
+   staleness of each rollout's newest token; then the final reward of rl_async vs
+   rl_inflight with decoupled PPO (in-flight updates do not harm training).
 The seed-to-seed spread (the interval of the baseline's median, and the standard
 deviation over seeds) is printed next to each effect (UniRL#310).
 
@@ -56,12 +62,16 @@ FULL = {
                   learner=0.5),
     "one_step_off": dict(workers=4, cluster="1,1,1.5,3+jitter=0.3", updates=40, show_rounds=3),
     "lengths": dict(workers=4, cluster="1,1,1.5,3+jitter=0.5", updates=300, eta=1, prompts_per_rollout=1),
+    "inflight": dict(workers=8, cluster="1*8+jitter=0.5", updates=60, steps=[1, 2, 4], objective="decoupled_ppo",
+                     reward_steps=4, lr=None, grid=[1e-3, 3e-3], tune_seeds=[100], num_evals=6, learner=0.5),
 }
 QUICK = {
     "areal": dict(workers=8, batch=2, cluster="1*8+jitter=0.5", updates=12, etas=[0, 2, None],
                   objectives=["ppo", "decoupled_ppo"], grid=[1e-3], tune_seeds=[100], num_evals=2, learner=0.5),
     "one_step_off": dict(workers=4, cluster="1,1,1.5,3+jitter=0.3", updates=12, show_rounds=2),
     "lengths": dict(workers=4, cluster="1,1,1.5,3+jitter=0.5", updates=80, eta=1, prompts_per_rollout=1),
+    "inflight": dict(workers=8, cluster="1*8+jitter=0.5", updates=12, steps=[1, 4], objective="decoupled_ppo",
+                     reward_steps=4, lr=1e-3, grid=[1e-3], tune_seeds=[100], num_evals=2, learner=0.5),
 }
 
 
@@ -183,6 +193,64 @@ def section_lengths(cfg, seeds, log) -> dict:
     return out
 
 
+# -- section 4: in-flight weight updates (PipelineRL) ---------------------------------------------
+def _token_ages(sch, task, seed) -> dict:
+    """Per-token staleness of what the learner consumed: mean, max, and the largest staleness
+    of a rollout's newest tokens (its last in-flight segment's version)."""
+    from staleness.engine import plan
+
+    summ = st.rollouts.summary(sch, task, seed=seed)
+    hist = np.asarray(summ["staleness_per_token"])
+    lists = plan.segment_lists(sch) or {}
+    c, a = sch.columns, sch.applied
+    newest = [int(c["apply_version"][r] - (lists[r][-1][1] if lists.get(r) else c["pull_version"][r]))
+              for r in np.flatnonzero(a)]
+    return {"mean": summ["mean_staleness_per_token"], "max": int(np.flatnonzero(hist > 0).max()),
+            "newest_max": int(max(newest)), "newest_mean": float(np.mean(newest)),
+            "segments": summ["mean_segments"], "throughput": sch.num_updates / float(sch.update_time[-1])}
+
+
+def section_inflight(cfg, seeds, log) -> dict:
+    from staleness.engine import core
+
+    cluster = st.cluster.parse(cfg["cluster"])
+    lam, learner = cfg["workers"], cfg["learner"]
+    task = st.tasks.get("rl-digits", num_workers=lam, objective=cfg["objective"])
+    out = {"settings": cfg, "steps": {}}
+    for g in cfg["steps"]:
+        pols = {"conventional": st.policies.rl_sync(learner, minibatches=g).spec,
+                "rl_async": st.policies.rl_async(None, learner=learner, batch=lam // g).spec,
+                "rl_inflight": st.policies.rl_inflight(None, learner=learner, batch=lam // g).spec}
+        row = {}
+        for kind, name in pols.items():
+            ages = [_token_ages(st.simulate_schedule(name, cluster, num_updates=cfg["updates"], seed=s,
+                                                     sizes=task.rollout_sizes(core.keys(s)[1])), task, s)
+                    for s in seeds]
+            row[kind] = {"policy": name, **{k: [a[k] for a in ages] for k in ages[0]}}
+            log(f"  inflight G={g} {name}: throughput {fmt(med_iv(row[kind]['throughput']), 4)} upd/s, staleness "
+                f"per token mean {np.mean(row[kind]['mean']):.2f} max {max(row[kind]['max'])}, newest token max "
+                f"{max(row[kind]['newest_max'])}, versions per rollout {np.mean(row[kind]['segments']):.2f}")
+        out["steps"][str(g)] = row
+    # training: rl_async vs rl_inflight at G = reward_steps, lr tuned on rl_async on separate seeds
+    g = cfg["reward_steps"]
+    pols = [st.policies.rl_async(None, learner=learner, batch=lam // g).spec,
+            st.policies.rl_inflight(None, learner=learner, batch=lam // g).spec]
+    lr, scores = cfg["lr"], {}
+    t0 = time.time()
+    if lr is None:
+        tune = st.sweep(task, pols[:1], cluster, seeds=cfg["tune_seeds"], lrs=cfg["grid"], num_updates=cfg["updates"],
+                        num_evals=cfg["num_evals"])
+        scores = {x: float(np.nanmean([final_reward(r) for r in tune if r.config["lr"] == x])) for x in cfg["grid"]}
+        lr = max(scores, key=lambda k: -math.inf if math.isnan(scores[k]) else scores[k])
+    res = st.sweep(task, pols, cluster, seeds=seeds, lrs=[lr], num_updates=cfg["updates"], num_evals=cfg["num_evals"])
+    rewards = {p: [final_reward(r) for r in res if r.config["policy"] == p] for p in pols}
+    out["training"] = {"lr": lr, "tuning": {f"{k:g}": v for k, v in scores.items()}, "reward": rewards,
+                       "wall_s": time.time() - t0}
+    for p in pols:
+        log(f"  inflight training {p} (lr {lr:g}): final reward {fmt(med_iv(rewards[p]))}")
+    return out
+
+
 # -- claims ----------------------------------------------------------------------------------------
 def claims(res: dict) -> list[dict]:
     out = []
@@ -250,8 +318,51 @@ def claims(res: dict) -> list[dict]:
                     "details": [f"{drop}: consumed − generated mean length {e_drop.text()}",
                                 f"{pace}: {e_pace.text()} ({e_pace.side()})",
                                 f"drop − pace: {e_diff.text()}"]})
-    out.append({"claim": "in-flight weight updates lower the maximum staleness at equal throughput (PipelineRL)",
-                "verdict": stats.NOT_TESTED + " (rl_inflight is not built yet)", "details": []})
+    inf = res.get("inflight")
+    out += _inflight_claims(inf) if inf else [
+        {"claim": "in-flight weight updates lower the maximum staleness at equal throughput (PipelineRL)",
+         "verdict": stats.NOT_TESTED + " (section not run)", "details": []}]
+    return out
+
+
+def _inflight_claims(inf: dict) -> list[dict]:
+    steps = inf["steps"]
+    same = all(a == b for g in steps.values() for a, b in zip(g["rl_async"]["throughput"],
+                                                             g["rl_inflight"]["throughput"]))
+    mean = [stats.effect(g["rl_inflight"]["mean"], g["rl_async"]["mean"]) for g in steps.values()]
+    mx = [stats.effect([float(x) for x in g["rl_inflight"]["max"]], [float(x) for x in g["rl_async"]["max"]])
+          for g in steps.values()]
+    newest = [stats.effect([float(x) for x in g["rl_inflight"]["newest_max"]],
+                           [float(x) for x in g["rl_async"]["max"]]) for g in steps.values()]
+    conv = [stats.effect([float(x) for x in g["rl_inflight"]["newest_max"]],
+                         [float(x) for x in g["conventional"]["max"]]) for g in steps.values()]
+    tput = [stats.effect(g["rl_inflight"]["throughput"], g["conventional"]["throughput"], ratio=True)
+            for g in steps.values()]
+    out = [{"claim": "in-flight weight updates lower the staleness per token at equal throughput (vs rl_async)",
+            "verdict": stats.verdict(sum(x.side() == "below" for x in mean), len(mean))
+            + f"; equal throughput {stats.model_set('the weight transfer overlaps the decode')}: identical "
+              f"update times in every run: {same}",
+            "details": [f"G={k}: mean staleness per token {x.text()}" for k, x in zip(steps, mean)]},
+           {"claim": "in-flight weight updates lower the maximum staleness of a token at equal throughput (vs rl_async)",
+            "verdict": stats.verdict(sum(x.side() == "below" for x in mx), len(mx)),
+            "details": [f"G={k}: max token staleness {x.text()} (a rollout's oldest tokens keep its pulled version)"
+                        for k, x in zip(steps, mx)]
+            + [f"G={k}: max staleness of a rollout's newest tokens (in-flight) vs max of rl_async: {x.text()}"
+               for k, x in zip(steps, newest)]},
+           {"claim": "in-flight asynchronous RL runs faster than conventional RL with G optimizer steps per batch "
+                     "(rl_sync:minibatches=G) while its newest tokens are no staler than conventional's max",
+            "verdict": stats.verdict(sum(t.side() == "above" and c.side() != "above" for t, c in zip(tput, conv)),
+                                     len(tput)),
+            "details": [f"G={k}: throughput ratio {t.text()}; newest-token max vs conventional max {c.text()}"
+                        for k, t, c in zip(steps, tput, conv)]}]
+    tr = inf.get("training")
+    if tr:
+        (pa, ra), (pb, rb) = list(tr["reward"].items())
+        e = stats.effect(rb, ra)
+        out.append({"claim": "in-flight weight updates do not harm training (final reward of rl_inflight not "
+                             "distinguishably below rl_async's)",
+                    "verdict": stats.verdict(int(e.side() != "below"), 1),
+                    "details": [f"{pb} vs {pa} (lr {tr['lr']:g}): {e.text()}; seed spread of {pa}: {fmt(med_iv(ra))}"]})
     return out
 
 
@@ -326,6 +437,17 @@ def report(res: dict, out: Path, meta: dict) -> Path:
                          f"{fmt(med_iv(r['throughput']), 4)} | {np.mean(r['staleness_per_token']):.2f} | "
                          f"{max(r['max_staleness'])} | {int(np.sum(r['dropped']))} |")
         L.append("")
+    inf = res.get("inflight")
+    if inf:
+        L += ["## In-flight weight updates (rl-digits timing, 8 actors)", "",
+              f"Settings: `{json.dumps(inf['settings'])}`", "",
+              "| G | policy | updates/s (median [95%]) | staleness per token: mean | max | newest token: max | "
+              "versions per rollout |", "|---|---|---|---|---|---|---|"]
+        for g, row in inf["steps"].items():
+            for r in row.values():
+                L.append(f"| {g} | `{r['policy']}` | {fmt(med_iv(r['throughput']), 4)} | {np.mean(r['mean']):.2f} | "
+                         f"{max(r['max'])} | {max(r['newest_max'])} | {np.mean(r['segments']):.2f} |")
+        L.append("")
     for p in plots(res, out):
         L += [f"![{p}]({p})", ""]
     L += [f"Section wall times (s): {json.dumps({k: round(v, 1) for k, v in meta['section_wall'].items()})}", ""]
@@ -356,7 +478,8 @@ def main(argv=None):
     res = json.loads(store.read_text()) if args.resume and store.exists() else {}
     meta = res.pop("_meta", {"section_wall": {}})
     log = lambda m: print(m, flush=True)  # noqa: E731
-    fns = {"areal": section_areal, "one_step_off": section_one_step_off, "lengths": section_lengths}
+    fns = {"areal": section_areal, "one_step_off": section_one_step_off, "lengths": section_lengths,
+           "inflight": section_inflight}
     for name in sections:
         if name in res or name not in fns:
             continue

@@ -208,7 +208,8 @@ def rollout_table(results, task):
     runs generated and consumed (`staleness.rollouts.summary` of each run's schedule;
     counts and lengths are medians over the runs, staleness means their mean, its max the
     max): rollouts, consumed, dropped, lost, staleness_per_token (mean staleness of the
-    consumed completion tokens), staleness_per_rollout, staleness_max, length_generated /
+    consumed completion tokens, each at its own version), staleness_per_rollout, staleness_max
+    (of a rollout's oldest tokens), versions_per_rollout (> 1 with in-flight updates), length_generated /
     length_consumed (mean completion length of generated / consumed rollouts). None when
     `task` is not an RL task."""
     import pandas as pd
@@ -240,6 +241,7 @@ def rollout_table(results, task):
         row["staleness_per_token"] = mean("mean_staleness_per_token")
         row["staleness_per_rollout"] = mean("mean_staleness_per_rollout")
         row["staleness_max"] = max(s["max_staleness"] for s in sums)
+        row["versions_per_rollout"] = mean("mean_segments")
         row["length_generated"] = med("length_generated", "mean")
         row["length_consumed"] = med("length_consumed", "mean")
         rows.append(row)

@@ -104,6 +104,7 @@ class Recorder:
         self.apply_version: list[int] = []      # [G] NOT_APPLIED until applied
         self.update_time: list[float] = []      # [U]
         self.losses: list[float] = []           # [G]
+        self.segments: dict[int, list] | None = None   # in-flight rollouts: row -> [(decoded token, version)]
 
     @property
     def num_updates(self) -> int:
@@ -179,10 +180,14 @@ class Recorder:
                   "apply_version": np.int64, "dropped": np.bool_, "lost": np.bool_,
                   "pull_bytes": np.int64, "push_bytes": np.int64}
         columns = {k: np.asarray(v, dtypes.get(k, np.float64))[keep] for k, v in self.cols.items()}
+        meta = dict(meta, pending_unapplied=len(pending))
+        if self.segments is not None:   # [[row, decoded token, version], ...] in the kept rows' numbering
+            new = np.cumsum(keep) - 1
+            meta["segments"] = [[int(new[r]), int(k), int(v)] for r in sorted(self.segments) if keep[r]
+                                for k, v in self.segments[r]]
         return Schedule(columns=columns, update_time=np.asarray(self.update_time[:updates], np.float64),
                         num_workers=num_workers, policy=policy, cluster=cluster, seed=seed,
-                        rstar=tuple(rstar), end_time=float(end_time),
-                        meta=dict(meta, pending_unapplied=len(pending)))
+                        rstar=tuple(rstar), end_time=float(end_time), meta=meta)
 
     # -- checkpoints ----------------------------------------------------------------
     def state(self) -> dict:

@@ -178,7 +178,7 @@ def simulate_schedule(
             raise ValueError(f"simulate_schedule: cluster = {cluster.describe()!r} has an all-reduce or a shared "
                              f"server link, which are not modelled for policy {policy.describe()!r} (a learner); "
                              "give the workers their own links (+net=BANDWIDTH:LATENCY)")
-        train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam)
+        train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam, policy.work.inflight)
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
     elif collective or shared:
         now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
@@ -215,18 +215,67 @@ def _byte_seconds(nbytes: int, bandwidth) -> list[float]:
 class _Learner:
     """Asynchronous RL's learner: it trains one decided update at a time, each for
     `seconds(sizes of its rows, mean step seconds, λ)`; `decided` returns when the
-    update just decided will be trained."""
+    update just decided will be trained.
 
-    def __init__(self, seconds, sizes, mean_step: float, num_workers: int):
+    In-flight weight updates (`inflight`, PipelineRL): every completed version is sent to
+    the actors mid-rollout, arriving `delay(worker, iteration)` later (the pull's transfer)
+    and taken between two tokens without pausing the decode (the transfer overlaps it). A
+    pushed rollout's switches are recorded on the recorder (`Recorder.segments`): the first
+    decoded token, counting its prefill in the simulator's size units, of each newer
+    version that arrived while it decoded."""
+
+    def __init__(self, seconds, sizes, mean_step: float, num_workers: int, inflight: bool = False):
         self.seconds, self.sizes, self.mean_step, self.num_workers = seconds, sizes, mean_step, num_workers
         self.row_size: dict[int, float] = {}
         self.free = 0.0
+        self.inflight = inflight
+        self.delay = None                       # (worker, iteration) -> seconds, set by the event loop
+        self.times: list[float] = []            # completion time of version v + 1 at index v
 
-    def pushed(self, rec, row: int | None) -> None:
-        """Row `row` of the recorder `rec` was pushed: remember its rollout's size."""
-        if row is not None:
-            worker, iteration = rec.rows[row][:2]
-            self.row_size[row] = 1.0 if self.sizes is None else float(self.sizes(worker, iteration))
+    def attach(self, rec, sampler, nbytes) -> None:
+        """Record in-flight switches on `rec`; a version reaches an actor after the pull's
+        latency and the parameters' bytes (`nbytes` = (pull, push) or None) on its link."""
+        if not self.inflight:
+            return
+        rec.segments = {}
+        data = _byte_seconds(nbytes[0], sampler.bandwidth) if nbytes else [0.0] * self.num_workers
+        pull_delay = sampler.pull_delay
+        self.delay = lambda w, it: pull_delay(w, it) + data[w]
+
+    def pushed(self, rec, row: int | None, start: float, end: float) -> None:
+        """Row `row` of the recorder `rec` was pushed after decoding from `start` to `end`:
+        remember its rollout's size (and record its in-flight switches)."""
+        if row is None:
+            return
+        worker, iteration, pulled = rec.rows[row][:3]
+        size = 1.0 if self.sizes is None else float(self.sizes(worker, iteration))
+        self.row_size[row] = size
+        if self.inflight:
+            switches = self.switches(pulled, start, end, size, self.delay(worker, iteration))
+            if switches:
+                rec.segments[row] = switches
+
+    def switches(self, pulled: int, start: float, end: float, size: float, delay: float) -> list:
+        """[(first decoded token, version), ...] of the versions newer than `pulled` that
+        reach the actor while it decodes [start, end) tokens of `size`."""
+        out: list = []
+        tau = (end - start) / size if size > 0 else 0.0
+        for v in range(pulled + 1, len(self.times) + 1):
+            arrive = self.times[v - 1] + delay
+            if arrive >= end or tau <= 0.0:
+                break
+            k = max(0, math.ceil((arrive - start) / tau))
+            if k >= size:
+                break
+            if out and out[-1][0] == k:
+                out[-1] = (k, v)   # two versions before the same token: the newer one decodes it
+            else:
+                out.append((k, v))
+        return out
+
+    def trained(self, now: float) -> None:
+        """The oldest decided update finished training at `now`."""
+        self.times.append(now)
 
     def decided(self, rows, now: float) -> float:
         took = self.seconds([self.row_size.pop(r, 1.0) for r in rows], self.mean_step, self.num_workers)
@@ -248,35 +297,26 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
     seq = 0
     heappush = heapq.heappush
 
-    if nbytes is None and not overlap:
-        def schedule(rel, now: float) -> None:
-            """A released worker pulls after the pull delay, computes, and its push arrives."""
-            nonlocal seq
-            w, it, _, ep = rel
-            start = now + pull_delay(w, it)
-            end = start + compute_time(w, it, start)
-            span[w] = (start, end)
-            seq += 1
-            heappush(heap, (end + push_delay(w, it), seq, _PUSH, w, ep))
-    else:
-        pull_n, push_n = nbytes or (0, 0)
-        rec.row_bytes = (pull_n, push_n)
-        bw = sampler.bandwidth
-        pdur, qdur = _byte_seconds(pull_n, bw), _byte_seconds(push_n, bw)
+    if learner is not None:
+        learner.attach(rec, sampler, nbytes)
+    pull_n, push_n = nbytes or (0, 0)
+    rec.row_bytes = (pull_n, push_n)
+    bw = sampler.bandwidth
+    pdur, qdur = _byte_seconds(pull_n, bw), _byte_seconds(push_n, bw)   # zeros without bytes: x + 0.0 == x
 
-        def schedule(rel, now: float) -> None:
-            """The same, each transfer taking latency + bytes / bandwidth."""
-            nonlocal seq
-            w, it, _, ep = rel
-            start = now + (pull_delay(w, it) + pdur[w])
-            end = start + compute_time(w, it, start)
-            span[w] = (start, end)
-            seq += 1
-            if overlap:
-                arrive = max(start + qdur[w], end) + push_delay(w, it)
-            else:
-                arrive = end + (push_delay(w, it) + qdur[w])
-            heappush(heap, (arrive, seq, _PUSH, w, ep))
+    def schedule(rel, now: float) -> None:
+        """A released worker pulls (latency + bytes / bandwidth), computes, and its push arrives."""
+        nonlocal seq
+        w, it, _, ep = rel
+        start = now + (pull_delay(w, it) + pdur[w])
+        end = start + compute_time(w, it, start)
+        span[w] = (start, end)
+        seq += 1
+        if overlap:
+            arrive = max(start + qdur[w], end) + push_delay(w, it)
+        else:
+            arrive = end + (push_delay(w, it) + qdur[w])
+        heappush(heap, (arrive, seq, _PUSH, w, ep))
 
     for t, kind, w in sampler.membership_events():
         seq += 1
@@ -300,9 +340,10 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             step = driver.push(w, t, *span[w])
             pushed += 1
             if learner is not None:
-                learner.pushed(rec, step.row)
+                learner.pushed(rec, step.row, *span[w])
         elif kind == _TRAINED:
             step = driver.complete(t)
+            learner.trained(t)
         elif kind == _FAIL:
             if not live[w]:
                 continue

@@ -151,3 +151,23 @@ def test_replay_check_of_a_real_rl_run_is_bitwise(tmp_path, capsys):
     assert "bitwise" in text
     again = st.tasks.rl.from_config(res.config, 2)
     assert again.objective == task.objective and again.group_size == 3
+
+
+def test_compare_rl_inflight_counts_tokens_at_their_own_versions(tmp_path, capsys):
+    """rl_inflight next to rl_async on the same cluster (its timing is rl_async's): rollouts of
+    several versions, fresher tokens, the same oldest ones."""
+    out = tmp_path / "cmp"
+    code, text, err = run(["compare", "--task", "rl-digits", *TINY_DIGITS, "--policy", "rl_async", "--policy",
+                           "rl_inflight", "--cluster", CLUSTER + "+jitter=0.3", "--updates", "8", "--seeds", "0",
+                           "--no-tune", "--lr", "0.001", "--no-progress", "--out", str(out)], capsys)
+    assert code == 0, err
+    by = pd.read_csv(out / "rollouts.csv").set_index("policy")
+    assert by.loc["rl_async", "versions_per_rollout"] == 1.0 and by.loc["rl_inflight", "versions_per_rollout"] > 1.0
+    assert by.loc["rl_inflight", "staleness_per_token"] < by.loc["rl_async", "staleness_per_token"]
+    assert by.loc["rl_inflight", "staleness_max"] == by.loc["rl_async", "staleness_max"]   # its oldest tokens
+
+
+def test_run_refuses_rl_inflight_in_one_line(capsys):
+    code, text, err = run(["run", "--task", "rl-bandit", "--policy", "rl_inflight:2", "--workers", "2",
+                           "--updates", "2"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "in-flight weight updates" in err

@@ -199,7 +199,7 @@ def is_rl_task(task) -> bool:
 
 
 def is_rl_policy(policy) -> bool:
-    """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async)."""
+    """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async, rl_inflight)."""
     return policy.learner
 
 
@@ -220,7 +220,7 @@ def check_pairing(policies, task, rl: bool | None = None) -> None:
                              "ssp:3, ...)")
         if rl and not is_rl_policy(p):
             raise UsageError(f"--task {name} is an RL task but --policy {p.describe()} does not generate rollouts; "
-                             "use rl_sync, rl_one_step_off or rl_async[:ETA]")
+                             "use rl_sync, rl_one_step_off, rl_async[:ETA] or rl_inflight[:ETA]")
 
 
 def declared_optimizer(name: str):

@@ -26,6 +26,7 @@ from jax import lax
 from staleness.engine import local as _local
 from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer, set_lr
+from staleness.engine.rollout import SEGMENT_VERSION
 
 __all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "chunk_batched",
            "run_chunk_batched", "evaluate", "evaluate_batched"]
@@ -145,7 +146,7 @@ def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration
     data_key = consts["data_key"]
     c = worker.shape[0]
     if local is not None and local.learner:
-        losses, grads = local.slots(task, slot_mode, data_key, params, stale, worker, iteration)
+        losses, grads = local.slots(task, slot_mode, data_key, params, stale, worker, iteration, index)
         return losses, grads, None
     if local is not None and local.streaming:
         states, own = inner
@@ -233,7 +234,10 @@ def _step(task, static: Static, consts, carry: Carry, x):
     # per leaf: measured faster than one flat [R, P] ring (no concat/split).
     ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
     slots = x[PULL] % r
-    if slots.shape[0] == 1:
+    if static.local is not None and static.local.inflight:   # one version per in-flight segment: [C, S, ...]
+        seg = index[:, SEGMENT_VERSION] % r
+        stale = jax.tree.map(lambda a: a[seg], ring)
+    elif slots.shape[0] == 1:
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
@@ -251,10 +255,14 @@ def _step_batched(task, static: Static, consts, carry: Carry, x):
     r, b = jax.tree.leaves(ring)[0].shape[:2]
     update, x, index = x                             # x: [B, 5, C]; index: [B, C, μ] or None
     ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
-    c = x.shape[-1]
-    flat = ((x[:, PULL, :] % r) * b + jnp.arange(b)[:, None]).reshape(-1)   # [B*C]
+    if static.local is not None and static.local.inflight:   # [B, C, S]: one version per in-flight segment
+        versions = index[:, :, SEGMENT_VERSION]
+    else:
+        versions = x[:, PULL, :]                                          # [B, C]
+    lead = versions.shape
+    flat = ((versions % r) * b + jnp.arange(b).reshape((b,) + (1,) * (len(lead) - 1))).reshape(-1)
     stale = jax.tree.map(
-        lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape((b, c) + a.shape[2:]), ring)
+        lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape(lead + a.shape[2:]), ring)
     update_one = functools.partial(_update_from, task, static)
     params, opt_state, inner, losses = jax.vmap(update_one, in_axes=(0, 0, 0, 0, 0, None, 0, 0))(
         consts, params, opt_state, inner, stale, update, x, index)

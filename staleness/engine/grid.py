@@ -139,12 +139,14 @@ def padding(schedules, chunk: int, ring: int | None, slots: int | None) -> tuple
     return _check_pin("ring", ring, need_ring), slots
 
 
-def pad_plan(schedule, chunk: int, *, ring: int | None, slots: int | None, num_updates: int | None = None) -> Plan:
-    """`make_plan` with the ring pinned to exactly `ring` (when given) and `slots` slots."""
+def pad_plan(schedule, chunk: int, *, ring: int | None, slots: int | None, num_updates: int | None = None,
+             segments: int | None = None) -> Plan:
+    """`make_plan` with the ring pinned to exactly `ring` (when given), `slots` slots and
+    at least `segments` in-flight segments per rollout."""
     need_ring, need_slots = needs(schedule)
     ring = _check_pin("ring", ring, need_ring)
     slots = _check_pin("slots", slots, need_slots)
-    plan = make_plan(schedule, chunk, slots=slots, num_updates=num_updates)
+    plan = make_plan(schedule, chunk, slots=slots, num_updates=num_updates, segments=segments)
     return plan if ring is None else dataclasses.replace(plan, ring=ring)
 
 

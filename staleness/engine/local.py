@@ -55,6 +55,7 @@ class Local(NamedTuple):
         return bool(self.fragment_keys)
 
     learner = False   # not asynchronous RL's learner step (`engine.rollout.Learner`)
+    inflight = False  # no in-flight segments
 
 
 def local_delta(task, local: Local, params, inner_state, data_key, worker, round_, steps):

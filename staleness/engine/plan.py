@@ -12,7 +12,51 @@ import numpy as np
 
 from staleness.schedule import Schedule
 
-__all__ = ["Plan", "make_plan", "chunk_inputs", "fingerprint"]
+__all__ = ["Plan", "make_plan", "chunk_inputs", "fingerprint", "segment_count", "segment_lists", "positions", "NO_SEGMENT"]
+
+NO_SEGMENT = np.iinfo(np.int32).max
+"""The start of a padding segment (in-flight rollouts): past every position."""
+
+
+def segment_lists(schedule: Schedule) -> dict[int, list] | None:
+    """row -> [(decoded token, version), ...] of the schedule's in-flight switches (after
+    the pulled version), or None for a schedule without in-flight segments."""
+    raw = schedule.meta.get("segments")
+    if raw is None:
+        return None
+    cols = schedule.columns
+    pull, apply, applied = cols["pull_version"], cols["apply_version"], schedule.applied
+    out: dict[int, list] = {}
+    for entry in raw:
+        try:
+            row, k, v = (int(x) for x in entry)
+        except (TypeError, ValueError):
+            raise ValueError(f"schedule meta['segments']: {entry!r} must be [row, decoded token, version]") from None
+        if not 0 <= row < len(pull) or k < 0 or v <= pull[row] or (applied[row] and v > apply[row]):
+            raise ValueError(f"schedule meta['segments']: {entry!r} is not a switch of a row: rows are 0.."
+                             f"{len(pull) - 1}, tokens >= 0, and a version after the row's pull_version and "
+                             "at most its apply_version")
+        out.setdefault(row, []).append((k, v))
+    return out
+
+
+def positions(starts, prefill: float) -> np.ndarray:
+    """The first completion position of segments starting at decoded tokens `starts`
+    (counting the prompt's `prefill`): ceil(start − prefill), at least 0; NO_SEGMENT stays."""
+    starts = np.asarray(starts)
+    pos = np.clip(np.ceil(starts - float(prefill)), 0, NO_SEGMENT - 1).astype(np.int64)
+    return np.where(starts == NO_SEGMENT, NO_SEGMENT, pos)
+
+
+def segment_count(schedule: Schedule) -> int | None:
+    """S, the segments per rollout a replay of `schedule` needs (1 + the most switches of
+    an applied row, rounded up to a power of two), or None without in-flight segments."""
+    lists = segment_lists(schedule)
+    if lists is None:
+        return None
+    applied = schedule.applied
+    most = max((len(v) for r, v in lists.items() if applied[r]), default=0)
+    return 1 << most.bit_length() if most else 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,6 +76,10 @@ class Plan:
     chunk: int               # updates per compiled call (evaluation interval)
     ring: int                # R: parameter versions kept, >= max staleness + 1 (a power of two)
     update_time: np.ndarray  # [U] seconds
+    segments: np.ndarray | None = None   # [U_pad, C, 2, S] int32 in-flight segments (None: none), see below
+
+    # segments[u, c, 0]: the first decoded token of each segment (counting the prefill, in
+    # the simulator's size units; padding NO_SEGMENT), segments[u, c, 1]: its version.
 
     @property
     def slots(self) -> int:
@@ -63,13 +111,13 @@ class Plan:
 
 
 def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring: int | None = None,
-              num_updates: int | None = None) -> Plan:
+              num_updates: int | None = None, segments: int | None = None) -> Plan:
     """Build the padded update arrays of `schedule`.
 
     Args:
       chunk: updates per compiled call (>= 1).
-      slots, ring, num_updates: pad to at least these sizes (used to give every
-        schedule of a sweep the same shapes).
+      slots, ring, num_updates, segments: pad to at least these sizes (used to give every
+        schedule of a sweep the same shapes; segments: of in-flight rollouts).
     """
     if schedule.num_updates < 1:
         raise ValueError("schedule has no update to replay (num_updates = 0)")
@@ -93,6 +141,10 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
     r = 1 << (r - 1).bit_length()
     if ring is not None:
         r = max(r, ring)
+    seg = _segments(schedule, segments)
+    if seg is not None:
+        seg = np.pad(np.where(mask[:, :, None, None], seg[index], 0).astype(np.int32),
+                     ((0, pad), (0, 0), (0, 0), (0, 0)))
     return Plan(
         worker=take(cols["worker"]),
         iteration=take(cols["iteration"]),
@@ -103,15 +155,45 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
         chunk=int(chunk),
         ring=r,
         update_time=np.asarray(schedule.update_time),
+        segments=seg,
     )
 
 
+def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:
+    """[G, 2, S] int32 segments of every row (row 0: first decoded token, row 1: version),
+    the pulled version first, padded with NO_SEGMENT at the last version; None for a
+    schedule without in-flight segments unless `at_least` asks for them (a sweep that
+    mixes it with in-flight ones: each row is then one segment)."""
+    lists = segment_lists(schedule)
+    if lists is None and at_least is None:
+        return None
+    lists = lists or {}
+    s = max(segment_count(schedule) or 1, at_least or 1)
+    pull = schedule.columns["pull_version"]
+    out = np.empty((len(pull), 2, s), np.int64)
+    out[:, 0, :] = NO_SEGMENT
+    out[:, 0, 0] = 0
+    out[:, 1, :] = pull[:, None]
+    for row, switches in lists.items():
+        if not schedule.applied[row]:
+            continue   # never replayed
+        for j, (k, v) in enumerate(switches, start=1):
+            out[row, 0, j] = k
+            out[row, 1, j:] = v
+    return out
+
 def chunk_inputs(task, plan: Plan, k: int, data_key):
     """Scan inputs of chunk k: (update [K], packed [K, 5, C], index [K, C, μ] or None).
+    In-flight rollouts (a plan with `segments`): index is [K, C, 2, S], each segment's first
+    completion position (its first decoded token less the task's `prefill`) and version.
     For `indexed` tasks the minibatch indices of every slot are computed here, on the
     host (`task.host_indices`), so the compiled replay only gathers, as a plain
     training loop over a precomputed table does."""
     update, packed = plan.xs(k)
+    if plan.segments is not None:   # in-flight rollouts: [K, C, 2, S], the starts as completion positions
+        seg = plan.segments[k * plan.chunk:(k + 1) * plan.chunk].copy()
+        seg[:, :, 0] = positions(seg[:, :, 0], task.prefill)
+        return update, packed, seg
     if not task.indexed:
         return update, packed, None
     lo, hi = k * plan.chunk, (k + 1) * plan.chunk
@@ -124,4 +206,6 @@ def fingerprint(schedule: Schedule) -> str:
     for k in ("worker", "iteration", "pull_version", "apply_version"):
         h.update(np.ascontiguousarray(schedule.columns[k]).tobytes())
     h.update(np.ascontiguousarray(schedule.update_time).tobytes())
+    if "segments" in schedule.meta:
+        h.update(np.asarray(schedule.meta["segments"], np.int64).tobytes())
     return h.hexdigest()[:16]

@@ -29,7 +29,7 @@ from staleness.engine import grid as _grid
 from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
 from staleness.engine import runner as _runner
-from staleness.engine.plan import chunk_inputs, make_plan
+from staleness.engine.plan import chunk_inputs, make_plan, segment_count
 from staleness.results import Result
 from staleness.schedule import Schedule
 from staleness.sim import simulate_schedule
@@ -56,7 +56,7 @@ def work_sizes(task, policy, seed: int):
                          "task (rl-bandit, rl-digits, or staleness.tasks.rl.from_functions)")
     if rl_task and not learner:
         raise ValueError(f"task {task.name!r} is an RL task: its policy must generate rollouts (rl_sync, "
-                         f"rl_one_step_off, rl_async[:ETA]); got {policy.describe()!r}")
+                         f"rl_one_step_off, rl_async[:ETA], rl_inflight[:ETA]); got {policy.describe()!r}")
     return task.rollout_sizes(core.keys(int(seed))[1]) if rl_task else None
 
 
@@ -105,6 +105,9 @@ def local_setup(schedules, task, inner_optimizer):
     if all(x is None for x in steps):
         works = {s.policy.work for s in schedules}
         step = [w.engine_local(None, 0, False, None) for w in works]   # None: a gradient; else e.g. RL's learner
+        if all(x is not None and x.learner for x in step) and any(x.inflight for x in step):
+            # rollouts with and without in-flight segments replay alike: one version is one segment
+            step = [x._replace(inflight=True) for x in step]
         if any(x is not None for x in step):
             if len(set(step)) > 1 or None in step:
                 raise ValueError(f"sweep: {', '.join(sorted(str(s.policy) for s in schedules))} need separate "
@@ -340,7 +343,9 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     u_max = max(x.num_updates for x in schedules.values())
     chunk = _chunks.chunk_length(u_max, s.eval_every, s.num_evals)
     ring, slots = _grid.padding(list(schedules.values()), chunk, s.ring, s.slots)
-    plans = [_grid.pad_plan(schedules[(p, x)], chunk, ring=ring, slots=slots, num_updates=u_max)
+    counts = [segment_count(x) for x in schedules.values()]   # in-flight rollouts: every plan gets segments
+    segments = None if all(c is None for c in counts) else max(c or 1 for c in counts)
+    plans = [_grid.pad_plan(schedules[(p, x)], chunk, ring=ring, slots=slots, num_updates=u_max, segments=segments)
              for p, x, _, _ in configs]
     opt = _sweep_optimizer(optimizer, pols, lrs, u_max, task)
     local, inner_opt, steps = local_setup([schedules[(p, x)] for p, x, _, _ in configs], task, s.inner_optimizer)

@@ -29,7 +29,7 @@ factory returning a `Policy`, named on every command as
 from staleness.policies.aggregations import (AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh,
                                              Minibatches)
 from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd,
-                                          rl_async, rl_one_step_off, rl_sync, softsync, ssp, streaming_diloco)
+                                          rl_async, rl_inflight, rl_one_step_off, rl_sync, softsync, ssp, streaming_diloco)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, Gate, RoundBound, RoundLag, dssp_controller
 from staleness.policies.policy import Policy, Unknown
 from staleness.policies.registry import names, parse, recorded, register, spec_help
@@ -41,7 +41,7 @@ __all__ = [
     "Free", "ClockBound", "DynamicBound", "RoundBound", "RoundLag", "Capacity",
     "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-    "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "RL_MODES",
+    "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "RL_MODES",
     "dssp_controller", "parse", "register", "names", "spec_help", "recorded",
 ]
 

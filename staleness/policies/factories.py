@@ -20,7 +20,7 @@ from staleness.policies.policy import Policy
 from staleness.policies.work import LocalSteps, Rollout, Streaming
 
 __all__ = ["bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-           "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "RL_MODES"]
+           "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "RL_MODES"]
 
 
 def bsp() -> Policy:
@@ -164,14 +164,28 @@ def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, b
     batch: rollouts per learner update (None: one per actor, λ); fewer make the learner
       update more often than each actor generates, so rollouts grow staler.
     """
+    return _bounded("rl_async", eta, mode, learner, batch, False)
+
+
+def rl_inflight(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None) -> Policy:
+    """Asynchronous RL with in-flight weight updates (PipelineRL): `rl_async`, except that
+    every version the learner completes reaches the actors while they decode and is taken
+    between two tokens, so a rollout's later tokens come from newer versions than its first
+    (the schedule records each segment's version; see `Rollout(inflight=True)`). The
+    timing is `rl_async`'s (the weight transfer overlaps the decode); the bound η, the
+    modes and `batch` apply to a rollout's oldest tokens, its pulled version, as there."""
+    return _bounded("rl_inflight", eta, mode, learner, batch, True)
+
+
+def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool) -> Policy:
     if eta is not None:
-        checks.integer("rl_async", "eta", eta, low=0)
+        checks.integer(name, "eta", eta, low=0)
     if batch is not None:
-        checks.integer("rl_async", "batch", batch, low=1)
+        checks.integer(name, "batch", batch, low=1)
     if mode not in RL_MODES:
-        raise ValueError(f"rl_async: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
+        raise ValueError(f"{name}: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
     gate = Capacity(eta, batch) if eta is not None and mode == "pace" else Free()
-    spec = ("rl_async" + ("" if eta is None else f":{eta}") + (f":mode={mode}" if mode != "pace" and eta is not None else "")
+    spec = (name + ("" if eta is None else f":{eta}") + (f":mode={mode}" if mode != "pace" and eta is not None else "")
             + ("" if batch is None else f":batch={batch}"))
     return Policy(gate, Fresh(eta, batch, mode == "requeue" and eta is not None), spec + _learner_suffix(learner),
-                  Rollout(learner))
+                  Rollout(learner, inflight))

@@ -41,6 +41,7 @@ _BUILTIN: dict[str, tuple[Callable[..., Policy], tuple[str, ...]]] = {
     "rl_sync": (F.rl_sync, ()),
     "rl_one_step_off": (F.rl_one_step_off, ()),
     "rl_async": (F.rl_async, ("eta",)),
+    "rl_inflight": (F.rl_inflight, ("eta",)),
 }
 _ALIASES = {"hardsync": "bsp", "backup_workers": "backup"}
 _REGISTERED: dict[str, tuple[Callable[..., Policy], tuple[str, ...] | None]] = {}

@@ -277,9 +277,18 @@ class Rollout:
 
     The pull moves the parameters' bytes (the weight sync); rollouts (tokens,
     log-probabilities, rewards) are small next to them and move no modelled bytes.
+
+    inflight: in-flight weight updates (PipelineRL): every version the learner completes
+    is sent to the actors at once and taken between two tokens of the rollouts they are
+    decoding (the transfer, the pull's time, overlaps the decode: the timing is that of
+    `inflight=False`), so one rollout's tokens come from several versions; the schedule
+    records each segment's version (`Schedule.meta['segments']`) and the replay samples
+    each token with its segment's version. Its `pull_version` (and the staleness the
+    policy bounds) is that of its oldest tokens.
     """
 
     learner: float = 0.5
+    inflight: bool = False
 
     local: ClassVar[bool] = False
     collective_round: ClassVar[bool] = False
@@ -291,6 +300,8 @@ class Rollout:
                 self.learner >= 0 and self.learner < float("inf")):
             raise ValueError(f"rollout: learner = {self.learner!r} must be a finite number >= 0 (the learner's "
                              "seconds per update, in units of an actor generating one average rollout)")
+        if not isinstance(self.inflight, bool):
+            raise ValueError(f"rollout: inflight = {self.inflight!r} must be True or False")
 
     def steps_per_worker(self, mean_seconds) -> None:
         return None
@@ -315,10 +326,10 @@ class Rollout:
         version, the objective's gradient at the current one."""
         from staleness.engine import rollout
 
-        return rollout.Learner()
+        return rollout.Learner(inflight=self.inflight)
 
     def replay_settings(self) -> tuple:
         return ()
 
     def describe(self) -> str:
-        return f"rollout:learner={self.learner:g}"
+        return f"rollout:learner={self.learner:g}" + (":inflight" if self.inflight else "")

@@ -62,23 +62,26 @@ def _gather(tree: PyTree, idx: jax.Array) -> PyTree:
 
 
 def _complete(task: "RLTask", params: PyTree, keys: jax.Array, prompts: PyTree, lengths: jax.Array,
-              greedy: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(tokens [n, T], logp [n, T], rewards [n]) of one completion per prompt (keys [n])."""
+              greedy: bool, starts: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(tokens [n, T], logp [n, T], rewards [n]) of one completion per prompt (keys [n]);
+    `starts`: in-flight segments (`decode.sample`), params stacked per segment."""
     one = functools.partial(decode.sample, task.logits_fn, max_length=task.max_length, pad_token=task.pad_token,
-                            greedy=greedy)
+                            greedy=greedy, starts=starts)
     tokens, logp = jax.vmap(one, (None, 0, 0, 0))(params, keys, prompts, lengths)
     rewards = jax.vmap(task.reward_fn)(prompts, tokens, lengths).astype(jnp.float32)
     return tokens, logp, rewards
 
 
 @jax.jit
-def _generate(task: "RLTask", params: PyTree, key: jax.Array, prompt_idx: jax.Array) -> Rollout:
+def _generate(task: "RLTask", params: PyTree, key: jax.Array, prompt_idx: jax.Array,
+              starts: jax.Array | None = None) -> Rollout:
     idx = jnp.asarray(prompt_idx, jnp.int32)                                 # [B]
     b, g, t = idx.shape[0], task.group_size, task.max_length
     prompts = _gather(task.prompts, jnp.repeat(idx, g))                     # [B·G, ...]
     lengths = jnp.asarray(task.completion_lengths)[idx]                      # [B]
     keys = jax.random.split(key, b * g)                                      # [B·G]
-    tokens, logp, rewards = _complete(task, params, keys, prompts, jnp.repeat(lengths, g), greedy=False)
+    tokens, logp, rewards = _complete(task, params, keys, prompts, jnp.repeat(lengths, g), greedy=False,
+                                      starts=starts)
     mask = (jnp.arange(t) < lengths[:, None, None]).astype(jnp.float32)     # [B, 1, T]
     return Rollout(prompt_idx=idx, tokens=tokens.reshape(b, g, t), logp=logp.reshape(b, g, t),
                    mask=jnp.broadcast_to(mask, (b, g, t)), rewards=rewards.reshape(b, g), lengths=lengths)
@@ -261,15 +264,21 @@ class RLTask:
         return sampling.host_indices(_seed_bits(seed, np), np.asarray(actor), np.asarray(iteration),
                                      self.prompts_per_rollout, self.num_prompts)
 
-    def generate(self, params: PyTree, key: jax.Array, prompt_idx: jax.Array) -> Rollout:
+    def generate(self, params: PyTree, key: jax.Array, prompt_idx: jax.Array, starts: jax.Array | None = None
+                 ) -> Rollout:
         """G sampled completions (temperature 1) of each prompt in `prompt_idx` ([B] int32).
 
         Each completion of prompt i has exactly completion_lengths[i] tokens; rewards are
         reward_fn of each. Pure in (params, key, prompt_idx): the same key gives the same
         rollout. Give each actor and iteration its own key, e.g.
         fold_in(fold_in(key, actor), iteration). Jittable; B may differ from prompts_per_rollout.
+
+        starts: in-flight weight updates: [S] int32, the first completion position of each
+        segment (starts[0] = 0, ascending; padding entries past T), and `params` stacked
+        on a leading [S] axis, one version per segment: position t is sampled with the
+        version of its segment, and its behavior log-prob is that version's (`decode.sample`).
         """
-        return _generate(self, params, key, prompt_idx)
+        return _generate(self, params, key, prompt_idx, starts)
 
     def logp(self, params: PyTree, rollout: Rollout) -> jax.Array:
         """[B, G, T] log π_params of the rollout's tokens (0.0 on padding): the learner's

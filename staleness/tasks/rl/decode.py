@@ -14,6 +14,13 @@ params are the same function:
   argmax). Positions t >= length are not sampled: they hold `pad_token` and log-prob 0.
 - `token_logp`: one teacher-forced forward pass, log-softmax, the log-prob of each token.
 
+In-flight weight updates (PipelineRL): `sample(..., starts=)` takes params stacked on a
+leading [S] axis, one version per segment, and samples position t with segment
+s(t) = #{j : starts[j] <= t} − 1 (starts[0] = 0, ascending; a padding entry holds a start
+past the last position). Since every step recomputes the prefix, position t's token and
+log-prob are those of version s(t) on the whole prefix (AReaL's partial rollout, and
+PipelineRL's up to its KV cache of the earlier tokens, kept from older versions).
+
 Everything has fixed shapes (T = the task's max_length), so both run inside `jit`/`scan`.
 """
 
@@ -31,7 +38,8 @@ LogitsFn = Callable[[Any, Any, jax.Array], jax.Array]
 
 
 def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length: jax.Array, *,
-           max_length: int, pad_token: int, greedy: bool = False) -> tuple[jax.Array, jax.Array]:
+           max_length: int, pad_token: int, greedy: bool = False,
+           starts: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """One completion of exactly `length` tokens (int32 scalar, 1 <= length <= max_length).
 
     Args:
@@ -43,6 +51,8 @@ def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length
       max_length: T, the completion axis.
       pad_token: the token stored at positions >= length.
       greedy: argmax instead of sampling at temperature 1.
+      starts: [S] int32 first position of each segment (in-flight updates); `params` then
+        has a leading [S] axis, one version per segment. None: one version.
 
     Returns:
       (tokens [T] int32, logp [T] float32): the sampled tokens (pad_token past `length`) and
@@ -52,7 +62,11 @@ def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length
 
     def step(tokens, inputs):
         t, k = inputs
-        logits = jax.lax.dynamic_index_in_dim(logits_fn(params, prompt, tokens), t, keepdims=False)   # [V]
+        p = params
+        if starts is not None:   # the version of position t's segment
+            seg = jnp.sum((starts <= t).astype(jnp.int32)) - 1
+            p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, seg, keepdims=False), params)
+        logits = jax.lax.dynamic_index_in_dim(logits_fn(p, prompt, tokens), t, keepdims=False)        # [V]
         logp_all = jax.nn.log_softmax(logits.astype(jnp.float32))                                   # [V]
         token = jnp.argmax(logits) if greedy else jax.random.categorical(k, logits)
         live = t < length
