@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "policies", "lr", "cluster", "tasks", "engine", "runtime", "results",
     "pipeline", "plots", "compare", "metrics", "specs", "files", "Schedule", "simulate_schedule", "simulate",
-    "sweep", "Result", "rollouts",
+    "sweep", "Result", "rollouts", "tracking",
 ]
 
 _LAZY = {
@@ -38,6 +38,7 @@ _LAZY = {
     "sweep": ("staleness.engine", "sweep"),
     "Result": ("staleness.results", "Result"),
     "rollouts": ("staleness.rollouts", None),
+    "tracking": ("staleness.tracking", None),
 }
 
 

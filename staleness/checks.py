@@ -37,6 +37,7 @@ import numpy as np
 __all__ = [
     "ArgumentError",
     "at_least",
+    "distinct",
     "finite",
     "format_number",
     "format_workers",
@@ -194,6 +195,16 @@ def worker_ids(fn: str, workers, num_workers: int) -> tuple[int, ...] | None:
         raise ValueError(f"{fn}: workers = {workers!r} is empty; pass None for all "
                          f"workers or at least one id in 0..{num_workers - 1}")
     return tuple(sorted(out))
+
+
+def distinct(fn: str, name: str, values) -> None:
+    """ValueError naming the repeated entries of `values` (their str): a repeated run of a
+    sweep or comparison would count as an independent sample in medians and intervals."""
+    values = [str(v) for v in values]
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{fn}: {name} repeats {', '.join(repeated)}; give each once (a repeated run is not "
+                         "another sample)")
 
 
 def format_number(x: float) -> str:

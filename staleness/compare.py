@@ -16,10 +16,12 @@ the rl_* ones (default `DEFAULT_RL_POLICIES`), the metric is the task's reward
 training prompts (`RLTask.holdout`), and `rollout_table` gives what the learner
 consumed (`staleness.rollouts.summary`).
 
-With `out=`, every finished run is written to `out/results/<policy>_s<seed>/`
-as soon as it ends (with `out/compare.json` naming the whole plan), so an
-interrupted comparison keeps what it computed and `resume=True` runs only
-what is missing. Ctrl-C stops the run in progress (its Result has status
+With `out=`, every finished run is written to `results/<policy>_s<seed>/` as
+soon as it ends (with `compare.json` naming the whole plan), in a hidden
+sibling of `out` that replaces `out` as a whole when the comparison ends or is
+interrupted: a comparison that fails (a bad input, a full disk) keeps the old
+`out` and leaves nothing behind, an interrupted one keeps what it computed, and
+`resume=True` runs only what is missing (writing into `out` itself). Ctrl-C stops the run in progress (its Result has status
 'stopped'); the table then marks the policies with stopped or missing runs
 and leaves stopped runs out of its medians.
 """
@@ -29,11 +31,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from staleness import files, interrupts
+from staleness import checks, files, interrupts
 from staleness import policies as _policies
 from staleness import stats
 from staleness.results import DivergenceError, Result
@@ -87,7 +90,13 @@ class Comparison:
         sizes = sorted({len(t["grid"]) for t in tuned})
         g = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         return (f"learning rates tuned on a validation split: {g} values x {len(TUNE_SEEDS)} seeds per policy "
-                f"({len(tuned)} policies)")
+                f"({len(tuned)} {'policy' if len(tuned) == 1 else 'policies'})")
+
+    def tuning_notes(self) -> list[str]:
+        """One line per policy whose tuned learning rate the tuning seeds could not tell from
+        the runner-up (a ranking decided by it is weaker than it looks)."""
+        return [f"{pol}: lr {t['lr']:g} vs {t['runner_up']:g} is within the tuning seeds' noise"
+                for pol, t in self.tuning.items() if isinstance(t, dict) and t.get("within_noise")]
 
     def _by_policy(self) -> dict[str, list[Result]]:
         order = list(dict.fromkeys([p for p, _ in self.planned] + [r.config["policy"] for r in self.results]))
@@ -139,7 +148,9 @@ class Comparison:
             row["updates"] = int(np.median([s["updates"] for s in sums])) if sums else 0
             row["staleness_mean"] = float(np.mean([s["staleness_mean"] for s in sums])) if sums else math.nan
             row["staleness_max"] = int(max(s["staleness_max"] for s in sums)) if sums else 0
-            row["wait_fraction"] = float(np.mean([s["wait_fraction_mean"] for s in sums])) if sums else math.nan
+            row["wait_fraction_mean"] = float(np.mean([s["wait_fraction_mean"] for s in sums])) if sums else math.nan
+            row["comm_fraction_mean"] = float(np.mean([s["comm_fraction_mean"] for s in sums])) if sums else math.nan
+            row["bytes_sent"] = float(np.median([s["bytes_sent"] for s in sums])) if sums else math.nan
             row["diverged"] = sum(r.status == "diverged" for r in runs)
             rows.append(row)
         return pd.DataFrame(rows)
@@ -301,7 +312,9 @@ def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates
     both count; a final value alone is noise once every rate has plateaued); a grid
     value's score is the median over the tuning seeds, and a value with a diverged
     seed is out. Returns {"lr": chosen, "grid": [...], "edge": chosen at an end of the
-    grid, "scores": [per grid value, NaN: out]}.
+    grid, "scores": [per grid value, NaN: out], "runner_up": the second best value (or
+    None), "within_noise": whether the tuning seeds cannot tell the two apart (the
+    runner-up's best seed is at least as good as the chosen value's worst)}.
     """
     from staleness.engine.run import sweep
 
@@ -309,21 +322,28 @@ def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates
     m = val.metric(metric)
     runs = sweep(val, [policy], cluster, seeds=seeds, lr_rules=[lr_rule], lrs=list(grid), num_updates=num_updates,
                  max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, num_evals=num_evals)
-    scores = []
+    scores, per_seed = [], []
     for rate in grid:
         curves = [float(np.mean(r.history[metric].to_numpy()[1:])) if r.status == "complete" and len(r.history) > 1
                   else math.nan for r in runs if r.config["lr"] == rate]
         curves = [c for c in curves if math.isfinite(c)]
+        per_seed.append(curves)
         scores.append(float(np.median(curves)) if len(curves) == len(seeds) else math.nan)
-    best = None
-    for i, sc in enumerate(scores):
-        if math.isfinite(sc) and (best is None or m.better(sc, scores[best])):
-            best = i
-    if best is None:
+    order = sorted((i for i, sc in enumerate(scores) if math.isfinite(sc)), key=lambda i: scores[i],
+                   reverse=m.higher_is_better)
+    if not order:
         raise ValueError(f"compare: tuning {policy.describe()}: every learning rate of the grid {list(grid)} diverged "
                          "on the validation split; give a smaller lr_grid")
-    return {"lr": float(grid[best]), "grid": [float(g) for g in grid], "edge": best in (0, len(grid) - 1),
-            "scores": scores}
+    best = order[0]
+    out = {"lr": float(grid[best]), "grid": [float(g) for g in grid], "edge": best in (0, len(grid) - 1),
+           "scores": scores, "runner_up": None, "within_noise": False}
+    if len(order) > 1:   # the choice is noise when the runner-up's seeds reach the best one's worst seed
+        second = order[1]
+        worst_best = min(per_seed[best]) if m.higher_is_better else max(per_seed[best])
+        best_second = max(per_seed[second]) if m.higher_is_better else min(per_seed[second])
+        out["runner_up"] = float(grid[second])
+        out["within_noise"] = bool(not m.better(worst_best, best_second))
+    return out
 
 
 def _resolve_metric(task, metric, target):
@@ -332,6 +352,11 @@ def _resolve_metric(task, metric, target):
     if target is not None:
         target = m.check_target(target)
     return name, target
+
+
+def _described(value):
+    """A setting as the manifest records it: its spec (`describe()`), its text, or None (JSON null)."""
+    return None if value is None else str(getattr(value, "describe", lambda: value)())
 
 
 def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
@@ -345,6 +370,7 @@ def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
         saved = meta["config"]
     except (ValueError, KeyError, TypeError):
         raise ResumeError(f"resume: {manifest} is not a comparison manifest") from None
+    saved = {k: None if v == "None" else v for k, v in saved.items()}   # manifests once wrote None as "None"
     diff = sorted(k for k in set(saved) | set(plan_config) if saved.get(k) != plan_config.get(k))
     if diff:
         k = diff[0]
@@ -366,7 +392,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
             num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
             out=None, resume: bool = False, overwrite: bool = False, tune: bool = True, lr_grid=None,
-            tune_seeds=TUNE_SEEDS, default_lr: float | None = None) -> Comparison:
+            tune_seeds=TUNE_SEEDS, default_lr: float | None = None, callbacks=None) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
 
     policies: specs or Policy objects (default: `DEFAULT_POLICIES`, `DEFAULT_RL_POLICIES`
@@ -390,19 +416,28 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
       value and whether it lies at the edge of the grid. A given `lr`, or tune=False,
       runs every policy at that (or the optimizer's own) learning rate.
     default_lr: the learning rate of an optimizer spec that names none (the CLI's).
+    callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list of
+      them, called at every evaluation of every run that runs (policy major, seed minor;
+      not the tuning sweeps, nor the runs a resumed comparison loads): see
+      `staleness.tracking`. A callback that raises stops the comparison with its
+      `CallbackError`.
     A run that diverges is kept with status 'diverged' (its history stops there).
     Ctrl-C stops the comparison: the Comparison has interrupted=True, the run in
     progress has status 'stopped', and (with out=) everything is written.
     """
     from staleness import cluster as _cluster
+    from staleness import tracking
     from staleness.engine.run import resolve_task
 
+    callbacks = tracking.as_callbacks(callbacks)
     pols = None if policies is None else [_policies.parse(p) for p in policies]
     if pols is not None and not pols:
         raise ValueError("compare: policies is empty; give at least one policy")
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("compare: seeds is empty; give at least one seed")
+    checks.distinct("compare", "policies", [p.describe() for p in pols or ()])
+    checks.distinct("compare", "seeds", seeds)
     cluster = _cluster.default() if cluster is None else (_cluster.parse(cluster) if isinstance(cluster, str) else cluster)
     for p in pols or ():
         p.init(cluster.num_workers)  # fail fast on e.g. softsync:n with n > workers
@@ -424,30 +459,42 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     planned = [(p.describe(), s) for p in pols for s in seeds]
     plan_config = {"task": task.name, "policies": [p.describe() for p in pols], "seeds": seeds,
                    "cluster": cluster.describe(), "max_time": max_time, "num_updates": num_updates, "lr": lr,
-                   "lr_rule": str(getattr(lr_rule, "describe", lambda: lr_rule)()),
-                   "optimizer": str(getattr(optimizer, "describe", lambda: optimizer)()),
-                   "inner_optimizer": str(getattr(inner_optimizer, "describe", lambda: inner_optimizer)()),
+                   "lr_rule": _described(lr_rule), "optimizer": _described(optimizer),
+                   "inner_optimizer": _described(inner_optimizer),
                    "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals,
                    **_task_settings(task),
                    "tune": bool(lr is None and tune), "lr_grid": None if lr_grid is None else list(lr_grid),
                    "default_lr": default_lr}
     runs = _Runs(task, cluster, metric, max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, num_evals,
                  default_lr)
-    done = _open_out(out, resume, plan_config, planned)
-    tuning = _tuning(runs, pols, out, resume, tune, lr_grid, tune_seeds, progress)
-    results, interrupted = _run_all(runs, pols, seeds, tuning, done, out, progress)
-    cmp = Comparison(results, metric, target, planned, interrupted, tuning, task)
-    if out is not None:
-        cmp.save(out, results=False)
+    # a new comparison is built in a hidden sibling and swapped in when it ends (also when
+    # interrupted): a failure keeps the old one and leaves nothing that blocks the next
+    stage = out if out is None or resume else files.stage_dir(out, overwrite=True)
+    try:
+        done = _open_out(stage, resume, plan_config, planned)
+        tuning = _tuning(runs, pols, stage, resume, tune, lr_grid, tune_seeds, progress)
+        results, interrupted = _run_all(runs, pols, seeds, tuning, done, stage, progress, callbacks)
+        cmp = Comparison(results, metric, target, planned, interrupted, tuning, task)
+        if stage is not None:
+            cmp.save(stage, results=False)
+    except BaseException:
+        if stage is not out:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if stage is not out:
+        files.swap_in(stage, out)
     return cmp
 
 
 def _check_kinds(task, pols) -> None:
-    """ValueError when an RL policy meets a supervised task or the other way round."""
+    """ValueError when an RL policy meets a supervised task or the other way round, or a
+    method does not fit the model (before anything is written or run)."""
+    from staleness.engine import payload
     from staleness.engine.run import work_sizes
 
     for p in pols:
         work_sizes(task, p, 0)   # the engine's check (a closure for RL; nothing is computed)
+        payload.payload_bytes(task, p)   # the method against the model (e.g. streaming_diloco's fragments)
 
 
 def _task_settings(task) -> dict:
@@ -486,7 +533,8 @@ class _Runs:
 
 
 def _open_out(out, resume: bool, plan_config: dict, planned: list) -> dict:
-    """The runs already done (resume=True), after writing the manifest; {} without `out`."""
+    """The runs already done (resume=True), after writing the manifest; {} without `out`
+    (a new comparison's `out` is a fresh staging directory: nothing to replace)."""
     done: dict[tuple[str, int], Result] = {}
     if out is None:
         return done
@@ -495,8 +543,6 @@ def _open_out(out, resume: bool, plan_config: dict, planned: list) -> dict:
     elif resume:
         raise ResumeError(f"resume: {str(out)!r} holds no comparison ({MANIFEST} not found); "
                           "run without --resume first")
-    elif out.exists() and any(out.iterdir()):
-        files.write_dir(out, lambda d: None, overwrite=True)  # replace the old comparison (checked above)
     files.write_text(out / MANIFEST, json.dumps({"format_version": _MANIFEST_VERSION, "config": plan_config,
                                                  "runs": [list(x) for x in planned]}, indent=1))
     return done
@@ -563,7 +609,8 @@ def _fixed_rate(runs: _Runs, pol):
     return runs.default_lr
 
 
-def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: bool) -> tuple[list, bool]:
+def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: bool,
+             callbacks: tuple = ()) -> tuple[list, bool]:
     """(Results in plan order, interrupted): every policy × seed not `done`, each saved
     into `out` as it ends; Ctrl-C anywhere (scheduling, saving) stops the loop and
     keeps what finished."""
@@ -587,7 +634,7 @@ def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: 
             try:
                 r = simulate(runs.task, pol, runs.cluster, num_updates=runs.num_updates, max_time=runs.max_time,
                              seed=seed, lr=rate, lr_rule=runs.lr_rule, optimizer=runs.optimizer,
-                             inner_optimizer=runs.inner(pol), num_evals=runs.num_evals)
+                             inner_optimizer=runs.inner(pol), num_evals=runs.num_evals, callbacks=callbacks)
             except DivergenceError as e:
                 r = e.result
             results.append(r)

@@ -228,7 +228,7 @@ def table(settings: Settings, results):
     planned = [(p, s) for p in settings.policies for s in settings.seeds]
     t = Comparison(list(results), first, None, planned).table()
     keep = ["policy", "seeds", "lr", f"final_{first}", "final_ci_low", "final_ci_high", "interval", "updates",
-            "staleness_mean", "staleness_max", "wait_fraction", "diverged"]
+            "staleness_mean", "staleness_max", "wait_fraction_mean", "diverged"]
     return t[[k for k in keep if k in t.columns]].set_index("policy")
 
 

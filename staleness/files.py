@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["OutputError", "MARKERS", "check_out", "check_file", "check_dir", "is_output", "write_text", "write_with",
-           "write_dir"]
+           "write_dir", "stage_dir", "swap_in"]
 
 MARKERS = ("result.json", "compare.json", "sweep.json")
 """A directory holding one of these files is staleness output (a Result, a comparison, a sweep)."""
@@ -144,18 +144,33 @@ def write_dir(path, write: Callable[[Path], None], *, overwrite: bool = False) -
     empty or staleness output); its old files are removed, none stays beside
     the new ones.
     """
+    tmp = stage_dir(path, overwrite=overwrite)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return swap_in(tmp, path)
+
+
+def stage_dir(path, *, overwrite: bool = False) -> Path:
+    """A fresh hidden sibling directory of `path` to build its new content in (then
+    `swap_in`; on failure remove it and `path` is untouched). The same checks as
+    `write_dir`: an existing non-empty `path` needs overwrite=True and must be
+    staleness output."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not overwrite and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
     if path.exists() and path.is_dir() and any(path.iterdir()) and not is_output(path):
         raise OutputError(f"{str(path)!r} holds files that are not staleness output; not replacing it")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        write(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+
+
+def swap_in(tmp, path) -> Path:
+    """Rename the finished directory `tmp` (from `stage_dir`) to `path`, replacing what
+    was there as a whole (the old directory is renamed aside first, then removed)."""
+    path = Path(path)
     if path.exists():
         old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
         os.replace(path, old)

@@ -279,7 +279,23 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
     axes[1, 0].set_title("staleness of applied gradients", fontsize="medium")
     axes[1, 1].set_title("waiting at the gate", fontsize="medium")
     fig.suptitle(_title(items))
+    _one_legend(fig, axes)
     return fig
+
+
+def _one_legend(fig, axes) -> None:
+    """One legend under the panels instead of one in each (the colours are the same in
+    every panel): long labels then never cover the data or squeeze the axes."""
+    seen: dict[str, object] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if seen:
+        widest = max(len(label) for label in seen)
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", fontsize="small",
+                   ncols=max(1, min(len(seen), 120 // max(widest, 1), 4)))
 
 
 def save(fig, path) -> Path:

@@ -179,17 +179,20 @@ class Result:
         return float(self.history["time"].iloc[idx[0]]) if len(idx) else math.nan
 
     def summary(self, target: float | None = None, metric: str = "accuracy") -> dict:
-        """Schedule statistics plus final metrics (and time to `target`)."""
+        """Schedule statistics plus final metrics (and time to `target`, in seconds). The
+        column names are those of `staleness.compare`'s table; a real run's duration is
+        `wall_time_s` (a simulated one's `sim_time_s`)."""
         out = {"policy": self.config.get("policy", self.schedule.policy.describe())}
         s = self.schedule.summary()
+        real = self.schedule.meta.get("recorded") == "runtime"   # a real run's times are wall seconds
         for k in ("updates", "sim_time_s", "updates_per_s", "staleness_mean", "staleness_max",
-                  "wait_fraction_mean", "dropped", "lost"):
-            out[k] = s[k]
+                  "wait_fraction_mean", "comm_fraction_mean", "bytes_sent", "dropped", "lost"):
+            out["wall_time_s" if real and k == "sim_time_s" else k] = s[k]
         for k, v in self.final.items():
             if k not in ("update", "time"):
                 out[f"final_{k}"] = float(v)
         if target is not None:   # time_to names the valid metrics when `metric` is not in the history
-            out[f"time_to_{metric}_{target:g}"] = self.time_to(target, metric)
+            out[f"time_to_{metric}_{target:g}_s"] = self.time_to(target, metric)
         out["status"] = self.status
         return out
 

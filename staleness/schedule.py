@@ -149,6 +149,18 @@ class Schedule:
             float(np.nanmax(self.columns["push_time"])) if self.num_gradients else 0.0)
         return total / horizon if horizon > 0 else np.zeros(self.num_workers)
 
+    def comm_fraction(self) -> float:
+        """The mean over workers of the fraction of the run each spent on transfers: a pull
+        (its release to its parameters' arrival, `start − pull_time`) and a push (its compute's
+        end to its arrival, `push_time − end`; none for a lost gradient)."""
+        c = self.columns
+        if not self.num_gradients or not (math.isfinite(self.end_time) and self.end_time > 0):
+            return 0.0 if not self.num_gradients else math.nan
+        pull = np.clip(c["start"] - c["pull_time"], 0.0, None)
+        push = np.where(np.isfinite(c["push_time"]), np.clip(c["push_time"] - c["end"], 0.0, None), 0.0)
+        per_worker = np.bincount(c["worker"], weights=pull + push, minlength=self.num_workers)
+        return float(np.mean(per_worker) / self.end_time)
+
     def staleness_histogram(self) -> np.ndarray:
         """counts[τ] of applied gradients with staleness τ."""
         s = self.staleness[self.applied]
@@ -237,6 +249,7 @@ class Schedule:
             "staleness_p99": float(np.percentile(s, 99)) if len(s) else math.nan,
             "wait_fraction_mean": float(wf.mean()),
             "wait_fraction_max": float(wf.max()),
+            "comm_fraction_mean": self.comm_fraction(),
         }
         out.update(self.bytes_totals())
         out["peak_bytes_per_s"] = self.peak_bandwidth()

@@ -42,7 +42,7 @@ def test_compare_rl_bandit_defaults_to_rl_policies(tmp_path, capsys):
     code, text, err = run(["compare", "--task", "rl-bandit", "--cluster", CLUSTER, "--updates", "4", "--seeds", "0,1",
                            "--no-tune", "--no-progress", "--out", str(out)], capsys)
     assert code == 0, err
-    assert "metric reward (higher is better)" in text and "final_reward" in text
+    assert "metric reward (higher is better)" in text and "final reward" in text
     table = pd.read_csv(out / "table.csv")
     assert list(table["policy"]) == ["rl_sync", "rl_one_step_off", "rl_async:2", "rl_async"]
     assert (table["seeds"] == 2).all() and np.isfinite(table["final_reward"]).all()
@@ -79,7 +79,7 @@ def test_compare_rl_digits_with_the_tasks_optimizer(tmp_path, capsys):
                            "--updates", "2", "--seeds", "0", "--no-tune", "--batch-size", "2", *TINY_DIGITS,
                            "--no-progress", "--out", str(tmp_path / "cmp")], capsys)
     assert code == 0, err
-    assert "rl-digits, decoupled_ppo" in text and "final_reward" in text and "staleness_per_token" in text
+    assert "rl-digits, decoupled_ppo" in text and "final reward" in text and "staleness_per_token" in text
     table = pd.read_csv(tmp_path / "cmp" / "table.csv")
     assert table["lr"].iloc[0] == pytest.approx(1e-3) and table["updates"].iloc[0] == 2
 

@@ -156,7 +156,8 @@ def test_ctrl_c_on_the_cli_exits_130_with_one_line_and_resume_finishes(tmp_path)
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 150
-        while not (out / "results" / "asp_s0" / "result.json").exists():
+        # a new comparison is built in a hidden sibling of --out and swapped in when it ends or stops
+        while not any(tmp_path.glob(".cmp.tmp-*/results/asp_s0/result.json")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the first run did not finish within 150 s"
             time.sleep(0.05)
@@ -169,6 +170,7 @@ def test_ctrl_c_on_the_cli_exits_130_with_one_line_and_resume_finishes(tmp_path)
     assert proc.returncode == 130 and len(lines) == 1 and "interrupted after" in lines[0], err
     table = pd.read_csv(out / "table.csv")
     assert table["status"].iloc[-1] != "complete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp"]   # swapped in, nothing left beside it
     done = subprocess.run(argv + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr
     assert list(pd.read_csv(out / "table.csv")["status"]) == ["complete", "complete"]

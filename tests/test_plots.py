@@ -196,7 +196,9 @@ def test_comparison_figure_panels(runs):
     fig = plots.comparison_figure(runs, metric="accuracy", target=0.8)
     assert len(fig.axes) == 4
     acc, loss, hist, wait = fig.axes
-    assert len(_lines(acc)) == 3 and "target 0.8" in _legend(acc)  # 2 labels + target line
+    figure_legend = [t.get_text() for t in fig.legends[0].get_texts()]   # one legend under the panels
+    assert len(_lines(acc)) == 3 and "target 0.8" in figure_legend  # 2 labels + target line
+    assert all(ax.get_legend() is None for ax in fig.axes)          # none covers a panel
     assert len(_lines(loss)) == 2 and "loss" in loss.get_ylabel()
     assert len([p for p in hist.patches if isinstance(p, StepPatch)]) == 2
     assert len(wait.patches) == 4
@@ -208,7 +210,20 @@ def test_comparison_figure_panels(runs):
         color = to_rgba(acc.get_lines()[k].get_color())
         assert to_rgba(hist.patches[k].get_edgecolor()) == color
         assert to_rgba(wait.patches[2 * k].get_facecolor()) == color
-    assert _legend(wait)[0] == "ssp:2"
+    assert figure_legend[0].startswith("ssp:2")
+
+
+def test_long_labels_do_not_collapse_the_comparison(runs, tmp_path):
+    """A low-communication comparison.png was unreadable: legend entries of 90 characters
+    covered the panels and matplotlib reported 'axes sizes collapsed to zero'."""
+    import warnings
+
+    long = lambda r: f"{r.config['policy']} with a very long label (optimizer=nesterov:0.9, lr=0.7) x" * 2  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # matplotlib's collapse warning would fail here
+        fig = plots.comparison_figure(runs, metric="accuracy", label_fn=long)
+        plots.save(fig, tmp_path / "c.png")
+    assert all(ax.get_position().height > 0.15 and ax.get_position().width > 0.2 for ax in fig.axes)
 
 
 def test_comparison_figure_regression_task_uses_train_loss():

@@ -227,7 +227,7 @@ def test_cli_sweep_table_gives_streaming_diloco_its_h(tmp_path):
     (["--policy", "asp", "--local-steps", "2"], "no --policy is one"),
     (["--policy", "asp", "--policy", "diloco:2"], "need separate sweeps"),
     (["--policy", "streaming_diloco:4:fragments=2", "--local-steps", "4,8"],
-     "streaming_diloco:8:fragments=2:overlap=0:alpha=0:bits=32 need one sweep each (H and the fragment settings"),
+     "streaming_diloco:8 need one sweep each (H and the fragment settings"),
     (["--seeds", "a"], "--seeds = 'a'"),
     (["--lrs", "0.1,-1"], "--lrs = '0.1,-1'"),
     (["--lr-rules", "bogus"], "bogus"),

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
-
 import math
+import os
+import sys
 
 __all__ = ["UsageError", "Parser", "print_table", "count", "natural", "positive", "nonnegative", "check_out",
            "add_task_option", "task_options", "build_task", "rl_task_name", "is_rl_policy", "check_pairing",
-           "declared_optimizer", "DEFAULT_RL_POLICIES"]
+           "declared_optimizer", "DEFAULT_RL_POLICIES", "add_yes", "check_scale", "check_processes"]
 
 from staleness.compare import DEFAULT_RL_POLICIES   # noqa: E402 - the policies compare runs on an RL task
 
@@ -115,6 +115,69 @@ def print_table(rows: list[dict], file=None) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(c, width)), file=file)
 
 
+
+
+# -- sizes: refuse what cannot finish, unless --yes ------------------------------------
+ROW_BYTES = 531
+"""Peak bytes per schedule row while simulating (tracemalloc, 200,000 rows of asp on 8 workers)."""
+ROWS_PER_S = 1e6
+"""An upper bound on the simulator's speed (measured 120,000-160,000 rows/s on a 2-core CPU)."""
+PROCESS_BYTES = 206 * 2**20
+"""Resident memory of one process that imported staleness and JAX (measured: 206 MiB)."""
+MAX_SECONDS = 3600.0
+
+
+def add_yes(p) -> None:
+    p.add_argument("--yes", action="store_true", help="go on with a run estimated to need more than half the "
+                   "memory or more than an hour (refused otherwise)")
+
+
+def _memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):   # pragma: no cover - not POSIX
+        return math.inf
+
+
+def _human(n: float, unit: str) -> str:
+    if unit == "B":
+        for suffix in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+            if n < 1024 or suffix == "PiB":
+                return f"{n:.3g} {suffix}"
+            n /= 1024
+    if n < 3600:
+        return f"{n:.3g} s"
+    return f"{n / 3600:.3g} h" if n < 3600 * 24 * 365 else f"{n / (3600 * 24 * 365):.3g} years"
+
+
+def check_scale(args, cluster, updates, max_time, runs: int = 1) -> None:
+    """Refuse (UsageError, one line) a budget whose schedules alone would need more than half
+    the machine's memory or more than an hour to simulate, with the estimate; --yes goes on.
+    Rows: at least one gradient per update; with --max-time, every worker's gradients at its
+    mean speed."""
+    if getattr(args, "yes", False):
+        return
+    if updates is not None:
+        rows = float(updates)
+    else:
+        rows = float(max_time) * sum(1.0 / t for t in cluster.mean_seconds if t > 0)
+    rows *= runs
+    memory, seconds = rows * ROW_BYTES, rows / ROWS_PER_S
+    if memory > _memory_bytes() / 2 or seconds > MAX_SECONDS:
+        budget = f"--updates {updates}" if updates is not None else f"--max-time {max_time:g}"
+        if not math.isfinite(rows):
+            raise UsageError(f"{budget} is more gradients than any machine can simulate; give a smaller budget")
+        raise UsageError(f"{budget} means about {rows:.3g} gradients in {runs} run(s): about "
+                         f"{_human(memory, 'B')} of schedules (of {_human(_memory_bytes(), 'B')}) and at least "
+                         f"{_human(seconds, 's')} of simulation alone; give a smaller budget, or --yes to go on")
+
+
+def check_processes(args, n: int) -> None:
+    """Refuse starting `n` processes that would need more than half the memory, unless --yes."""
+    need = n * PROCESS_BYTES
+    if not getattr(args, "yes", False) and need > _memory_bytes() / 2:
+        raise UsageError(f"--local {n} would start {n} JAX processes, about {_human(need, 'B')} of memory (of "
+                         f"{_human(_memory_bytes(), 'B')}) before any work; use fewer, or --yes to go on")
 
 
 # -- tasks: options, RL or supervised ----------------------------------------------------

@@ -9,8 +9,8 @@ import sys
 import time
 
 from staleness import files, policies
-from staleness.cli.common import (UsageError, check_out, check_pairing, count, declared_optimizer, natural,
-                                   nonnegative, positive, print_table)
+from staleness.cli.common import (UsageError, add_yes, check_out, check_pairing, check_processes, count,
+                                   declared_optimizer, natural, nonnegative, positive, print_table)
 
 __all__ = ["add"]
 
@@ -99,6 +99,7 @@ def add(sub) -> None:
                        description="Start --local N processes of `staleness run` on this machine, joined through "
                        "jax.distributed on 127.0.0.1; process 0 writes the Result.")
     p.add_argument("--local", type=int, required=True, help="number of processes")
+    add_yes(p)
     p.add_argument("--timeout", type=float, default=None, help="kill every process after this many seconds")
     _add_run_options(p)
     p.set_defaults(func=_cmd_launch)
@@ -110,11 +111,15 @@ def add(sub) -> None:
     p.add_argument("trace", help="Result directory or schedule JSON file")
     p.add_argument("--task", default=None, help="task name or package.module:factory (default: the Result's, "
                    "as it was given to the run; required for a bare trace)")
-    p.add_argument("--lr", type=positive, default=None)
-    p.add_argument("--lr-rule", default=None)
-    p.add_argument("--optimizer", default=None)
-    p.add_argument("--batch-size", type=count, default=None)
-    p.add_argument("--seed", type=natural, default=None)
+    p.add_argument("--lr", type=positive, default=None, help="learning rate (default: the recorded run's)")
+    p.add_argument("--lr-rule", default=None, help="lr rule: constant, per_gradient, per_update, delay_adaptive:N "
+                   "(default: the recorded run's)")
+    p.add_argument("--optimizer", default=None, help="server optimizer spec (default: the recorded run's; a run "
+                   "recorded with an optax object is replayed from Python with it)")
+    p.add_argument("--batch-size", type=count, default=None, help="per-worker minibatch (default: the recorded "
+                   "run's)")
+    p.add_argument("--seed", type=natural, default=None, help="seed of parameters and minibatches (default: the "
+                   "recorded run's)")
     p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
     p.add_argument("--tolerance", type=nonnegative, default=None,
                    help="largest accepted |difference| of final parameters (default 0, bitwise; "
@@ -249,6 +254,7 @@ def _cmd_launch(args) -> int:
 
     if args.local < 1:
         raise UsageError(f"--local = {args.local} must be >= 1 (processes)")
+    check_processes(args, args.local)
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UsageError(f"--timeout = {args.timeout} must be a number of seconds > 0")
     if args.devices is not None:

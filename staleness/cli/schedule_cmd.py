@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from staleness import policies
-from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, build_task, check_pairing, count,
-                                   natural, positive, print_table, rl_task_name)
+from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, add_yes, build_task, check_pairing,
+                                   check_scale, count, natural, positive, print_table, rl_task_name)
 
 __all__ = ["add"]
 
@@ -25,12 +25,16 @@ def add(sub) -> None:
                    help="cluster spec (see staleness.cluster.parse); default: 4 workers at 1.0 s + 4 at 2.6 s")
     p.add_argument("--updates", type=count, default=2000, help="server updates to simulate (default 2000)")
     p.add_argument("--max-time", type=positive, default=None, help="simulated seconds budget (optional)")
+    add_yes(p)
     p.add_argument("--seed", type=natural, default=0)
     p.add_argument("--task", default=None, help="time the runs of this task as `simulate` does (optional): an RL "
                    "task's rollouts take as long as the tokens they decode (without it, one cluster step each), "
                    "and transfers carry the bytes of its parameters")
     p.add_argument("--batch-size", type=count, default=None, help="with --task: its minibatch size (RL tasks: "
                    "prompts per rollout)")
+    p.add_argument("--payload-bytes", type=count, default=None, help="bytes each pull and push carries over the "
+                   "cluster's links, without a --task (with one: the bytes of its parameters); a cluster with a "
+                   "bandwidth needs one of them")
     add_task_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per policy instead of a table")
     p.add_argument("--save", default=None, help="write the schedule of the first policy to this JSON file")
@@ -50,6 +54,7 @@ def _cmd_schedule(args) -> int:
     cluster = C.default() if args.cluster is None else C.parse(args.cluster)
     for pol in pols:
         pol.init(cluster.num_workers)  # validates e.g. softsync n <= workers before any work
+    check_scale(args, cluster, None if args.max_time is not None else args.updates, args.max_time, runs=len(pols))
     if args.task is not None:
         check_pairing(pols, args.task)
     if args.save:
@@ -66,6 +71,11 @@ def _cmd_schedule(args) -> int:
             return True
 
         files.check_file(Path(args.save), what="--save", replaceable=is_schedule)
+    if args.task is not None and args.payload_bytes is not None:
+        raise UsageError("give either --task (its parameters' bytes) or --payload-bytes, not both")
+    if args.task is None and args.payload_bytes is None and _has_bandwidth(cluster):
+        raise UsageError(f"--cluster {cluster.describe()!r} has a bandwidth, but without --task or --payload-bytes "
+                         "the transfers carry no bytes and it would be ignored; give one of them")
     timing = _timing(args, pols, cluster)
     rows = []
     for i, pol in enumerate(pols):
@@ -88,11 +98,20 @@ def _cmd_schedule(args) -> int:
 
 
 
+def _has_bandwidth(cluster) -> bool:
+    """Whether some link of `cluster` has a finite bandwidth (a shared server link included)."""
+    import math
+
+    sampler = cluster.sampler(0)
+    return sampler.server is not None or any(math.isfinite(b) for b in sampler.bandwidth)
+
+
 def _timing(args, pols, cluster):
     """policy -> simulate_schedule's sizes and payload keywords: `simulate`'s for --task
     (an RL task's rollout sizes in tokens, the parameters' bytes), else none."""
     if args.task is None:
-        return lambda pol: {}
+        n = args.payload_bytes
+        return lambda pol: {} if n is None else {"payload_bytes": n}
     task = build_task(args, cluster.num_workers)
     check_pairing(pols, task)
     from staleness.engine import payload

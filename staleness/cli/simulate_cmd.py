@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_task_option, build_task, check_out,
-                                   check_pairing, count, is_rl_policy, natural, positive, print_table, rl_task_name)
+from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_task_option, add_yes, build_task,
+                                   check_out, check_pairing, check_scale, count, is_rl_policy, natural, positive,
+                                   print_table, rl_task_name)
 
 __all__ = ["add_simulate", "add_compare"]
 
@@ -30,6 +32,7 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
                    "RL tasks: --updates)")
     p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time; "
                    f"default for RL tasks {DEFAULT_RL_UPDATES} learner updates)")
+    add_yes(p)
     p.add_argument("--lr", type=positive, default=None,
                    help=f"learning rate (default {DEFAULT_LR:g}, or the lr= the --optimizer spec names)")
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
@@ -156,6 +159,7 @@ def _cmd_simulate(args) -> int:
     check_pairing([policy], args.task)
     check_specs(args)
     updates, max_time = _budget(args, is_rl_policy(policy) if rl is None else rl)
+    check_scale(args, cluster, updates, max_time)
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR")
     out = check_out(args)
@@ -235,7 +239,38 @@ def _seeds(text: str) -> list[int]:
         raise UsageError(f"--seeds = {text!r} must be comma-separated integers, e.g. 0,1,2") from None
     if not seeds:
         raise UsageError("--seeds is empty; give e.g. 0,1,2")
+    if min(seeds) < 0:
+        raise UsageError(f"--seeds = {text!r}: seeds must be integers >= 0, e.g. 0,1,2")
     return seeds
+
+
+def _iv(median, lo, hi, digits: int = 3) -> str:
+    """'median [lo, hi]' in `digits` significant digits ('-' for NaN)."""
+    if not math.isfinite(median):
+        return "-"
+    return f"{median:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]"
+
+
+def compact_rows(table, metric: str, target) -> list[dict]:
+    """The comparison table for a terminal: policy, lr, time to target and final metric with
+    their intervals, staleness mean/max, waiting, communication and bytes (table.csv on disk
+    keeps every column)."""
+    rows = []
+    for r in table.to_dict("records"):
+        row = {"policy": r["policy"], "lr": f"{r['lr']:.3g}" if isinstance(r.get("lr"), float) else r.get("lr", "")}
+        if target is not None:
+            row[f"time to {metric} {target:g} (s)"] = (_iv(r[f"time_to_{metric}_{target:g}_s"], r["time_ci_low_s"],
+                                                          r["time_ci_high_s"]) + f" {r['reached']}")
+        row[f"final {metric}"] = _iv(r[f"final_{metric}"], r["final_ci_low"], r["final_ci_high"])
+        row["staleness mean/max"] = f"{r['staleness_mean']:.2f}/{r['staleness_max']}"
+        row["wait"] = f"{r['wait_fraction_mean']:.2f}"
+        row["comm"] = f"{r['comm_fraction_mean']:.2f}"
+        row["MB sent"] = f"{r['bytes_sent'] / 1e6:.3g}" if math.isfinite(r["bytes_sent"]) else "-"
+        if r["status"] != "complete" or r.get("diverged"):
+            row["status"] = r["status"] + (f", {r['diverged']} diverged" if r.get("diverged") else "")
+        rows.append(row)
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return [{k: row.get(k, "") for k in keys} for row in rows]
 
 
 def _cmd_compare(args) -> int:
@@ -256,6 +291,7 @@ def _cmd_compare(args) -> int:
     seeds = _seeds(args.seeds)
     check_specs(args)
     updates, max_time = _budget(args, any(is_rl_policy(p) for p in policies) if rl is None else rl)
+    check_scale(args, cluster, updates, max_time, runs=len(policies) * len(seeds))
     if args.resume_compare and args.overwrite:
         raise UsageError("give either --resume or --overwrite, not both")
     out = check_out(args, default="runs/compare")
@@ -283,7 +319,9 @@ def _cmd_compare(args) -> int:
     print(f"{task_label(task)} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
           f"{rate}, lr rule {args.lr_rule}, seeds {args.seeds}, metric {metric} ({goal} is better): "
           f"{time.perf_counter() - t0:.1f} s wall")
-    print_table(cmp.table().to_dict("records"))
+    print_table(compact_rows(cmp.table(), metric, cmp.target))
+    for note in cmp.tuning_notes():
+        print(f"note: {note}")
     print_rollouts(cmp.results, task)
     if cmp.interrupted:
         done = sum(r.status != "stopped" for r in cmp.results)

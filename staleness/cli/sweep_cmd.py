@@ -30,8 +30,9 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import (is_rl_task, UsageError, add_task_option, build_task, check_out, check_pairing, count,
-                                   declared_optimizer, natural, positive, print_table, rl_task_name, task_options)
+from staleness.cli.common import (is_rl_task, UsageError, add_task_option, add_yes, build_task, check_out, check_pairing,
+                                   check_scale, count, declared_optimizer, natural, positive, print_table, rl_task_name,
+                                   task_options)
 from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES
 from staleness.procs import kill_groups
 
@@ -66,6 +67,7 @@ def add(sub) -> None:
     p.add_argument("--updates", type=count, default=None, help=f"server updates per run (default {DEFAULT_UPDATES}; "
                    f"{DEFAULT_RL_UPDATES} learner updates on an RL task)")
     p.add_argument("--max-time", type=positive, default=None, help="simulated seconds per run (instead of --updates)")
+    add_yes(p)
     p.add_argument("--optimizer", default=None, help="server (outer) optimizer spec (default: the policy's, else "
                    "the task's, else sgd)")
     p.add_argument("--inner-optimizer", default=None, help="local-update methods: the workers' optimizer spec")
@@ -187,6 +189,7 @@ def _check(args):
         updates = args.updates
     else:
         updates = DEFAULT_RL_UPDATES if rl_task_name(args.task) else DEFAULT_UPDATES
+    check_scale(args, cluster, updates, args.max_time, runs=len(pols) * len(seeds))
     given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
     if any(given) and not all(given):
         raise UsageError("multi-process sweeps need all of --coordinator, --num-processes and --process-id")

@@ -49,8 +49,13 @@ class Divergence(NamedTuple):
     def message(self, lr=None) -> str:
         extra = f", {self.where}" if self.where else ""
         rate = f"now {lr:g}" if isinstance(lr, (int, float)) else f"now {lr}"
-        return (f"non-finite loss at update {self.update} (gradient of {self.kind} {self.worker}{extra}, "
-                f"staleness {self.staleness}); try a smaller lr ({rate}) or a staleness-aware lr_rule")
+        head = f"non-finite loss at update {self.update} (gradient of {self.kind} {self.worker}{extra}, " \
+               f"staleness {self.staleness})"
+        if self.update == 0:   # every gradient of update 0 is at the initial parameters: no lr has acted yet
+            return (f"{head}, at the initial parameters: the loss function or the data is not finite there "
+                    f"(check the inputs for NaN/inf and the loss for e.g. log(0)); the learning rate ({rate}) "
+                    "has not acted yet, except an inner optimizer's within local steps")
+        return f"{head}; try a smaller lr ({rate}) or a staleness-aware lr_rule"
 
 
 def chunk_length(num_updates: int, eval_every: int | None, num_evals: int) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 
 from staleness import lr as _lr
 from staleness import policies as _policies
+from staleness import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine import grid as _grid
@@ -174,6 +175,7 @@ def replay(
     stop_after: int | None = None,
     slot_mode: str = "vmap",
     config: dict | None = None,
+    callbacks=None,
 ) -> Result:
     """Train `task` along `schedule` (simulated or recorded) in compiled chunks.
 
@@ -202,10 +204,18 @@ def replay(
       slot_mode: 'vmap' (fast) or 'map': the gradients of an update that holds
         several are computed one by one with `engine.core.gradient`, exactly as
         the real runtime's workers compute them (bitwise trace replays on CPU).
+      config: extra entries of the Result's config; a 'label' entry names the run for
+        the callbacks (default 'POLICY seed=S lr=LR').
+      callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a
+        list of them, called with a `staleness.tracking.Evaluation` at every evaluation
+        (each history row, the initial one included, as it is recorded; on resume only
+        the new ones); see `staleness.tracking`.
     Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
-    non-finite loss, naming the update, worker and staleness.
+    non-finite loss, naming the update, worker and staleness, and
+    `staleness.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     lr = _check_lr(lr, allow_none=True)
+    callbacks = _tracking.as_callbacks(callbacks)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
     schedule.validate()
@@ -232,7 +242,8 @@ def replay(
                             None if steps is None else steps[0], config)
     options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
                               stop_after=stop_after, checkpoint=None if checkpoint is None else Path(checkpoint),
-                              resume=resume, progress=progress, desc=schedule.policy.describe())
+                              resume=resume, progress=progress, desc=schedule.policy.describe(),
+                              callbacks=callbacks)
     return _runner.run(_runner.single(task, plan, consts, static), carry, [member], options)[0]
 
 
@@ -241,7 +252,8 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     """Simulate `policy` on `cluster` and train `task` along the schedule.
 
     `num_updates` / `max_time` (simulated seconds) bound the run; other
-    keyword arguments go to `replay` (lr, lr_rule, optimizer, eval_every, ...).
+    keyword arguments go to `replay` (lr, lr_rule, optimizer, eval_every,
+    callbacks, ...).
     Transfers carry the bytes of the task's parameter pytree (and of the method's
     compressed deltas: `staleness.engine.payload`), timed by the cluster's network.
     """
@@ -278,7 +290,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
           num_updates: int | None = None, max_time: float | None = None, optimizer=None,
           inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
           batch_size: int | None = None, progress: bool = False, ring: int | None = None,
-          slots: int | None = None, devices=None, block: int | None = None) -> list[Result]:
+          slots: int | None = None, devices=None, block: int | None = None, callbacks=None) -> list[Result]:
     """Replay many configurations in one compiled, vmapped call per chunk.
 
     Configurations are the product policies × seeds × lr_rules × lrs (in that
@@ -297,13 +309,21 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
         count, or a list of devices; the Results are bitwise those of one device.
       block: configurations per device per compiled call (default min(8, grid size));
         the Results depend on it (in the last bits), not on the devices or processes.
+      callbacks: as `replay`'s: one call per configuration and evaluation, in this
+        order: the initial evaluation (update 0) of every configuration in grid order
+        (policies × seeds × lr_rules × lrs), then after each chunk (eval_every
+        updates) every configuration still running, in grid order; a diverged
+        configuration gets no more calls. `Evaluation.run.index` is the position
+        in grid order, `run.label` names the policy, seed, lr and lr rule.
     Each Result's config holds ring, slots, devices, compile_s (seconds spent
     compiling during the sweep) and sweep_s (the sweep's wall time).
     """
+    callbacks = _tracking.as_callbacks(callbacks)
     grid = prepare(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
                    max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, eval_every=eval_every,
                    num_evals=num_evals, batch_size=batch_size, ring=ring, slots=slots)
-    return _grid.replay_grid(grid, devices=devices, progress=progress, block=block)
+    with _runner.tracked(callbacks):   # replay_grid builds the runner's Options
+        return _grid.replay_grid(grid, devices=devices, progress=progress, block=block)
 
 
 def prepare(task, policies, cluster, **settings) -> _grid.Grid:

@@ -17,12 +17,17 @@ rate) and the run's `Options`. Everything else happens here, the same way for
 every caller: the history rows (one per chunk, at simulated time), the
 per-update train loss, the first non-finite loss (raised as `DivergenceError`,
 or marked 'diverged' while the other configurations go on), `stop_after`,
-checkpoints and resume, the progress bar, Ctrl-C, and each Result's config
-(`config`: assembled here only). The loop itself is `engine.chunks.run`.
+checkpoints and resume, the progress bar, Ctrl-C, each Result's config
+(`config`: assembled here only), and the tracking callbacks
+(`staleness.tracking`: one call per history row, as it is recorded; a run
+resumed from a checkpoint calls them only for its new rows). The loop itself
+is `engine.chunks.run`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from collections.abc import Callable
@@ -33,12 +38,13 @@ import jax
 import numpy as np
 
 from staleness import checkpoint as _checkpoint
+from staleness import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine.optim import get_lr
 from staleness.engine.plan import Plan, chunk_inputs, fingerprint
 
-__all__ = ["Program", "Member", "Options", "run", "single", "config", "learning_rate"]
+__all__ = ["Program", "Member", "Options", "run", "single", "config", "learning_rate", "tracked", "run_info"]
 
 DIVERGENCE = ("raise", "mark")   # Options.on_divergence
 
@@ -78,6 +84,9 @@ class Options:
       checkpoint: directory to checkpoint into after every chunk (one configuration);
         resume: continue from the checkpoint found there.
       progress: show a progress bar, labelled `desc`.
+      callbacks: `staleness.tracking` callbacks (a tuple of callables), called with an
+        `Evaluation` at every history row: the initial evaluation of every member in
+        order, then after each chunk every member still running, in order.
     """
 
     chunk: int
@@ -90,6 +99,22 @@ class Options:
     resume: bool = False
     progress: bool = False
     desc: str = ""
+    callbacks: tuple = ()
+
+
+# callbacks for the runs started inside `tracked` (a caller that builds no Options of its own:
+# `engine.run.sweep` around `engine.grid.replay_grid`); each `run` takes them and clears them
+_AMBIENT: contextvars.ContextVar[tuple] = contextvars.ContextVar("staleness_callbacks", default=())
+
+
+@contextlib.contextmanager
+def tracked(callbacks: tuple):
+    """Within the block, `run` also calls `callbacks` (a tuple of callables) for its runs."""
+    token = _AMBIENT.set(tuple(callbacks))
+    try:
+        yield
+    finally:
+        _AMBIENT.reset(token)
 
 
 def single(task, plan: Plan, consts: dict, static) -> Program:
@@ -129,22 +154,19 @@ def run(program: Program, carry, members, options: Options) -> list:
     """Replay every chunk of `members` with `program` from `carry`; one Result per member.
 
     Raises `DivergenceError` (with `.result`) on a non-finite loss when
-    `options.on_divergence` is 'raise', naming the update, worker and staleness."""
-    from tqdm.auto import tqdm
-
+    `options.on_divergence` is 'raise', naming the update, worker and staleness, and
+    `tracking.CallbackError` (with `.results`) when a callback raises."""
     if options.on_divergence not in DIVERGENCE:
         raise ValueError(f"on_divergence = {options.on_divergence!r} must be one of {DIVERGENCE}")
     if options.checkpoint is not None and len(members) != 1:
         raise ValueError(f"checkpoint: a replay of one configuration checkpoints, not {len(members)}")
-    state = _Run(program, list(members), options)
-    carry, start = state.begin(carry)
-    chunk, total = options.chunk, max(m.plan.num_updates for m in members)
-    bar = tqdm(total=total, initial=min(start * chunk, total), unit="upd", disable=not options.progress,
-               desc=options.desc, leave=False)
-    _chunks.run(program.step, carry, num_chunks=members[0].plan.num_chunks, inputs=program.inputs,
-                record=state.record, start=start, save=state.save if options.checkpoint is not None else None,
-                histories=state.hists, bar=bar, bar_step=lambda k: min((k + 1) * chunk, total) - k * chunk)
-    return [h.result(m.schedule, c) for m, h, c in zip(members, state.hists, state.configs)]
+    callbacks = tuple(options.callbacks) + _AMBIENT.get()
+    token = _AMBIENT.set(())   # a run started by a callback does not inherit them
+    try:
+        state = _Run(program, list(members), options, callbacks)
+        return state.run(carry)
+    finally:
+        _AMBIENT.reset(token)
 
 
 def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> dict:
@@ -165,18 +187,62 @@ def divergence(losses: np.ndarray, plan: Plan, k: int) -> _chunks.Divergence | N
                               int(view["staleness"][row, slot]), f"iteration {int(view['iteration'][row, slot])}")
 
 
-class _Run:
-    """The host state of one run: each member's config and `chunks.History`."""
+def run_info(member: Member, cfg: dict, index: int) -> _tracking.Run:
+    """The `tracking.Run` of `member` (config `cfg`, position `index`)."""
+    policy, rule = member.schedule.policy.describe(), member.rule.describe()
+    return _tracking.Run(_tracking.label(policy, member.seed, member.lr, rule, member.extra), policy,
+                         int(member.seed), member.lr, rule, index, cfg)
 
-    def __init__(self, program: Program, members: list, options: Options):
+
+class _Run:
+    """The host state of one run: each member's config, `chunks.History` and tracking."""
+
+    def __init__(self, program: Program, members: list, options: Options, callbacks: tuple = ()):
         self.program, self.members, self.options = program, members, options
         self.configs = [config(options, m) for m in members]
         self.hists: list[_chunks.History] = []
+        self.tracker = _tracking.Tracker(callbacks, [run_info(m, c, i) for i, (m, c) in
+                                                     enumerate(zip(members, self.configs))])
+        self.wall = 0.0   # wall seconds in compiled chunks (the callbacks' wall_time)
         self.identity = None
         if options.checkpoint is not None:   # what a checkpoint must agree with: schedule and settings
             self.identity = {"fingerprint": fingerprint(members[0].schedule),
                              **{k: self.configs[0][k] for k in ("task", "lr", "lr_rule", "optimizer", "seed",
                                                                  "eval_every")}}
+
+    def run(self, carry) -> list:
+        """Every chunk from `carry` (see `run`); the tracking callbacks finish every run
+        whatever happens, and a `CallbackError` carries the Results so far."""
+        from tqdm.auto import tqdm
+
+        options, members = self.options, self.members
+        try:
+            carry, start = self.begin(carry)
+            chunk, total = options.chunk, max(m.plan.num_updates for m in members)
+            bar = tqdm(total=total, initial=min(start * chunk, total), unit="upd", disable=not options.progress,
+                       desc=options.desc, leave=False)
+            _chunks.run(self.program.step, carry, num_chunks=members[0].plan.num_chunks, inputs=self.program.inputs,
+                        record=self.record, start=start, save=self.save if options.checkpoint is not None else None,
+                        histories=self.hists, bar=bar, bar_step=lambda k: min((k + 1) * chunk, total) - k * chunk)
+        except BaseException as e:
+            if isinstance(e, _tracking.CallbackError):   # keep what was recorded, as Ctrl-C does
+                e.results = self.results(stop=True)
+            self.tracker.finish([h.status for h in self.hists])   # its own errors would hide this one
+            raise
+        results = self.results()
+        err = self.tracker.finish([h.status for h in self.hists])
+        if err is not None:
+            err.results = results
+            raise err
+        return results
+
+    def results(self, stop: bool = False) -> list:
+        """Each member's Result; `stop`: the active ones marked 'stopped' first."""
+        if stop:
+            for h in self.hists:
+                if h.active:
+                    h.stop()
+        return [h.result(m.schedule, c) for m, h, c in zip(self.members, self.hists, self.configs)]
 
     def begin(self, carry):
         """(carry, first chunk): the initial rows, then the checkpoint's state when resuming."""
@@ -190,10 +256,15 @@ class _Run:
             start = int(meta["next_chunk"])
         for h, p in zip(self.hists, self.program.params(carry)):
             h.params = p
+        if start == 0:   # a resumed run reported its initial row before
+            for i, h in enumerate(self.hists):
+                self.tracker.row(i, h.rows[0], h.rows[0]["time"], 0.0)
         return carry, start
 
-    def record(self, k: int, carry, out, _wall: float) -> bool:
-        """Chunk k's losses, divergence checks and history rows; False after `stop_after`."""
+    def record(self, k: int, carry, out, wall: float) -> bool:
+        """Chunk k's losses, divergence checks, history rows and their callbacks; False
+        after `stop_after`."""
+        self.wall += wall
         losses = self.program.losses(out)
         chunk = self.options.chunk
         lo = k * chunk
@@ -215,6 +286,9 @@ class _Run:
             metrics, params = self.program.metrics(carry), self.program.params(carry)
             for i, hi, loss in live:
                 self.hists[i].add(_history_row(hi, self.members[i].plan, loss, metrics[i]), params[i])
+            for i, _, _ in live:   # after every row is in: a failing callback loses none
+                row = self.hists[i].rows[-1]
+                self.tracker.row(i, row, row["time"], self.wall)
         end = min(lo + chunk, max(m.plan.num_updates for m in self.members))
         return not (self.options.stop_after is not None and end >= self.options.stop_after)
 

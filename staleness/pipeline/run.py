@@ -17,6 +17,7 @@ import time
 
 import jax
 
+from staleness import tracking as _tracking
 from staleness.engine import core
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
@@ -31,7 +32,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
           seed: int = 0, lr: float | None = None, optimizer=DEFAULT_OPTIMIZER, eval_every: int | None = None,
           num_evals: int = 10, backward_ratio: float = 2.0, recompute_cost: float = 1.0,
           progress: bool = False, config: dict | None = None, checkpoint=None, resume: bool = False,
-          stop_after: int | None = None) -> Result:
+          stop_after: int | None = None, callbacks=None) -> Result:
     """Train `ptask` for `num_batches` batches along `schedule`.
 
     Args:
@@ -50,6 +51,11 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
         (`staleness.checkpoint`); with resume=True, continue from the one found there
         (bitwise the uninterrupted run).
       stop_after: stop (status 'stopped') after the chunk that reaches this many batches.
+      callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list
+        of them, called with a `staleness.tracking.Evaluation` at every evaluation (each
+        history row, as it is recorded; on resume only the new ones): step = batches
+        applied, time = simulated seconds, wall_time = the row's wall_time; run.label is
+        config['label'] if given, else 'SCHEDULE seed=S lr=LR'.
 
     Returns:
       A `Result`: history rows (update = batches applied at every stage, tick, time,
@@ -59,8 +65,10 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       train_loss [N] per batch. `time` is simulated seconds for the one-device
       path and wall-clock seconds (excluding compilation) on devices.
       Raises `DivergenceError` (with `.result`) on a non-finite loss, naming the
-      batch, the stage that computed the loss, its lag and the tick.
+      batch, the stage that computed the loss, its lag and the tick, and
+      `staleness.tracking.CallbackError` (with `.results`) when a callback raises.
     """
+    callbacks = _tracking.as_callbacks(callbacks)
     setup = set_up(ptask, RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
                                   eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
                                   recompute_cost=recompute_cost))
@@ -71,7 +79,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
     engine = _engine(ptask, setup, params, ctx, devices)
     return drive(ptask, setup, params, engine,
                  Host(engine_name="devices" if on_devices else "sim", wall_time=on_devices, config=config,
-                      progress=progress, checkpoint=checkpoint, resume=resume, stop_after=stop_after))
+                      progress=progress, checkpoint=checkpoint, resume=resume, stop_after=stop_after,
+                      callbacks=callbacks))
 
 
 def _engine(ptask, setup: Setup, params, ctx: S.Context, devices) -> Engine:

@@ -9,10 +9,12 @@
 `staleness.pipeline.multiprocess` (one stage per process) differ only in the
 engine they build; `set_up` checks the arguments and resolves everything that
 does not depend on it, `drive` runs it chunk by chunk (`staleness.engine.chunks.run`):
-evaluate, record the history, check for divergence, checkpoint, assemble the
-`Result`. `resolve_schedule` and `eval_chunk` (the schedule argument, the
-evaluation chunk) are shared with `staleness.pipeline.sweep`; the other
-arguments are checked with `staleness.checks`.
+evaluate, record the history, call the tracking callbacks (`staleness.tracking`;
+one per history row as it is recorded, only the new ones on resume), check for
+divergence, checkpoint, assemble the `Result`. `resolve_schedule` and
+`eval_chunk` (the schedule argument, the evaluation chunk) are shared with
+`staleness.pipeline.sweep`; the other arguments are checked with
+`staleness.checks`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from staleness import checkpoint as _checkpoint
 from staleness import checks
 from staleness import cluster as _cluster
+from staleness import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import optim as _optim
 from staleness.pipeline.model import join_params
@@ -146,6 +149,8 @@ class Host:
     lead: bool = True                 # this process evaluates, records and returns the `Result`
     #                                   (the others return None and raise `DivergenceError` without one)
     log: Callable | None = None       # a callable taking one line after every chunk (None: quiet)
+    callbacks: tuple = ()             # `staleness.tracking` callbacks, called at every history row
+    #                                   (where `lead`)
 
 
 def drive(ptask, setup: Setup, params, engine: Engine, host: Host) -> Result | None:
@@ -159,14 +164,28 @@ def drive(ptask, setup: Setup, params, engine: Engine, host: Host) -> Result | N
 
     plan, chunk = setup.plan, setup.chunk
     run = _Run(ptask, setup, params, engine, host)
-    carry, start = run.resume(engine.carry)
-    bar = tqdm(total=plan.num_ticks, initial=min(start * chunk, plan.num_ticks), unit="tick",
-               disable=not host.progress, desc=setup.sched.describe(), leave=False)
-    _, status, _ = _chunks.run(engine.step, carry, num_chunks=-(-plan.num_ticks // chunk),
-                               inputs=lambda c: plan.xs(c * chunk, chunk), record=run.record, start=start,
-                               save=run.save, histories=[run.hist], bar=bar,
-                               bar_step=lambda c: min((c + 1) * chunk, plan.num_ticks) - c * chunk)
-    return run.result(status)
+    try:
+        carry, start = run.resume(engine.carry)
+        if start == 0:   # a resumed run reported its initial row before
+            run.track(run.hist.rows[0])
+        bar = tqdm(total=plan.num_ticks, initial=min(start * chunk, plan.num_ticks), unit="tick",
+                   disable=not host.progress, desc=setup.sched.describe(), leave=False)
+        _, status, _ = _chunks.run(engine.step, carry, num_chunks=-(-plan.num_ticks // chunk),
+                                   inputs=lambda c: plan.xs(c * chunk, chunk), record=run.record, start=start,
+                                   save=run.save, histories=[run.hist], bar=bar,
+                                   bar_step=lambda c: min((c + 1) * chunk, plan.num_ticks) - c * chunk)
+    except BaseException as e:
+        if isinstance(e, _tracking.CallbackError):   # keep what was recorded, as Ctrl-C does
+            run.hist.stop()
+            e.results = [run.result("stopped")]
+        run.tracker.finish([run.hist.status])   # its own errors would hide this one
+        raise
+    result = run.result(status)
+    err = run.tracker.finish([run.hist.status])
+    if err is not None:
+        err.results = [result]
+        raise err
+    return result
 
 
 def _config(ptask, setup: Setup, engine: Engine, host: Host) -> dict:
@@ -206,6 +225,14 @@ class _Run:
         self.wall = 0.0
         self.ckpt = Path(host.checkpoint) if host.checkpoint is not None else None
         self.identity = {k: self.cfg[k] for k in _IDENTITY}
+        name = setup.sched.describe()
+        info = _tracking.Run(_tracking.label(name, setup.seed, setup.opt.lr, "", host.config), name, int(setup.seed),
+                             setup.opt.lr, "", 0, self.cfg)
+        self.tracker = _tracking.Tracker(host.callbacks if host.lead else (), [info])
+
+    def track(self, row: dict) -> None:
+        """Report history row `row` to the callbacks (simulated time, measured wall time)."""
+        self.tracker.row(0, row, row["sim_time"], row["wall_time"])
 
     def evaluate(self, per_stage) -> dict:
         if not self.host.lead:
@@ -246,6 +273,7 @@ class _Run:
             self.diverged(lo, end, valid, chunk_losses, metrics)
         self.hist.add(self.row(end, self.wall, float(np.mean(chunk_losses)) if len(chunk_losses) else math.nan,
                                metrics), cur)
+        self.track(self.hist.rows[-1])
         stop_after = self.host.stop_after
         return not (stop_after is not None and plan.batches_done(end) >= stop_after)
 

@@ -104,7 +104,11 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
         raise ValueError(f"streaming_diloco: steps = {steps} must be a multiple of fragments = {fragments} "
                          "(one fragment is synchronized every steps / fragments inner steps)")
     work = Streaming(steps // fragments, False, fragments, overlap, float(alpha), bits)
-    spec = f"streaming_diloco:{steps}:fragments={fragments}:overlap={overlap}:alpha={float(alpha):g}:bits={bits}"
+    # the spec names only what differs from the defaults: a short label for tables, legends and directories
+    spec = f"streaming_diloco:{steps}" + "".join(
+        f":{k}={v:g}" if isinstance(v, float) else f":{k}={v}"
+        for k, v, default in (("fragments", fragments, 2), ("overlap", overlap, 0), ("alpha", float(alpha), 0.0),
+                              ("bits", bits, 32)) if v != default)
     return Policy(ClockBound(0), AllLive(), spec, work, "nesterov:0.9,lr=0.7")
 
 

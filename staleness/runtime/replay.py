@@ -28,6 +28,20 @@ class Comparison:
         return self.bitwise or self.max_abs_diff <= tolerance
 
 
+def _check_shapes(task, recorded, cfg) -> None:
+    """The task's parameters must have the recorded run's structure and shapes: another model
+    would train on the schedule and be compared leaf by leaf with nothing it relates to."""
+    import jax
+
+    want = [tuple(np.shape(x)) for x in jax.tree.leaves(recorded.params)]
+    got = [tuple(x.shape) for x in jax.tree.leaves(jax.eval_shape(task.init_params, jax.random.key(0)))]
+    if want != got:
+        raise ValueError(f"task {getattr(task, 'name', task)!r} has other parameters ({sum(map(np.prod, got)):.0f} "
+                         f"values in {len(got)} arrays) than the recorded run's task {cfg.get('task')!r} "
+                         f"({sum(map(np.prod, want)):.0f} in {len(want)}); replay with the task the run was "
+                         "recorded with")
+
+
 def compare_params(a, b) -> Comparison:
     import jax
 
@@ -83,6 +97,8 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
                             num_workers=sched.num_workers, partition=cfg.get("partition", "iid"),
                             seed=int(cfg.get("task_seed") or 0), data_dir=data_dir,
                             **(cfg.get("task_options") or {}))
+    if recorded is not None:
+        _check_shapes(task, recorded, cfg)
     if optimizer is None and cfg.get("optimizer") == "optax":
         raise ValueError("the recorded run used an optax optimizer object; replay it from Python with "
                          "optimizer=<the same optax transformation>")

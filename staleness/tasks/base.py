@@ -114,6 +114,9 @@ class Task:
             raise ValueError(f"task {self.name!r}: metrics {[m.name for m in self.metrics]} must match "
                              f"metric_names {list(self.metric_names)}")
         object.__setattr__(self, "metrics", declared)
+        if self.train_size and self.batch_size > self.train_size:
+            raise ValueError(f"task {self.name!r}: batch_size = {self.batch_size} is more than its {self.train_size} "
+                             f"training examples; give a batch_size of at most {self.train_size}")
         if isinstance(self.optimizer, str):   # a spec string: a bad one is an error now, not at the first run
             from staleness.engine import optim as _optim
 

@@ -50,6 +50,10 @@ def as_arrays(value: Any, what: str) -> dict[str, np.ndarray]:
         if a.dtype == object or a.ndim == 0:
             raise DataError(f"{what}[{k!r}] must be an array with a leading example axis; got "
                             f"{type(v).__name__} of shape {a.shape} and dtype {a.dtype}.")
+        if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
+            bad = np.flatnonzero(~np.isfinite(a).reshape(len(a), -1).all(axis=1))
+            raise DataError(f"{what}[{k!r}] holds NaN or inf in {len(bad)} example(s), the first at row "
+                            f"{int(bad[0])}; clean or drop them (a non-finite input makes every loss NaN).")
         if a.dtype == np.float64:
             a = a.astype(np.float32)
         elif a.dtype == np.int64:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from staleness.tasks import cifar, data, lm, models
+from staleness.tasks import partitions as _partitions
 from staleness.tasks.base import Task
 from staleness.tasks.checks import check_common, check_name
 from staleness.tasks.classification import classification_task
@@ -189,6 +190,7 @@ def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_op
         if unknown:
             raise TypeError(f"task {name!r} got unknown option(s) {unknown}; its options are "
                             f"{sorted(accepted - set(_COMMON)) or 'none'}.")
+    given = {k: common[k] for k in _GIVEN if common.get(k) is not None}
     common = dict(common)
     for key, value in defaults.items():   # the factory's own default wins over get's
         if key not in common and (key not in named or named[key].default is inspect.Parameter.empty):
@@ -205,7 +207,26 @@ def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_op
     if not isinstance(task, Task):
         raise FactoryError(f"task = {name!r}: the factory returned {type(task).__name__}, not a "
                            "staleness.tasks.Task (build one with staleness.tasks.from_flax or from_functions).")
+    _check_honoured(name, task, {k: v for k, v in given.items() if k not in kwargs})
     return task if task.name == name else dataclasses.replace(task, name=name)
+
+
+_GIVEN = ("batch_size", "partition", "seed", "data_dir")   # settings a caller gives a factory by name
+
+
+def _check_honoured(name: str, task: Task, dropped: dict) -> None:
+    """A setting the caller gave that the factory does not take must already be the task's:
+    otherwise it would be silently ignored (and recorded as if it had been used)."""
+    for key, value in dropped.items():
+        have = getattr(task, key, None)
+        if key == "partition" and have is not None:
+            same = _partitions.parse(str(value)).describe() == have
+        else:
+            same = have is not None and have == value
+        if not same:
+            raise FactoryError(f"task = {name!r}: its factory takes no {key}, so {key} = {value!r} cannot be "
+                               f"honoured (the task has {have!r}); add a {key} parameter to the factory or leave "
+                               "the setting out")
 
 
 def _rl_task(name: str, batch_size, partition, num_workers: int, seed, options: dict):
