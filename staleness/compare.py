@@ -40,6 +40,7 @@ from staleness import checks, files, interrupts
 from staleness import policies as _policies
 from staleness import stats
 from staleness.results import DivergenceError, Result
+from staleness.tracking import CallbackError
 
 __all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "DEFAULT_RL_POLICIES", "MANIFEST", "ResumeError",
            "rollout_table"]
@@ -419,8 +420,9 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list of
       them, called at every evaluation of every run that runs (policy major, seed minor;
       not the tuning sweeps, nor the runs a resumed comparison loads): see
-      `staleness.tracking`. A callback that raises stops the comparison with its
-      `CallbackError`.
+      `staleness.tracking`. A callback that raises stops the comparison like Ctrl-C
+      (everything recorded is written, resumable) and then raises its `CallbackError`,
+      whose `comparison` is the interrupted Comparison.
     A run that diverges is kept with status 'diverged' (its history stops there).
     Ctrl-C stops the comparison: the Comparison has interrupted=True, the run in
     progress has status 'stopped', and (with out=) everything is written.
@@ -473,7 +475,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     try:
         done = _open_out(stage, resume, plan_config, planned)
         tuning = _tuning(runs, pols, stage, resume, tune, lr_grid, tune_seeds, progress)
-        results, interrupted = _run_all(runs, pols, seeds, tuning, done, stage, progress, callbacks)
+        results, interrupted, failed = _run_all(runs, pols, seeds, tuning, done, stage, progress, callbacks)
         cmp = Comparison(results, metric, target, planned, interrupted, tuning, task)
         if stage is not None:
             cmp.save(stage, results=False)
@@ -483,6 +485,9 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
         raise
     if stage is not out:
         files.swap_in(stage, out)
+    if failed is not None:   # written like an interrupted comparison (resumable); then the error
+        failed.comparison = cmp
+        raise failed
     return cmp
 
 
@@ -610,16 +615,16 @@ def _fixed_rate(runs: _Runs, pol):
 
 
 def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: bool,
-             callbacks: tuple = ()) -> tuple[list, bool]:
-    """(Results in plan order, interrupted): every policy × seed not `done`, each saved
-    into `out` as it ends; Ctrl-C anywhere (scheduling, saving) stops the loop and
-    keeps what finished."""
+             callbacks: tuple = ()) -> tuple[list, bool, Exception | None]:
+    """(Results in plan order, interrupted, the CallbackError that stopped it or None):
+    every policy × seed not `done`, each saved into `out` as it ends; Ctrl-C anywhere
+    (scheduling, saving) or a failing callback stops the loop and keeps what finished."""
     from tqdm.auto import tqdm
 
     from staleness.engine.run import simulate
 
     results: list[Result] = []
-    interrupted = False
+    interrupted, failed = False, None
     bar = tqdm([(p, s) for p in pols for s in seeds], desc="compare", unit="run", disable=not progress)
     try:
         for pol, seed in bar:
@@ -637,6 +642,8 @@ def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: 
                              inner_optimizer=runs.inner(pol), num_evals=runs.num_evals, callbacks=callbacks)
             except DivergenceError as e:
                 r = e.result
+            except CallbackError as e:   # a user's callback failed: keep what was recorded, as after Ctrl-C
+                r, failed = e.result, e
             results.append(r)
             if out is not None:
                 r.save(out / "results" / run_name(*key), overwrite=True)
@@ -647,7 +654,7 @@ def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: 
         interrupted = True
     finally:
         bar.close()
-    return results, interrupted
+    return results, interrupted, failed
 
 
 def __dir__():

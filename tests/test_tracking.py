@@ -244,3 +244,30 @@ def test_wandb_missing_names_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)   # `import wandb` raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'staleness\[wandb\]'"):
         tracking.WandB("p")
+
+
+# -- the CLI's --log ---------------------------------------------------------------------------
+def test_cli_log_writes_tensorboard_events_for_simulate_and_compare(tmp_path, capsys):
+    from staleness.cli import main
+
+    tb = tmp_path / "tb"
+    assert main(["simulate", "--task", "quadratic", "--policy", "asp", "--updates", "10", "--no-progress",
+                 "--log", f"tensorboard:{tb}"]) == 0
+    assert main(["compare", "--task", "quadratic", "--policy", "asp", "--policy", "ssp:1", "--seeds", "0",
+                 "--updates", "10", "--no-tune", "--no-progress", "--out", str(tmp_path / "c"),
+                 "--log", f"tensorboard:{tb}"]) == 0
+    runs = sorted(p.name for p in tb.iterdir() if p.is_dir())   # a run per label: asp's twice, ssp:1's once
+    assert runs == ["asp_seed=0_lr=0.1", "ssp-1_seed=0_lr=0.1"]
+    assert all(any(p.glob("events.out.tfevents.*")) for p in tb.iterdir())
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--log", "nonsense"], ["compare", "--log", "tensorboard:"],
+                                  ["sweep", "--log", "mlflow:x"]])
+def test_cli_bad_log_is_one_line_before_anything_runs(tmp_path, capsys, monkeypatch, argv):
+    from staleness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--updates", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--log = " in err and len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

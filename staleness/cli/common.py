@@ -9,7 +9,8 @@ import sys
 
 __all__ = ["UsageError", "Parser", "print_table", "count", "natural", "positive", "nonnegative", "check_out",
            "add_task_option", "task_options", "build_task", "rl_task_name", "is_rl_policy", "check_pairing",
-           "declared_optimizer", "DEFAULT_RL_POLICIES", "add_yes", "check_scale", "check_processes"]
+           "declared_optimizer", "DEFAULT_RL_POLICIES", "add_yes", "check_scale", "check_processes",
+           "add_log", "log_callbacks"]
 
 from staleness.compare import DEFAULT_RL_POLICIES   # noqa: E402 - the policies compare runs on an RL task
 
@@ -178,6 +179,24 @@ def check_processes(args, n: int) -> None:
     if not getattr(args, "yes", False) and need > _memory_bytes() / 2:
         raise UsageError(f"--local {n} would start {n} JAX processes, about {_human(need, 'B')} of memory (of "
                          f"{_human(_memory_bytes(), 'B')}) before any work; use fewer, or --yes to go on")
+
+
+# -- experiment tracking --------------------------------------------------------------
+def add_log(p) -> None:
+    p.add_argument("--log", action="append", default=None, metavar="SPEC",
+                   help="log every evaluation as it happens (repeatable): tensorboard:DIR (TensorBoard event "
+                   "files, one run per subdirectory) or wandb:PROJECT (Weights & Biases; pip install "
+                   "'staleness[wandb]'; WANDB_MODE=offline works without a network)")
+
+
+def log_callbacks(args) -> list:
+    """The `staleness.tracking` writers of --log, built (lazily: no file yet) before any run."""
+    from staleness import tracking
+
+    try:
+        return [tracking.parse(spec, what="--log") for spec in getattr(args, "log", None) or []]
+    except (ValueError, ImportError) as e:
+        raise UsageError(str(e)) from None
 
 
 # -- tasks: options, RL or supervised ----------------------------------------------------

@@ -24,7 +24,8 @@ import os
 import sys
 import time
 
-from staleness.cli.common import UsageError, check_out, count, natural, nonnegative, positive, print_table
+from staleness.cli.common import (UsageError, add_log, check_out, count, log_callbacks, natural, nonnegative, positive,
+                                   print_table)
 
 __all__ = ["add"]
 
@@ -82,6 +83,7 @@ def add(sub) -> None:
     p.add_argument("--out", default=None, help="directory for the Result files (checked before anything runs)")
     p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_log(p)
     p.set_defaults(func=_cmd)
 
 
@@ -144,6 +146,9 @@ def _cmd(args) -> int:
     k = _num_stages(args)
     if k < 1:
         raise UsageError(f"--stages = {k} must be >= 1")
+    callbacks = log_callbacks(args)
+    if callbacks and (args.launch_local is not None or args.coordinator is not None):
+        raise UsageError("--log applies to one-process pipelines")
     if args.launch_local is not None:
         return _launch(args, k)
     job = (args.coordinator, args.num_processes, args.process_id)
@@ -163,6 +168,7 @@ def _cmd(args) -> int:
         _want_cpu_devices(k)
     import staleness.pipeline as pp
     from staleness.results import DivergenceError
+    from staleness.tracking import CallbackError
 
     delays = args.delays
     if args.schedule.strip().lower() == "dsp" and delays is None:
@@ -183,10 +189,14 @@ def _cmd(args) -> int:
             result = mp.train_distributed(ptask, sched, args.batches, **kw,
                                           log=lambda line: print(line, file=sys.stderr, flush=True))
         else:
-            result = pp.train(ptask, sched, args.batches, devices=args.devices, progress=not args.no_progress, **kw)
+            result = pp.train(ptask, sched, args.batches, devices=args.devices, progress=not args.no_progress,
+                              callbacks=callbacks, **kw)
     except DivergenceError as e:
         result = e.result
         print(f"staleness: diverged: {e}", file=sys.stderr)
+    except CallbackError as e:   # a --log writer failed: keep and write what was recorded
+        result = e.result
+        print(f"staleness: {e}", file=sys.stderr)
         if result is None:   # a stage process other than 0: process 0 reports and writes
             return 1
     if result is None:

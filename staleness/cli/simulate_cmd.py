@@ -7,9 +7,9 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_task_option, add_yes, build_task,
-                                   check_out, check_pairing, check_scale, count, is_rl_policy, natural, positive,
-                                   print_table, rl_task_name)
+from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_log, add_task_option, add_yes,
+                                   build_task, check_out, check_pairing, check_scale, count, is_rl_policy,
+                                   log_callbacks, natural, positive, print_table, rl_task_name)
 
 __all__ = ["add_simulate", "add_compare"]
 
@@ -33,6 +33,7 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time; "
                    f"default for RL tasks {DEFAULT_RL_UPDATES} learner updates)")
     add_yes(p)
+    add_log(p)
     p.add_argument("--lr", type=positive, default=None,
                    help=f"learning rate (default {DEFAULT_LR:g}, or the lr= the --optimizer spec names)")
     p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
@@ -160,6 +161,7 @@ def _cmd_simulate(args) -> int:
     check_specs(args)
     updates, max_time = _budget(args, is_rl_policy(policy) if rl is None else rl)
     check_scale(args, cluster, updates, max_time)
+    callbacks = log_callbacks(args)
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR")
     out = check_out(args)
@@ -175,10 +177,14 @@ def _cmd_simulate(args) -> int:
         result = st.simulate(task, policy, cluster, num_updates=updates, max_time=max_time, seed=args.seed,
                              lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
                              inner_optimizer=args.inner_optimizer,
-                             progress=not args.no_progress, checkpoint=args.checkpoint, resume=args.resume)
+                             progress=not args.no_progress, checkpoint=args.checkpoint, resume=args.resume,
+                             callbacks=callbacks)
     except DivergenceError as e:
         result = e.result
         print(f"staleness: diverged: {e}", file=sys.stderr)
+    except st.tracking.CallbackError as e:   # a --log writer failed: keep and write what was recorded
+        result = e.result
+        print(f"staleness: {e}", file=sys.stderr)
     print(f"{policy.describe()} on {cluster.describe()} ({task_label(task)}, seed {args.seed}): "
           f"{time.perf_counter() - t0:.1f} s wall")
     print_table(result.history.to_dict("records"))
@@ -292,6 +298,7 @@ def _cmd_compare(args) -> int:
     check_specs(args)
     updates, max_time = _budget(args, any(is_rl_policy(p) for p in policies) if rl is None else rl)
     check_scale(args, cluster, updates, max_time, runs=len(policies) * len(seeds))
+    callbacks = log_callbacks(args)
     if args.resume_compare and args.overwrite:
         raise UsageError("give either --resume or --overwrite, not both")
     out = check_out(args, default="runs/compare")
@@ -308,11 +315,16 @@ def _cmd_compare(args) -> int:
     t0 = time.perf_counter()
     if args.inner_optimizer is None and task.optimizer is None:
         args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
-    cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,
-                  lr_rule=args.lr_rule, optimizer=args.optimizer, inner_optimizer=args.inner_optimizer,
-                  metric=metric, target=target,
-                  progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite,
-                  tune=not args.no_tune, lr_grid=grid, default_lr=DEFAULT_LR)
+    try:
+        cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,
+                      lr_rule=args.lr_rule, optimizer=args.optimizer, inner_optimizer=args.inner_optimizer,
+                      metric=metric, target=target,
+                      progress=not args.no_progress, out=out, resume=args.resume_compare, overwrite=args.overwrite,
+                      tune=not args.no_tune, lr_grid=grid, default_lr=DEFAULT_LR, callbacks=callbacks)
+    except st.tracking.CallbackError as e:   # written like an interrupted comparison
+        print(f"staleness: {e}" + (f"; wrote {out}/ (continue with --resume)" if out is not None else ""),
+              file=sys.stderr)
+        return 1
     budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
     rate = f"lr {args.lr:g}" if args.lr is not None else cmp.budget()
     goal = "higher" if task.metric(metric).higher_is_better else "lower"

@@ -30,9 +30,9 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.common import (is_rl_task, UsageError, add_task_option, add_yes, build_task, check_out, check_pairing,
-                                   check_scale, count, declared_optimizer, natural, positive, print_table, rl_task_name,
-                                   task_options)
+from staleness.cli.common import (is_rl_task, UsageError, add_log, add_task_option, add_yes, build_task, check_out,
+                                   check_pairing, check_scale, count, declared_optimizer, log_callbacks, natural,
+                                   positive, print_table, rl_task_name, task_options)
 from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES
 from staleness.procs import kill_groups
 
@@ -68,6 +68,7 @@ def add(sub) -> None:
                    f"{DEFAULT_RL_UPDATES} learner updates on an RL task)")
     p.add_argument("--max-time", type=positive, default=None, help="simulated seconds per run (instead of --updates)")
     add_yes(p)
+    add_log(p)
     p.add_argument("--optimizer", default=None, help="server (outer) optimizer spec (default: the policy's, else "
                    "the task's, else sgd)")
     p.add_argument("--inner-optimizer", default=None, help="local-update methods: the workers' optimizer spec")
@@ -196,6 +197,9 @@ def _check(args):
     multi = all(given)
     if multi and not args.process_id < args.num_processes:
         raise UsageError(f"--process-id = {args.process_id} must be in 0..{args.num_processes - 1}")
+    log_callbacks(args)   # a bad --log is a usage error before anything runs
+    if (multi or args.launch_local is not None) and args.log:
+        raise UsageError("--log applies to one-process sweeps")
     if multi and args.launch_local is not None:
         raise UsageError("--launch-local starts the processes itself; drop --coordinator/--num-processes/--process-id")
     if args.timeout is not None and args.launch_local is None:
@@ -244,7 +248,7 @@ def _cmd(args) -> int:
             return 0
     else:
         results = sweeps.replay_grid(make_grid(), devices=args.devices, progress=not args.no_progress,
-                                     block=args.block)
+                                     block=args.block, callbacks=tuple(log_callbacks(args)))
     wall = time.perf_counter() - t0
     rows, metric, target = _table(results, args, built[0] if built else None)
     where = (f"{args.num_processes} processes" if multi else

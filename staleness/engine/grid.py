@@ -310,7 +310,8 @@ def _program(grid: Grid, lay: _Layout, n: int):
     return program, [c[0] for c in calls], [r for c in calls for r in c[2]]
 
 
-def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = False, block: int | None = None) -> list:
+def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = False, block: int | None = None,
+                callbacks: tuple = ()) -> list:
     """Replay configurations `indices` of `grid` (default: all), `block` configurations per
     device per compiled call, over `devices` (see `resolve_devices`). Returns their Results
     in the order of `indices`.
@@ -337,7 +338,7 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
                                       {**layout, "sweep_index": idx}))
     options = _runner.Options(grid.chunk, grid.task.config(), grid.opt.describe(),
                               None if grid.inner_opt is None else grid.inner_opt.describe(), on_divergence="mark",
-                              progress=progress, desc=f"sweep x{len(indices)}")
+                              progress=progress, desc=f"sweep x{len(indices)}", callbacks=tuple(callbacks))
     results = _runner.run(program, carries, members, options)
     timing = {"compile_s": compile_seconds() - compile0, "sweep_s": time.perf_counter() - t_start}
     for r in results:

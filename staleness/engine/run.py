@@ -322,8 +322,7 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     grid = prepare(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
                    max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, eval_every=eval_every,
                    num_evals=num_evals, batch_size=batch_size, ring=ring, slots=slots)
-    with _runner.tracked(callbacks):   # replay_grid builds the runner's Options
-        return _grid.replay_grid(grid, devices=devices, progress=progress, block=block)
+    return _grid.replay_grid(grid, devices=devices, progress=progress, block=block, callbacks=callbacks)
 
 
 def prepare(task, policies, cluster, **settings) -> _grid.Grid:

@@ -26,8 +26,6 @@ is `engine.chunks.run`.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
 from collections.abc import Callable
@@ -44,7 +42,7 @@ from staleness.engine import core
 from staleness.engine.optim import get_lr
 from staleness.engine.plan import Plan, chunk_inputs, fingerprint
 
-__all__ = ["Program", "Member", "Options", "run", "single", "config", "learning_rate", "tracked", "run_info"]
+__all__ = ["Program", "Member", "Options", "run", "single", "config", "learning_rate", "run_info"]
 
 DIVERGENCE = ("raise", "mark")   # Options.on_divergence
 
@@ -102,21 +100,6 @@ class Options:
     callbacks: tuple = ()
 
 
-# callbacks for the runs started inside `tracked` (a caller that builds no Options of its own:
-# `engine.run.sweep` around `engine.grid.replay_grid`); each `run` takes them and clears them
-_AMBIENT: contextvars.ContextVar[tuple] = contextvars.ContextVar("staleness_callbacks", default=())
-
-
-@contextlib.contextmanager
-def tracked(callbacks: tuple):
-    """Within the block, `run` also calls `callbacks` (a tuple of callables) for its runs."""
-    token = _AMBIENT.set(tuple(callbacks))
-    try:
-        yield
-    finally:
-        _AMBIENT.reset(token)
-
-
 def single(task, plan: Plan, consts: dict, static) -> Program:
     """The program of one configuration (`engine.run.replay`): `core.run_chunk` with
     `static` (a `core.Static`) and `consts` on `plan`'s chunks, `core.evaluate`."""
@@ -160,13 +143,7 @@ def run(program: Program, carry, members, options: Options) -> list:
         raise ValueError(f"on_divergence = {options.on_divergence!r} must be one of {DIVERGENCE}")
     if options.checkpoint is not None and len(members) != 1:
         raise ValueError(f"checkpoint: a replay of one configuration checkpoints, not {len(members)}")
-    callbacks = tuple(options.callbacks) + _AMBIENT.get()
-    token = _AMBIENT.set(())   # a run started by a callback does not inherit them
-    try:
-        state = _Run(program, list(members), options, callbacks)
-        return state.run(carry)
-    finally:
-        _AMBIENT.reset(token)
+    return _Run(program, list(members), options, tuple(options.callbacks)).run(carry)
 
 
 def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> dict:
