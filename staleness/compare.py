@@ -52,7 +52,7 @@ TUNE_SEEDS = (1001, 1002)                   # seeds of the tuning runs (not the 
 EXTEND = 2   # times the default grid is extended by one step when its best value is at an edge
 MANIFEST = "compare.json"
 _MANIFEST_VERSION = 1
-_COUNTED = ("complete", "diverged")   # statuses whose runs enter the medians
+_COUNTED = ("complete", "diverged", "failed")   # statuses whose runs enter the medians
 
 
 class ResumeError(ValueError):
@@ -124,6 +124,8 @@ class Comparison:
             stopped = sum(r.status == "stopped" for r in every)
             want = planned.get(pol, len(every))
             status = "complete" if len(runs) >= want else ("stopped" if stopped else "incomplete")
+            if any(r.status == "failed" for r in runs):   # every worker was lost before the budget
+                status = "failed"
             row = {"policy": pol, "seeds": len(runs), "status": status, "stopped": stopped}
             t = self.tuning.get(pol)
             if isinstance(t, dict) and "lr" in t:

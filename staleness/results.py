@@ -26,7 +26,32 @@ from staleness.schedule import FileFormatError, Schedule
 __all__ = ["Result", "FORMAT_VERSION", "DivergenceError", "FileFormatError", "STATUSES", "flatten_params",
            "unflatten_params"]
 
-STATUSES = ("complete", "diverged", "stopped")
+STATUSES = ("complete", "diverged", "stopped", "failed")
+
+ORBAX_DIR = "orbax"
+"""The Result directory's orbax-checkpoint of the final parameters (a plain nested dict of
+arrays, the same pytree as `params.npz`): load it with
+`orbax.checkpoint.StandardCheckpointer().restore(Path(result_dir, "orbax").absolute())`, then
+`model.apply({"params": params}, x)` for a linen model or
+`staleness.tasks.load_into(module, params)` for an nnx module."""
+
+
+def _save_orbax(path: Path, params) -> bool:
+    """Write `params` as an orbax checkpoint at `path` (a new directory); False where it is
+    not written: several JAX processes (an orbax save would wait for all of them, while
+    only process 0 writes a Result) or no orbax-checkpoint installed."""
+    import jax
+
+    if jax.process_count() > 1:
+        return False
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:   # pragma: no cover - flax depends on it
+        return False
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(Path(path).absolute(), jax.tree.map(np.asarray, params))
+        ckpt.wait_until_finished()
+    return True
 
 FORMAT_VERSION = 1
 
@@ -143,7 +168,8 @@ class Result:
     params: final parameters (NumPy pytree).
     config: what produced it (task, policy, cluster, seed, lr, ...).
     train_loss: [U] mean loss of each update's gradients.
-    status: 'complete', 'diverged' or 'stopped' (interrupted; resumable).
+    status: 'complete', 'diverged', 'stopped' (interrupted; resumable) or 'failed' (every
+      worker was lost before the budget: `config['ended']` says when).
     """
 
     history: Any
@@ -214,8 +240,11 @@ class Result:
         self.history.to_csv(path / "history.csv", index=False)
         self.schedule.save(path / "schedule.json")
         np.savez(path / "params.npz", **flatten_params(self.params))
+        orbax = _save_orbax(path / ORBAX_DIR, self.params)
         np.save(path / "train_loss.npy", np.asarray(self.train_loss))
         meta = {"format_version": FORMAT_VERSION, "status": self.status, "config": _jsonable(self.config)}
+        if orbax:
+            meta["orbax"] = ORBAX_DIR
         (path / "result.json").write_text(json.dumps(meta, indent=1))
 
     @classmethod

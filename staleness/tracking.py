@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = ["Run", "Evaluation", "CallbackError", "Tracker", "TensorBoard", "WandB", "parse", "as_callbacks",
-           "label", "callback_name"]
+           "label", "callback_name", "report"]
 
 SPECS = "'tensorboard:DIR' (TensorBoard event files under DIR) or 'wandb:PROJECT' (Weights & Biases)"
 
@@ -179,6 +179,31 @@ class Tracker:
                                               f"{run.label!r}: {e}", name)
                         first.__cause__ = e
         return first
+
+
+def report(callbacks, result) -> None:
+    """Call `callbacks` with every history row of a finished `result` (wall seconds as both
+    times: a real run's history time is wall time), then finish its run; a callback error is
+    raised as a `CallbackError` carrying the result. For a real run, whose snapshots are
+    evaluated after serving (an evaluation would stall the server), not while it trains."""
+    callbacks = as_callbacks(callbacks)
+    if not callbacks:
+        return
+    cfg = result.config
+    policy, rule = str(cfg.get("policy", result.schedule.policy.describe())), str(cfg.get("lr_rule", ""))
+    tracker = Tracker(callbacks, [Run(label(policy, cfg.get("seed", 0), cfg.get("lr"), rule, cfg), policy,
+                                      int(cfg.get("seed", 0)), cfg.get("lr"), rule, 0, cfg)])
+    try:
+        for row in result.history.to_dict("records"):
+            tracker.row(0, row, row["time"], row["time"])
+    except CallbackError as e:
+        tracker.finish([result.status])
+        e.results = [result]
+        raise
+    err = tracker.finish([result.status])
+    if err is not None:
+        err.results = [result]
+        raise err
 
 
 def _finite(metrics: dict) -> dict:

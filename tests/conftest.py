@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover
 
 # Test files whose tests start multi-process jobs (launchers, `jax.distributed`, soak scenarios).
 MULTIPROCESS_FILES = frozenset({"test_runtime_multiprocess.py", "test_pipeline_multiprocess.py", "test_soak.py",
-                                "test_sweep.py"})
+                                "test_sweep.py", "test_rl_multiprocess.py"})
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -258,3 +258,77 @@ def test_lr_tuning_says_when_its_choice_is_noise():
     t = close.tuning["asp"]
     assert t["within_noise"] and t["runner_up"] in t["grid"] and t["runner_up"] != t["lr"]
     assert close.tuning_notes() == [f"asp: lr {t['lr']:g} vs {t['runner_up']:g} is within the tuning seeds' noise"]
+
+
+def test_a_run_whose_workers_all_died_is_failed_not_complete(tmp_path, capsys):
+    """`+fail=0@10,1@10,2@10,3@10` reported status 'complete' after 36 of 50 updates."""
+    from staleness.cli import main
+    from staleness.results import Result
+
+    cluster = "1*4+fail=0@10,1@10,2@10,3@10"
+    r = st.simulate("quadratic", "asp", cluster, num_updates=50, num_evals=2)
+    assert r.status == "failed" and r.schedule.num_updates < 50
+    assert r.config["ended"].startswith("every worker was lost: the run ended at 10 simulated s after")
+    ok = st.simulate("quadratic", "asp", "1*4+fail=0@10", num_updates=50, num_evals=2)
+    assert ok.status == "complete" and ok.schedule.num_updates == 50   # three workers go on
+    code = main(["simulate", "--task", "quadratic", "--policy", "asp", "--cluster", cluster, "--updates", "50",
+                 "--no-progress", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 1 and "every worker was lost" in err
+    assert Result.load(tmp_path / "r").status == "failed"
+
+
+# -- portable checkpoints ------------------------------------------------------------------------
+def test_result_params_load_into_the_users_nnx_and_linen_models_from_orbax(tmp_path):
+    """Parameters were npz only, with no helper to load them into the user's nnx or linen model."""
+    from pathlib import Path
+
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    x = np.random.default_rng(0).normal(size=(64, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(5, 8, rngs=rngs)
+            self.b = nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, v):
+            return self.b(nnx.relu(self.a(v)))
+
+    for kind, model in (("nnx", Net(nnx.Rngs(0))), ("linen", nn.Dense(2))):
+        task = st.tasks.from_flax(model, "cross_entropy", (x, y), batch_size=8, num_workers=2)
+        r = st.simulate(task, "asp", "2", num_updates=6, num_evals=1, lr=0.5)
+        r.save(tmp_path / kind)
+        with ocp.StandardCheckpointer() as ckpt:
+            restored = ckpt.restore(Path(tmp_path / kind / "orbax").absolute())
+        if kind == "nnx":
+            before = np.asarray(Net(nnx.Rngs(1))(jnp.asarray(x[:4])))
+            got = np.asarray(st.tasks.load_into(Net(nnx.Rngs(1)), restored)(jnp.asarray(x[:4])))
+            want = np.asarray(st.tasks.load_into(Net(nnx.Rngs(2)), r.params)(jnp.asarray(x[:4])))
+            assert np.abs(got - before).max() > 1e-3   # the weights were replaced
+            with pytest.raises(ValueError, match="load_into: params has no b/"):
+                st.tasks.load_into(Net(nnx.Rngs(1)), {"a": restored["a"]})
+        else:
+            got = np.asarray(model.apply({"params": restored}, x[:4]))
+            want = np.asarray(model.apply({"params": r.params}, x[:4]))
+        np.testing.assert_array_equal(got, want)   # the orbax checkpoint holds exactly the Result's parameters
+
+
+def test_real_runs_inject_the_bandwidth_of_the_network_model():
+    """`+net=1gbps` changed nothing in `staleness run`: only latencies were injected. At 320 bit/s
+    the quadratic's 40-byte parameters take 1 simulated second each way, so a BSP round lasts
+    3 s (pull, compute, push) as the simulator predicts; the injected sleeps are lower bounds
+    (a loaded machine only adds to them), so the check is one-sided up to 5% timer slack."""
+    cluster, scale = "1*2+net=320bps:0ms", 0.05
+    predicted = st.simulate_schedule("bsp", cluster, num_updates=6, seed=0, payload_bytes=40)
+    assert predicted.update_time[-1] == pytest.approx(18.0)   # 6 rounds of 1 + 1 + 1 s
+    r = st.runtime.run("quadratic", "bsp", cluster, num_workers=2, num_updates=6, time_scale=scale)
+    c = r.schedule.columns
+    assert (c["start"] - c["pull_time"] >= 0.95 * 1.0 * scale).all()    # every pull slept its transfer
+    assert (c["push_time"] - c["end"] >= 0.95 * 1.0 * scale).all()      # and every push
+    assert r.schedule.update_time[-1] >= 0.95 * predicted.update_time[-1] * scale

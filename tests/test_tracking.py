@@ -271,3 +271,20 @@ def test_cli_bad_log_is_one_line_before_anything_runs(tmp_path, capsys, monkeypa
     assert main([*argv, "--updates", "5"]) == 2
     err = capsys.readouterr().err
     assert "--log = " in err and len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_runtime_run_reports_every_history_row_after_the_run():
+    import staleness as st
+
+    seen = []
+    r = st.runtime.run("quadratic", "asp", num_workers=2, num_updates=8, num_evals=4, callbacks=seen.append)
+    assert [e.step for e in seen] == r.history["update"].tolist() and len(seen) >= 3
+    assert all(e.time == e.wall_time for e in seen) and seen[-1].run.policy == "asp"
+    assert seen[-1].metrics["loss"] == pytest.approx(r.history["loss"].iloc[-1])
+
+    def boom(ev):
+        raise OSError("disk full")
+
+    with pytest.raises(st.tracking.CallbackError, match="callback .*boom raised OSError at update 0") as e:
+        st.runtime.run("quadratic", "asp", num_workers=2, num_updates=4, num_evals=2, callbacks=boom)
+    assert e.value.result is not None and e.value.result.schedule.num_updates == 4

@@ -9,8 +9,8 @@ import sys
 import time
 
 from staleness import files, policies
-from staleness.cli.common import (UsageError, add_yes, check_out, check_pairing, check_processes, count,
-                                   declared_optimizer, natural, nonnegative, positive, print_table)
+from staleness.cli.common import (UsageError, add_log, add_yes, check_out, check_pairing, check_processes, count,
+                                   declared_optimizer, log_callbacks, natural, nonnegative, positive, print_table)
 
 __all__ = ["add"]
 
@@ -90,6 +90,7 @@ def add(sub) -> None:
                        "or as one process of a multi-process job (--coordinator, --num-processes, --process-id on "
                        "every host; process 0 hosts the server and writes the Result).")
     _add_run_options(p)
+    add_log(p)
     p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process runs)")
     p.add_argument("--num-processes", type=int, default=None, help="processes in the job")
     p.add_argument("--process-id", type=int, default=None, help="this process's index, 0..N-1")
@@ -200,6 +201,9 @@ def _cmd_run(args) -> int:
     _check_checkpoint(args)
     _check_sync(args, policy, args.num_processes if multi else 1)
     _settle_lr(args, policy)
+    callbacks = log_callbacks(args)
+    if multi and callbacks:
+        raise UsageError("--log applies to one-process runs")
     out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
@@ -229,8 +233,8 @@ def _cmd_run(args) -> int:
         else:
             _set_cpu_devices(args.cpu_devices)
             result = st.runtime.run(args.task, policy, args.cluster, devices=args.devices,
-                                    server_devices=args.server_devices, **kwargs)
-    except (RunFailure, DivergenceError) as e:
+                                    server_devices=args.server_devices, callbacks=callbacks, **kwargs)
+    except (RunFailure, DivergenceError, st.tracking.CallbackError) as e:
         print(f"staleness: error: {str(e).splitlines()[0]}", file=sys.stderr)
         result, code = e.result, 1
     if result is None:

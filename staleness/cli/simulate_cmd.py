@@ -201,6 +201,8 @@ def _cmd_simulate(args) -> int:
         print("staleness: interrupted; wrote what was recorded" if out is not None else "staleness: interrupted",
               file=sys.stderr)
         return 130
+    if result.status == "failed":
+        print(f"staleness: {result.config['ended']}", file=sys.stderr)
     return 0 if result.status == "complete" else 1
 
 
@@ -334,6 +336,10 @@ def _cmd_compare(args) -> int:
     print_table(compact_rows(cmp.table(), metric, cmp.target))
     for note in cmp.tuning_notes():
         print(f"note: {note}")
+    local = [p.describe() for p in policies if p.local]
+    if local:
+        print(f"note: for {', '.join(local)}, an update (table.csv's `updates`) is an outer round of "
+              "H inner steps per worker")
     print_rollouts(cmp.results, task)
     if cmp.interrupted:
         done = sum(r.status != "stopped" for r in cmp.results)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from staleness import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
 from staleness import tracking as _tracking
@@ -251,9 +252,10 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
              seed: int = 0, **kwargs) -> Result:
     """Simulate `policy` on `cluster` and train `task` along the schedule.
 
-    `num_updates` / `max_time` (simulated seconds) bound the run; other
-    keyword arguments go to `replay` (lr, lr_rule, optimizer, eval_every,
-    callbacks, ...).
+    `num_updates` / `max_time` (simulated seconds) bound the run (both: it stops at
+    whichever comes first); other keyword arguments go to `replay` (lr, lr_rule,
+    optimizer, eval_every, callbacks, ...). A run whose workers were all lost before the
+    budget has status 'failed' (`config['ended']` says when).
     Transfers carry the bytes of the task's parameter pytree (and of the method's
     compressed deltas: `staleness.engine.payload`), timed by the cluster's network.
     """
@@ -265,7 +267,15 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
     sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
                               payload_bytes=pull_bytes, push_bytes=push_bytes, sizes=work_sizes(task, policy, seed))
-    return replay(sched, task, seed=seed, **kwargs)
+    result = replay(sched, task, seed=seed, **kwargs)
+    if ((num_updates is None or sched.num_updates < num_updates) and (max_time is None or sched.end_time < max_time)
+            and result.status == "complete"):   # the events ran out before the budget: every worker was lost
+        result.status = "failed"
+        budget = " and ".join(([f"{num_updates} updates"] if num_updates is not None else [])
+                              + ([f"{max_time:g} s"] if max_time is not None else []))
+        result.config["ended"] = (f"every worker was lost: the run ended at {sched.end_time:.6g} simulated s after "
+                                  f"{sched.num_updates} updates (budget {budget})")
+    return result
 
 
 def _policy_and_cluster(policy, cluster):
@@ -344,10 +354,7 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
         raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")
     for name, values in (("policies", [p.describe() for p in pols]), ("seeds", seeds),
                          ("lr_rules", [r.describe() for r in rules]), ("lrs", lrs)):
-        repeated = sorted({str(v) for v in values if values.count(v) > 1})
-        if repeated:   # a repeated run would count as an independent sample in medians and intervals
-            raise ValueError(f"sweep: {name} repeats {', '.join(repeated)}; give each once (a repeated run is not "
-                             "another sample)")
+        checks.distinct("sweep", name, values)
     optimizer, lrs = _policy_rates(pols, s.optimizer, lrs)
     if isinstance(cluster, str):
         cluster = _cluster.parse(cluster)

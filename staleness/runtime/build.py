@@ -244,7 +244,8 @@ def distributed(spec: RunSpec, coord, *, stop_event: threading.Event, progress=N
         params = jax.device_put(spec.task.init_params(init_key), server_device)
         numerics.place_inputs(server_device)
         opt_state = numerics.init_state(params)
-        srv = _serve_loop(spec, config, DistributedServerLink(coord, worker_process, server_device, params_shape),
+        link = DistributedServerLink(coord, worker_process, server_device, numerics.push_shape(params_shape))
+        srv = _serve_loop(spec, config, link,
                           numerics.update, params, opt_state, zeros=zeros_like(params),
                           row_bytes=payload_bytes(spec.task, spec.policy), stop_event=stop_event, progress=progress)
         if saved is not None:

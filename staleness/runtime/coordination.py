@@ -470,19 +470,21 @@ class DistributedServerLink(ServerLink):
     Args:
       coord: this process's Coordination.
       worker_process: [λ] the process of each worker.
-      device: the server's device (gradients are pulled onto it).
-      params_shape: a params-shaped pytree of arrays or ShapeDtypeStructs.
+      device: the server's device (pushes are pulled onto it).
+      push_shape: what a worker pushes beside its loss, a pytree of arrays or
+        ShapeDtypeStructs (`Numerics.push_shape`): a params-shaped gradient or delta,
+        or an actor's rollout (asynchronous RL).
 
     Per process it keeps the incarnation it serves and whether that one is alive;
     one receiving thread per served incarnation; a watcher thread lets restarted
     processes back in.
     """
 
-    def __init__(self, coord: Coordination, worker_process: list[int], device, params_shape):
+    def __init__(self, coord: Coordination, worker_process: list[int], device, push_shape):
         self.coord = coord
         self.worker_process = list(worker_process)
         self.processes = sorted(set(worker_process))
-        self._payload = (_avals(jax.ShapeDtypeStruct((), jnp.float32), device), _avals(params_shape, device))
+        self._payload = (_avals(jax.ShapeDtypeStruct((), jnp.float32), device), _avals(push_shape, device))
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._inc = {p: 1 for p in self.processes}          # incarnation served

@@ -24,7 +24,8 @@ import threading
 
 import jax
 
-from staleness.results import Result
+from staleness import tracking
+from staleness.results import DivergenceError, Result
 from staleness.runtime.build import build
 from staleness.runtime.execute import execute, make_progress
 from staleness.runtime.spec import make_spec
@@ -56,7 +57,7 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
         num_evals: int = 20, max_time: float | None = None, checkpoint=None, checkpoint_every: int | None = None,
         resume: bool = False, worker_timeout: float = 30.0, on_worker_failure: str | None = None,
         progress=False, stop_event: threading.Event | None = None, inner_optimizer=None, sync: str | None = None,
-        server_devices=None) -> Result:
+        server_devices=None, callbacks=None) -> Result:
     """Train `task` with `policy` on real devices of this process; record the trace.
 
     Args:
@@ -95,6 +96,10 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
       progress: True for a live line on stderr, or a callable(dict).
       stop_event: a threading.Event; setting it stops the run (status 'stopped').
 
+      callbacks: `staleness.tracking` callbacks or specs ('tensorboard:DIR', 'wandb:PROJECT'),
+        called with every history row when the run ends (a real run evaluates its kept
+        snapshots after serving, so as not to stall the server; `st.simulate` calls them live).
+
     Returns: a `Result` (status 'complete', or 'stopped' after Ctrl-C / stop_event).
     Raises: `WorkerError` (a worker raised; message names it), `WorkerLostError`,
     `DivergenceError`; each carries the Result recorded so far in `.result`.
@@ -111,8 +116,15 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
         server_device = devs[0]
     elif not isinstance(server_device, jax.Device):
         raise ValueError(f"server_device = {server_device!r} must be a jax device")
+    callbacks = tracking.as_callbacks(callbacks)
     callback, close_progress = make_progress(progress)
     stop_event = stop_event or threading.Event()
     built = build(spec, devs, server_device, server_devices=server_devices, stop_event=stop_event,
                   progress=callback)
-    return execute(built, spec, stop_event, close_progress)
+    try:
+        result = execute(built, spec, stop_event, close_progress)
+    except DivergenceError as e:   # the evaluations up to the divergence are reported too
+        tracking.report(callbacks, e.result)
+        raise
+    tracking.report(callbacks, result)
+    return result

@@ -201,6 +201,15 @@ class Numerics:
         """Streaming DiLoCo: the fragment update `update` synchronizes (else None)."""
         return np.int32(update % self.local.fragments) if self.local is not None and self.local.streaming else None
 
+    def push_shape(self, params_shape):
+        """What a worker pushes beside its loss, as ShapeDtypeStructs (a transport that
+        pulls pushes by shape needs it): a params-shaped gradient or delta, or an actor's
+        rollout (asynchronous RL: tokens, behavior log-probs, mask, rewards, lengths,
+        prompt indices). params_shape: a params-shaped pytree (arrays or ShapeDtypeStructs)."""
+        if self.learner is None:
+            return params_shape
+        return jax.eval_shape(_generate, self.task, params_shape, self.data_key, np.int32(0), np.int32(0))[1]
+
     def init_state(self, params):
         """The optimizer state of `params` (with the run's learning rate)."""
         return self.opt.init(params)

@@ -78,7 +78,11 @@ class RunSpec:
             from staleness.engine import core
 
             sizes = self.task.rollout_sizes(core.keys(self.seed)[1])
-        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps, sizes)
+        from staleness.engine import payload
+
+        pull_bytes, push_bytes = payload.payload_bytes(self.task, self.policy)
+        return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps, sizes, pull_bytes,
+                      push_bytes)
 
     def membership(self, after: float = 0.0) -> list[tuple[float, str, int]]:
         """Failure-model events (real seconds since the start) later than `after`."""
@@ -130,7 +134,6 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     process count (several: sync='collective' only when asked for, see `resolve_sync`)."""
     from staleness import cluster as _cluster
     from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
-    from staleness.tasks import rl
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -170,10 +173,6 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     if policy.learner and policy.work.inflight:
         raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates are simulated only (st.simulate, "
                          "compare, the replay); a real run of them is not built yet: run rl_async for real")
-    if processes > 1 and (policy.learner or rl.is_task(task)):
-        raise ValueError(f"policy {policy.describe()!r} / task {getattr(task, 'name', task)!r}: asynchronous RL runs "
-                         "for real on the devices of one process (actors in threads, the learner on the server); "
-                         "across processes it is not built yet")
     task = resolve_task(task, num_workers, batch_size, data_dir)
     work_sizes(task, policy, seed)   # an RL policy needs an RL task and vice versa (ValueError)
     opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy.optimizer, lr), lr,

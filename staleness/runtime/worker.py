@@ -7,10 +7,13 @@ the released iteration and pushes (loss, gradient). JAX releases the GIL while
 a compiled step runs, so workers on different devices overlap for real.
 
 Heterogeneity on homogeneous hardware comes from the cluster models: a worker
-with a `Delays` sleeps the cluster's pull delay after its parameters arrive,
+with a `Delays` sleeps the cluster's pull transfer after its parameters arrive
+(latency + the parameters' bytes / its link's bandwidth, as the simulator times it),
 computes, then sleeps until `compute_time` (scaled by `time_scale`) has passed
 since its compute started (so an iteration takes max(real, injected) seconds),
-and sleeps the push delay before pushing. Every sleep wakes up early when the
+and sleeps the push transfer before pushing. A shared server link is taken as each
+transfer's bottleneck without sharing it among concurrent transfers (the simulator
+shares it). Every sleep wakes up early when the
 run stops.
 """
 
@@ -47,10 +50,11 @@ class Delays:
     t0: float = 0.0
     steps: tuple | None = None   # local-update methods: inner steps per iteration of each worker
     sizes: object = None         # asynchronous RL: sizes(worker, iteration) -> its rollout's steps (tokens)
-
+    pull_bytes: int = 0          # bytes of a pull (the parameters) and of a push (the method's payload):
+    push_bytes: int = 0          # a transfer takes latency + bytes / bandwidth, as in the simulator
 
     def pull(self, worker: int, iteration: int) -> float:
-        return self.sampler.pull_delay(worker, iteration) * self.time_scale
+        return self.sampler.transfer_time(worker, iteration, self.pull_bytes, "pull") * self.time_scale
 
     def compute(self, worker: int, iteration: int, now: float) -> float:
         sim_start = (now - self.t0) / self.time_scale
@@ -60,7 +64,7 @@ class Delays:
         return steps * self.sampler.compute_time(worker, iteration, sim_start) * self.time_scale
 
     def push(self, worker: int, iteration: int) -> float:
-        return self.sampler.push_delay(worker, iteration) * self.time_scale
+        return self.sampler.transfer_time(worker, iteration, self.push_bytes, "push") * self.time_scale
 
 
 def _sleep_until(deadline: float, stopped: threading.Event) -> None:

@@ -25,6 +25,7 @@ from staleness.tasks.builders import from_flax, from_functions
 from staleness.tasks.classification import classification_task
 from staleness.tasks.errors import (DataError, FactoryError, LabelShapeError, LossError, ModelKindError,
                                     MutableStateError, TaskError)
+from staleness.tasks.flax_models import load_into
 from staleness.tasks.partitions import PARTITIONS
 from staleness.tasks.registry import get, names, options, register, resolve
 
@@ -46,6 +47,7 @@ __all__ = [
     "from_flax",
     "from_functions",
     "get",
+    "load_into",
     "models",
     "names",
     "options",

@@ -22,7 +22,7 @@ import numpy as np
 from staleness.tasks.batches import PyTree
 from staleness.tasks.errors import ModelKindError, MutableStateError, TaskError
 
-__all__ = ["Model", "first_line", "linen_model", "model_kind", "nnx_model"]
+__all__ = ["Model", "first_line", "linen_model", "model_kind", "nnx_model", "load_into"]
 
 
 # ---------------------------------------------------------------------------
@@ -128,6 +128,33 @@ def nnx_model(model, params, model_kwargs: dict) -> Model:
 
     init = _fixed_init(fixed)
     return Model("nnx", init, apply, jax.eval_shape(init, jax.random.key(0)))
+
+
+def load_into(module, params):
+    """Write trained `params` (a Result's `params`, or its orbax checkpoint restored: a
+    nested dict keyed by the parameters' path names) into the nnx `module` in place, and
+    return it. For a linen model nothing is needed: `model.apply({"params": params}, x)`.
+    Raises ValueError naming the first path whose name or shape does not match."""
+    from flax import nnx
+
+    if model_kind(module) != "nnx":
+        raise TypeError(f"load_into: module = {type(module).__name__} is not an nnx module; for a linen model "
+                        "call model.apply({'params': params}, x)")
+    state = nnx.state(module, nnx.Param)
+    flat = []
+    for path, var in nnx.to_flat_state(state):
+        key = tuple(str(k) for k in path)
+        try:
+            value = _get(params, key)
+        except (KeyError, TypeError, IndexError):
+            raise ValueError(f"load_into: params has no {'/'.join(key)} (the module's parameters: "
+                             f"{_shapes(state)})") from None
+        if tuple(np.shape(value)) != tuple(var.get_value().shape):
+            raise ValueError(f"load_into: params {'/'.join(key)} has shape {tuple(np.shape(value))}, the module's "
+                             f"{tuple(var.get_value().shape)}")
+        flat.append((path, var.replace(jnp.asarray(value, var.get_value().dtype))))
+    nnx.update(module, nnx.from_flat_state(flat))
+    return module
 
 
 def _fixed_init(params):
