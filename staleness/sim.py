@@ -47,6 +47,12 @@ after each sync while its fragment is in flight, so an iteration whose
 parameters arrive at `start` ends at max(start + (H/P − τ)·t, previous end +
 (H/P)·t) for a step time t (`policies.Streaming.timing`).
 
+Asynchronous RL (a policy with a learner, `staleness.policies.Rollout`): one more heap
+entry per update, completed when the learner has trained it. With partial rollouts
+(`rl_partial`) a completed version interrupts the rollouts it reaches mid-decode, which then
+end later: the update's event moves their pushes (a new heap entry; the old one, no longer
+the worker's `due` entry, is skipped).
+
 Why a bare `heapq` loop rather than SimPy: one heap entry per gradient (the
 push arrival) plus one per membership change, and no generator switching;
 the design note measured SimPy at ~300k vs ~700k events/s for a bare heap on
@@ -58,6 +64,7 @@ shared link, a few more heap entries and O(distinct link speeds) re-timing).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import operator
 
@@ -178,7 +185,8 @@ def simulate_schedule(
             raise ValueError(f"simulate_schedule: cluster = {cluster.describe()!r} has an all-reduce or a shared "
                              f"server link, which are not modelled for policy {policy.describe()!r} (a learner); "
                              "give the workers their own links (+net=BANDWIDTH:LATENCY)")
-        train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam, policy.work.inflight)
+        train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam, policy.work.inflight,
+                         policy.work.refill)
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
     elif collective or shared:
         now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
@@ -222,13 +230,21 @@ class _Learner:
     and taken between two tokens without pausing the decode (the transfer overlaps it). A
     pushed rollout's switches are recorded on the recorder (`Recorder.segments`): the first
     decoded token, counting its prefill in the simulator's size units, of each newer
-    version that arrived while it decoded."""
+    version that arrived while it decoded.
 
-    def __init__(self, seconds, sizes, mean_step: float, num_workers: int, inflight: bool = False):
+    Partial rollouts (`refill` not None, AReaL): such a version interrupts the decode
+    instead: after the token in progress the actor pauses for the transfer again and
+    `refill` token-times (`interrupt`), so the rollout's end moves later; the switches
+    are then kept per actor as they happen (`_Decode`) rather than rebuilt at the push."""
+
+    def __init__(self, seconds, sizes, mean_step: float, num_workers: int, inflight: bool = False,
+                 refill: float | None = None):
         self.seconds, self.sizes, self.mean_step, self.num_workers = seconds, sizes, mean_step, num_workers
         self.row_size: dict[int, float] = {}
         self.free = 0.0
         self.inflight = inflight
+        self.refill = refill
+        self.decoding: list[_Decode | None] = [None] * num_workers   # partial rollouts: each actor's rollout
         self.delay = None                       # (worker, iteration) -> seconds, set by the event loop
         self.times: list[float] = []            # completion time of version v + 1 at index v
 
@@ -248,12 +264,44 @@ class _Learner:
         if row is None:
             return
         worker, iteration, pulled = rec.rows[row][:3]
-        size = 1.0 if self.sizes is None else float(self.sizes(worker, iteration))
+        size = self.size(worker, iteration)
         self.row_size[row] = size
-        if self.inflight:
+        if self.refill is not None:
+            switches = self.decoding[worker].switches
+        elif self.inflight:
             switches = self.switches(pulled, start, end, size, self.delay(worker, iteration))
-            if switches:
-                rec.segments[row] = switches
+        else:
+            return
+        if switches:
+            rec.segments[row] = switches
+
+    def size(self, worker: int, iteration: int) -> float:
+        return 1.0 if self.sizes is None else float(self.sizes(worker, iteration))
+
+    def began(self, worker: int, iteration: int, start: float, end: float) -> None:
+        """Partial rollouts: `worker` decodes iteration `iteration` from `start`, until `end`
+        if nothing interrupts it."""
+        if self.refill is not None:
+            size = self.size(worker, iteration)
+            tau = (end - start) / size if size > 0 else 0.0
+            self.decoding[worker] = _Decode(iteration, start, end, size, tau,
+                                            self.delay(worker, iteration) + self.refill * tau)
+
+    def interrupt(self, now: float, inflight) -> list:
+        """Partial rollouts: version len(times) completed at `now` and interrupts the rollouts
+        it reaches mid-decode (`inflight`: the driver's [λ] in-flight iterations, whose
+        pulled version is older); [(worker, its rollout's new end), ...] of those that moved."""
+        if self.refill is None:
+            return []
+        v = len(self.times)
+        moved = []
+        for w, f in enumerate(inflight):
+            if f is None or f[1] >= v:
+                continue
+            d = self.decoding[w]
+            if d.interrupt(now + self.delay(w, d.iteration), v) and d.pause > 0.0:
+                moved.append((w, d.end))
+        return moved
 
     def switches(self, pulled: int, start: float, end: float, size: float, delay: float) -> list:
         """[(first decoded token, version), ...] of the versions newer than `pulled` that
@@ -283,44 +331,101 @@ class _Learner:
         return self.free
 
 
-def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
-                     learner: _Learner | None = None) -> float:
-    """Every transfer's time is fixed when it starts: one heap entry per gradient (and, with a
-    `learner`, one per update, completed when trained). Returns the time the run stopped."""
-    update_budget, time_budget, grad_budget = budgets
-    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
-    span = [(0.0, 0.0)] * driver.num_workers   # (start, end) of each worker's in-flight computation
-    epoch = driver.epoch
-    rec = driver.rec
+class _Decode:
+    """An actor's rollout under partial rollouts: it decodes `size` tokens of `tau` seconds
+    each from `start`, and each interruption pauses it for `pause` seconds before a token."""
 
-    heap: list = []
-    seq = 0
+    __slots__ = ("iteration", "start", "end0", "size", "tau", "pause", "paused", "switches")
+
+    def __init__(self, iteration: int, start: float, end: float, size: float, tau: float, pause: float):
+        self.iteration, self.start, self.end0, self.size, self.tau, self.pause = (iteration, start, end, size,
+                                                                                  tau, pause)
+        self.paused = 0                         # interruptions so far
+        self.switches: list = []                # [(first decoded token, version), ...]
+
+    @property
+    def end(self) -> float:
+        """When its last token is decoded, after the interruptions so far."""
+        return self.end0 + self.paused * self.pause
+
+    def interrupt(self, arrive: float, version: int) -> bool:
+        """`version` reaches the actor at `arrive`: True if it interrupts the decode, before
+        the first token that starts at or after `arrive` (a token in progress finishes; during
+        a pause, right after it: the same token). Tokens decoded after p pauses start p pauses
+        later, so the token index is counted on the decode's own clock."""
+        if arrive >= self.end or self.tau <= 0.0:
+            return False
+        k = max(self.switches[-1][0] if self.switches else 0,
+                math.ceil((arrive - self.start - self.paused * self.pause) / self.tau))
+        if k >= self.size:
+            return False
+        if self.switches and self.switches[-1][0] == k:
+            self.switches[-1] = (k, version)   # interrupted again before the same token: the newer decodes it
+        else:
+            self.switches.append((k, version))
+        self.paused += 1
+        return True
+
+
+def _push_queue(heap: list, seq, span: list, sampler, compute_time, nbytes, overlap: bool, learner):
+    """The push entries of `_run_independent`'s heap, one valid per worker: (schedule, move, due).
+
+    schedule(rel, now): a released worker pulls (latency + bytes / bandwidth), computes, and
+    its push arrives. move(worker, iteration, epoch, end): its computation now ends at `end`
+    (an interrupted rollout): a new push entry replaces the old one. due: [λ] the sequence
+    number of each worker's valid push entry. `seq` counts the heap's sequence numbers."""
+    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
+    pull_n, push_n = nbytes or (0, 0)
+    pdur, qdur = _byte_seconds(pull_n, sampler.bandwidth), _byte_seconds(push_n, sampler.bandwidth)   # x + 0.0 == x
+    due = [0] * len(span)
+    began = None if learner is None or learner.refill is None else learner.began
     heappush = heapq.heappush
 
-    if learner is not None:
-        learner.attach(rec, sampler, nbytes)
-    pull_n, push_n = nbytes or (0, 0)
-    rec.row_bytes = (pull_n, push_n)
-    bw = sampler.bandwidth
-    pdur, qdur = _byte_seconds(pull_n, bw), _byte_seconds(push_n, bw)   # zeros without bytes: x + 0.0 == x
-
-    def schedule(rel, now: float) -> None:
-        """A released worker pulls (latency + bytes / bandwidth), computes, and its push arrives."""
-        nonlocal seq
-        w, it, _, ep = rel
-        start = now + (pull_delay(w, it) + pdur[w])
-        end = start + compute_time(w, it, start)
+    def queue(w: int, it: int, ep: int, start: float, end: float) -> None:
         span[w] = (start, end)
-        seq += 1
+        s = due[w] = next(seq)
         if overlap:
             arrive = max(start + qdur[w], end) + push_delay(w, it)
         else:
             arrive = end + (push_delay(w, it) + qdur[w])
-        heappush(heap, (arrive, seq, _PUSH, w, ep))
+        heappush(heap, (arrive, s, _PUSH, w, ep))
+
+    def schedule(rel, now: float) -> None:
+        w, it, _, ep = rel
+        start = now + (pull_delay(w, it) + pdur[w])
+        end = start + compute_time(w, it, start)
+        if began is not None:
+            began(w, it, start, end)
+        queue(w, it, ep, start, end)
+
+    def move(w: int, it: int, ep: int, end: float) -> None:
+        queue(w, it, ep, span[w][0], end)
+    return schedule, move, due
+
+
+def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
+                     learner: _Learner | None = None) -> float:
+    """Every transfer's time is fixed when it starts: one heap entry per gradient (and, with a
+    `learner`, one per update, completed when trained; with partial rollouts, an update that
+    interrupts a rollout moves its push: the old entry is skipped). Returns the time the run
+    stopped."""
+    update_budget, time_budget, grad_budget = budgets
+    span = [(0.0, 0.0)] * driver.num_workers   # (start, end) of each worker's in-flight computation
+    epoch = driver.epoch
+    rec = driver.rec
+    inflight = driver.inflight
+
+    heap: list = []
+    seq = itertools.count(1)
+    heappush = heapq.heappush
+
+    if learner is not None:
+        learner.attach(rec, sampler, nbytes)
+    rec.row_bytes = nbytes or (0, 0)
+    schedule, move, due = _push_queue(heap, seq, span, sampler, compute_time, nbytes, overlap, learner)
 
     for t, kind, w in sampler.membership_events():
-        seq += 1
-        heapq.heappush(heap, (float(t), seq, _FAIL if kind == "fail" else _JOIN, int(w), -1))
+        heappush(heap, (float(t), next(seq), _FAIL if kind == "fail" else _JOIN, int(w), -1))
     for rel in driver.start(0.0):
         schedule(rel, 0.0)
 
@@ -329,13 +434,13 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
     state = driver.state
     live = state.live
     while heap:
-        t, _, kind, w, ep = heapq.heappop(heap)
+        t, s, kind, w, ep = heapq.heappop(heap)
         if t > time_budget:
             now = time_budget
             break
         now = t
         if kind == _PUSH:
-            if ep != epoch[w]:
+            if ep != epoch[w] or s != due[w]:
                 continue
             step = driver.push(w, t, *span[w])
             pushed += 1
@@ -344,6 +449,8 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
         elif kind == _TRAINED:
             step = driver.complete(t)
             learner.trained(t)
+            for v, end in learner.interrupt(t, inflight):
+                move(v, inflight[v][0], epoch[v], end)
         elif kind == _FAIL:
             if not live[w]:
                 continue
@@ -357,8 +464,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
                 continue
             step = driver.join(w, t)
         if learner is not None and step.applied is not None:
-            seq += 1
-            heappush(heap, (learner.decided(step.applied, t), seq, _TRAINED, -1, -1))
+            heappush(heap, (learner.decided(step.applied, t), next(seq), _TRAINED, -1, -1))
         for rel in step.released:
             schedule(rel, t)
         if state.completed >= update_budget or pushed >= grad_budget:

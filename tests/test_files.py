@@ -69,7 +69,7 @@ def test_save_replaces_a_result_only_with_overwrite_and_leaves_no_old_files(resu
     with pytest.raises(FileExistsError):
         result.save(out)
     result.save(out, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["history.csv", "params.npz", "result.json",
+    assert sorted(p.name for p in out.iterdir()) == ["history.csv", "orbax", "params.npz", "result.json",
                                                       "schedule.json", "train_loss.npy"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temporaries left
 

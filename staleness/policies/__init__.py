@@ -13,7 +13,7 @@ methods will do, and the layers ask it rather than test its type):
   (backup workers);
 - a **work** (`Work`, `work`) says what a worker computes between a pull and a
   push: `Gradient()`, `LocalSteps(H)` (Local SGD, DiLoCo), `Streaming(...)`
-  (Streaming DiLoCo), `Rollout(learner)` (asynchronous RL's actors), and answers every question the simulator, the engine,
+  (Streaming DiLoCo), `Rollout(learner, inflight, refill)` (asynchronous RL's actors), and answers every question the simulator, the engine,
   the network model, the runtime and the CLI ask about it.
 
     ssp(3)          == Policy(ClockBound(3), EachGradient(), "ssp:3")
@@ -29,7 +29,7 @@ factory returning a `Policy`, named on every command as
 from staleness.policies.aggregations import (AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh,
                                              Minibatches)
 from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd,
-                                          rl_async, rl_inflight, rl_one_step_off, rl_sync, softsync, ssp, streaming_diloco)
+                                          rl_async, rl_inflight, rl_one_step_off, rl_partial, rl_sync, softsync, ssp, streaming_diloco)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, Gate, RoundBound, RoundLag, dssp_controller
 from staleness.policies.policy import Policy, Unknown
 from staleness.policies.registry import names, parse, recorded, register, spec_help
@@ -41,7 +41,7 @@ __all__ = [
     "Free", "ClockBound", "DynamicBound", "RoundBound", "RoundLag", "Capacity",
     "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-    "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "RL_MODES",
+    "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES",
     "dssp_controller", "parse", "register", "names", "spec_help", "recorded",
 ]
 

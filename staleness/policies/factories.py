@@ -20,7 +20,7 @@ from staleness.policies.policy import Policy
 from staleness.policies.work import LocalSteps, Rollout, Streaming
 
 __all__ = ["bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-           "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "RL_MODES"]
+           "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES"]
 
 
 def bsp() -> Policy:
@@ -181,15 +181,31 @@ def rl_inflight(eta: int | None = None, mode: str = "pace", learner: float = 0.5
     return _bounded("rl_inflight", eta, mode, learner, batch, True)
 
 
-def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool) -> Policy:
+def rl_partial(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None,
+               refill: float = 1.0) -> Policy:
+    """Asynchronous RL with partial rollouts (AReaL's interruptible generation): `rl_inflight`
+    (segments, η, the modes and `batch` as there), except that a version reaching an actor
+    mid-rollout interrupts its decode: after the token in progress the actor loads the
+    weights (the pull's transfer time again) and re-prefills the prompt and the tokens so far
+    (`refill` token-times per interruption, whatever their number), then decodes on with the
+    new version; the rollout ends (transfer + refill × token time) later per interruption
+    (see `Rollout`). refill = 0 on a network without latency or bytes is `rl_inflight`.
+    """
+    return _bounded("rl_partial", eta, mode, learner, batch, True, refill)
+
+
+def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool, refill=None) -> Policy:
     if eta is not None:
         checks.integer(name, "eta", eta, low=0)
     if batch is not None:
         checks.integer(name, "batch", batch, low=1)
+    if refill is not None:
+        refill = checks.finite(name, "refill", refill, low=0.0)
     if mode not in RL_MODES:
         raise ValueError(f"{name}: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
     gate = Capacity(eta, batch) if eta is not None and mode == "pace" else Free()
     spec = (name + ("" if eta is None else f":{eta}") + (f":mode={mode}" if mode != "pace" and eta is not None else "")
             + ("" if batch is None else f":batch={batch}"))
-    return Policy(gate, Fresh(eta, batch, mode == "requeue" and eta is not None), spec + _learner_suffix(learner),
-                  Rollout(learner, inflight))
+    spec += _learner_suffix(learner) + ("" if refill is None or refill == 1.0 else f":refill={refill:g}")
+    return Policy(gate, Fresh(eta, batch, mode == "requeue" and eta is not None), spec,
+                  Rollout(learner, inflight, refill))

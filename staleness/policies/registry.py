@@ -42,6 +42,7 @@ _BUILTIN: dict[str, tuple[Callable[..., Policy], tuple[str, ...]]] = {
     "rl_one_step_off": (F.rl_one_step_off, ()),
     "rl_async": (F.rl_async, ("eta",)),
     "rl_inflight": (F.rl_inflight, ("eta",)),
+    "rl_partial": (F.rl_partial, ("eta",)),
 }
 _ALIASES = {"hardsync": "bsp", "backup_workers": "backup"}
 _REGISTERED: dict[str, tuple[Callable[..., Policy], tuple[str, ...] | None]] = {}

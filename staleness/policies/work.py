@@ -28,8 +28,9 @@ The control-plane methods are plain Python; the two numeric ones
 - `Gradient`: one minibatch gradient per iteration (the seeds' parameter-server family);
 - `LocalSteps(steps, dynamic)`: H inner steps, then a delta (Local SGD, DiLoCo, async DiLoCo);
 - `Streaming(...)`: Streaming DiLoCo's fragments, overlap and quantized outer gradients;
-- `Rollout(learner)`: asynchronous RL's actors: generate rollouts with the pulled
-  version, which a learner trains on at its current version (data staleness).
+- `Rollout(learner, inflight, refill)`: asynchronous RL's actors: generate rollouts with
+  the pulled version (and, in flight, newer ones), which a learner trains on at its current
+  version (data staleness).
 
 A work may also have `learner_seconds(sizes, mean_seconds, num_workers)`: the
 seconds a learner trains one update whose rows had these sizes (`Rollout`);
@@ -285,10 +286,23 @@ class Rollout:
     records each segment's version (`Schedule.meta['segments']`) and the replay samples
     each token with its segment's version. Its `pull_version` (and the staleness the
     policy bounds) is that of its oldest tokens.
+
+    refill: partial rollouts (AReaL's interruptible generation; needs `inflight`): a version
+    that reaches an actor mid-rollout interrupts the decode instead of overlapping it. The
+    token in progress finishes, then the actor pauses for the weight load (the pull's
+    transfer time again: latency + the parameters' bytes / bandwidth) and for re-prefilling
+    the prompt and the tokens generated so far with the new weights, `refill` token-times
+    (the actor's seconds per token; a constant per interruption, whatever the tokens so
+    far: a prefill is one parallel forward pass), then decodes on with the new version. So
+    an interrupted rollout ends (and pushes) (transfer + refill × token time) later per
+    interruption. A version that arrives during a pause interrupts again right after it,
+    before the same token (its segment replaces the previous one, as in `inflight`).
+    None: no interruption (the transfer overlaps the decode).
     """
 
     learner: float = 0.5
     inflight: bool = False
+    refill: float | None = None
 
     local: ClassVar[bool] = False
     collective_round: ClassVar[bool] = False
@@ -302,6 +316,11 @@ class Rollout:
                              "seconds per update, in units of an actor generating one average rollout)")
         if not isinstance(self.inflight, bool):
             raise ValueError(f"rollout: inflight = {self.inflight!r} must be True or False")
+        if self.refill is not None:
+            checks.finite("rollout", "refill", self.refill, low=0.0)
+            if not self.inflight:
+                raise ValueError(f"rollout: refill = {self.refill!r} (partial rollouts) needs inflight=True: an "
+                                 "interrupted rollout's tokens come from several versions")
 
     def steps_per_worker(self, mean_seconds) -> None:
         return None
@@ -332,4 +351,5 @@ class Rollout:
         return ()
 
     def describe(self) -> str:
-        return f"rollout:learner={self.learner:g}" + (":inflight" if self.inflight else "")
+        return (f"rollout:learner={self.learner:g}" + (":inflight" if self.inflight else "")
+                + ("" if self.refill is None else f":refill={self.refill:g}"))
