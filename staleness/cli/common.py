@@ -281,7 +281,7 @@ def is_rl_task(task) -> bool:
 
 
 def is_rl_policy(policy) -> bool:
-    """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async, rl_inflight)."""
+    """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async, rl_inflight, rl_partial)."""
     return policy.learner
 
 
@@ -302,7 +302,7 @@ def check_pairing(policies, task, rl: bool | None = None) -> None:
                              "ssp:3, ...)")
         if rl and not is_rl_policy(p):
             raise UsageError(f"--task {name} is an RL task but --policy {p.describe()} does not generate rollouts; "
-                             "use rl_sync, rl_one_step_off, rl_async[:ETA] or rl_inflight[:ETA]")
+                             "use rl_sync, rl_one_step_off, rl_async[:ETA], rl_inflight[:ETA] or rl_partial[:ETA]")
 
 
 def declared_optimizer(name: str):

@@ -58,7 +58,7 @@ def work_sizes(task, policy, seed: int):
                          "task (rl-bandit, rl-digits, or staleness.tasks.rl.from_functions)")
     if rl_task and not learner:
         raise ValueError(f"task {task.name!r} is an RL task: its policy must generate rollouts (rl_sync, "
-                         f"rl_one_step_off, rl_async[:ETA], rl_inflight[:ETA]); got {policy.describe()!r}")
+                         f"rl_one_step_off, rl_async[:ETA], rl_inflight[:ETA], rl_partial[:ETA]); got {policy.describe()!r}")
     return task.rollout_sizes(core.keys(int(seed))[1]) if rl_task else None
 
 
