@@ -77,7 +77,7 @@ from staleness.schedule import Schedule
 
 __all__ = ["simulate_schedule"]
 
-_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED = range(8)
+_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE = range(9)
 
 
 def _bytes_arg(name: str, value) -> int | None:
@@ -189,6 +189,10 @@ def simulate_schedule(
                          policy.work.refill)
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
     elif collective or shared:
+        if policy.grace:
+            raise ValueError(f"simulate_schedule: policy {policy.describe()!r} has a synchronization window, which "
+                             f"is not modelled on cluster {cluster.describe()!r} (a shared server link); give the "
+                             "workers their own links (+net=BANDWIDTH:LATENCY)")
         now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
     else:
         now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
@@ -367,17 +371,52 @@ class _Decode:
         return True
 
 
+class _Window:
+    """`Policy.grace`'s synchronization window (`policies.Window`): an arrival while none is
+    open opens one; it closes at the last arrival within `grace` seconds of the first (the
+    pushes in flight are known: `arrive_at`), and every worker released while it is open
+    restarts then, on the newest version (`close`: a `_CLOSE` event at that time, after the
+    pushes of the same instant, which were queued before it)."""
+
+    def __init__(self, grace: float, arrive_at: list, inflight: list):
+        self.grace, self.arrive_at, self.inflight = grace, arrive_at, inflight
+        self.until = -math.inf    # the open window's last synchronization
+        self.held: list[int] = []
+
+    def opens(self, now: float) -> float | None:
+        """A push arrived at `now`: the close time of the window it opens, or None (one is open)."""
+        if now <= self.until:
+            return None
+        members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= now + self.grace]
+        self.until = max([now, *members])
+        return self.until
+
+    def hold(self, released, now: float) -> tuple:
+        """The releases to start at `now`: none while a window is open (they wait for its close)."""
+        if now > self.until:
+            return released
+        self.held += [rel[0] for rel in released]
+        return ()
+
+    def close(self, driver, now: float) -> list:
+        """The window closed at `now`: the held workers (still live) are released on the newest version."""
+        held, self.held = self.held, []
+        return [driver.release(w, now) for w in held if driver.state.live[w]]
+
+
 def _push_queue(heap: list, seq, span: list, sampler, compute_time, nbytes, overlap: bool, learner):
     """The push entries of `_run_independent`'s heap, one valid per worker: (schedule, move, due).
 
     schedule(rel, now): a released worker pulls (latency + bytes / bandwidth), computes, and
     its push arrives. move(worker, iteration, epoch, end): its computation now ends at `end`
     (an interrupted rollout): a new push entry replaces the old one. due: [λ] the sequence
-    number of each worker's valid push entry. `seq` counts the heap's sequence numbers."""
+    number of each worker's valid push entry; arrive_at: [λ] when it arrives. `seq` counts
+    the heap's sequence numbers. Returns (schedule, move, due, arrive_at)."""
     push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
     pull_n, push_n = nbytes or (0, 0)
     pdur, qdur = _byte_seconds(pull_n, sampler.bandwidth), _byte_seconds(push_n, sampler.bandwidth)   # x + 0.0 == x
     due = [0] * len(span)
+    arrive_at = [math.inf] * len(span)   # when each worker's valid push entry arrives
     began = None if learner is None or learner.refill is None else learner.began
     heappush = heapq.heappush
 
@@ -388,6 +427,7 @@ def _push_queue(heap: list, seq, span: list, sampler, compute_time, nbytes, over
             arrive = max(start + qdur[w], end) + push_delay(w, it)
         else:
             arrive = end + (push_delay(w, it) + qdur[w])
+        arrive_at[w] = arrive
         heappush(heap, (arrive, s, _PUSH, w, ep))
 
     def schedule(rel, now: float) -> None:
@@ -400,7 +440,7 @@ def _push_queue(heap: list, seq, span: list, sampler, compute_time, nbytes, over
 
     def move(w: int, it: int, ep: int, end: float) -> None:
         queue(w, it, ep, span[w][0], end)
-    return schedule, move, due
+    return schedule, move, due, arrive_at
 
 
 def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
@@ -422,7 +462,8 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
     if learner is not None:
         learner.attach(rec, sampler, nbytes)
     rec.row_bytes = nbytes or (0, 0)
-    schedule, move, due = _push_queue(heap, seq, span, sampler, compute_time, nbytes, overlap, learner)
+    schedule, move, due, arrive_at = _push_queue(heap, seq, span, sampler, compute_time, nbytes, overlap, learner)
+    window = _Window(driver.policy.grace, arrive_at, inflight) if driver.policy.grace else None
 
     for t, kind, w in sampler.membership_events():
         heappush(heap, (float(t), next(seq), _FAIL if kind == "fail" else _JOIN, int(w), -1))
@@ -446,6 +487,12 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             pushed += 1
             if learner is not None:
                 learner.pushed(rec, step.row, *span[w])
+            if window is not None and (until := window.opens(t)) is not None:
+                heappush(heap, (until, next(seq), _CLOSE, -1, -1))
+        elif kind == _CLOSE:
+            for rel in window.close(driver, t):
+                schedule(rel, t)
+            continue
         elif kind == _TRAINED:
             step = driver.complete(t)
             learner.trained(t)
@@ -465,7 +512,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             step = driver.join(w, t)
         if learner is not None and step.applied is not None:
             heappush(heap, (learner.decided(step.applied, t), next(seq), _TRAINED, -1, -1))
-        for rel in step.released:
+        for rel in step.released if window is None else window.hold(step.released, t):
             schedule(rel, t)
         if state.completed >= update_budget or pushed >= grad_budget:
             break

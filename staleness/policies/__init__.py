@@ -27,7 +27,7 @@ factory returning a `Policy`, named on every command as
 """
 
 from staleness.policies.aggregations import (AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh,
-                                             Minibatches)
+                                             Minibatches, Window)
 from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd,
                                           rl_async, rl_inflight, rl_one_step_off, rl_partial, rl_sync, softsync, ssp, streaming_diloco)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, Gate, RoundBound, RoundLag, dssp_controller
@@ -39,7 +39,7 @@ from staleness.policies.work import Gradient, LocalSteps, Rollout, Streaming, Wo
 __all__ = [
     "Policy", "PushOutcome", "SyncState", "ClockTable", "Gate", "Aggregation", "Work", "Unknown",
     "Free", "ClockBound", "DynamicBound", "RoundBound", "RoundLag", "Capacity",
-    "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
+    "EachGradient", "Window", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
     "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES",
     "dssp_controller", "parse", "register", "names", "spec_help", "recorded",

@@ -5,6 +5,9 @@ An aggregation is any value with the methods and the attribute of
 from `EachGradient`, user ones need not):
 
 - `EachGradient`: every gradient is one update, applied on arrival (ASP, SSP, DSSP);
+- `Window(grace)`: the same, and an arrival opens a window of `grace` seconds in which
+  every other worker that arrives is synchronized too, before any restarts (the
+  asyncdiloco notebook's `max_wait_time`);
 - `AllLive`: one update per round from every live worker's gradient (BSP);
 - `Count(n)`: Rudra n-softsync, floor(λ/n) gradients from any workers;
 - `FirstOfRound(b)`: backup workers, the first λ − b gradients of a round;
@@ -19,7 +22,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
 
-__all__ = ["Aggregation", "EachGradient", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches"]
+__all__ = ["Aggregation", "EachGradient", "Window", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches"]
 
 
 @runtime_checkable
@@ -60,6 +63,24 @@ class EachGradient:
 
     def validate(self, num_workers):
         pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Window(EachGradient):
+    """Every gradient is one update, applied on arrival; the first arrival after a quiet spell
+    opens a window of `grace` seconds, and every worker whose push arrives within it is
+    synchronized too (each its own update, in arrival order) before any of them restarts:
+    the synchronized workers wait and all start their next iteration, on the newest
+    version, at the window's last synchronization (the asyncdiloco notebook's virtual clock,
+    `max_wait_time`). Which pushes arrive within the window is known from the simulator's
+    event times (`staleness.sim`); the real runtime does not run it."""
+
+    grace: float = 0.5
+
+    def __post_init__(self):
+        if isinstance(self.grace, bool) or not isinstance(self.grace, (int, float)) or not (
+                0.0 < self.grace < float("inf")):
+            raise ValueError(f"window: grace = {self.grace!r} must be a finite number of seconds > 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ returns a `Policy` whose spec parses back to it (`staleness.policies.parse`).
 from __future__ import annotations
 
 from staleness import checks
-from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh, Minibatches
+from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh, Minibatches, Window
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, RoundBound, RoundLag
 from staleness.policies.policy import Policy
 from staleness.policies.work import LocalSteps, Rollout, Streaming
@@ -74,18 +74,25 @@ def diloco(steps: int = 50) -> Policy:
     return Policy(ClockBound(0), AllLive(), f"diloco:{steps}", LocalSteps(steps), "nesterov:0.9,lr=0.7")
 
 
-def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = False) -> Policy:
+def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = False, grace: float = 0.0) -> Policy:
     """Asynchronous Local-SGD / DiLoCo (Liu et al. 2024): the server applies each
     worker's delta on arrival; `bound` (clocks) blocks a worker that runs too far
     ahead, as SSP does (None: never); `dynamic`: Dynamic Local Updates (fewer steps
-    for slower workers). The outer optimizer defaults to DiLoCo's; the paper's
+    for slower workers); `grace` (seconds, simulated only): an arrival opens a window in
+    which every other worker that arrives is synchronized too, and all of them restart at
+    the window's last synchronization (`Window`: the asyncdiloco notebook's
+    `max_wait_time`; 0: none). The outer optimizer defaults to DiLoCo's; the paper's
     Delayed Nesterov is `staleness.engine.optim.delayed_nesterov` (spec
     `delayed_nesterov:N`)."""
     if bound is not None:
         checks.integer("async_diloco", "bound", bound, low=0)
-    spec = f"async_diloco:{steps}" + ("" if bound is None else f":bound={bound}") + (":dynamic" if dynamic else "")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0.0 <= grace < float("inf"):
+        raise ValueError(f"async_diloco: grace = {grace!r} must be a finite number of seconds >= 0 (0: no window)")
+    spec = (f"async_diloco:{steps}" + ("" if bound is None else f":bound={bound}") + (":dynamic" if dynamic else "")
+            + (f":grace={float(grace):g}" if grace else ""))
     gate = Free() if bound is None else ClockBound(bound)
-    return Policy(gate, EachGradient(), spec, LocalSteps(steps, dynamic), "nesterov:0.9,lr=0.7")
+    aggregation = Window(float(grace)) if grace else EachGradient()
+    return Policy(gate, aggregation, spec, LocalSteps(steps, dynamic), "nesterov:0.9,lr=0.7")
 
 
 def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alpha: float = 0.0,

@@ -85,6 +85,12 @@ class Policy:
         return getattr(self.work, "learner_seconds", None) is not None
 
     @property
+    def grace(self) -> float:
+        """Seconds of the synchronization window an arrival opens (`aggregations.Window`);
+        0.0: none, a released worker restarts at once."""
+        return float(getattr(self.aggregation, "grace", 0.0))
+
+    @property
     def lockstep(self) -> bool:
         """Whether every live worker starts each round together and one update takes
         all of their results (BSP's barrier and aggregation): the gate allows no

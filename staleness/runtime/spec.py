@@ -170,6 +170,9 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
         eval_every = max(1, -(-num_updates // num_evals))
     eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
+    if policy.grace:
+        raise ValueError(f"policy {policy.describe()!r}: its synchronization window (grace) is simulated only "
+                         "(st.simulate, compare, the replay); drop grace= for a real run")
     if policy.learner and policy.work.inflight:
         raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates are simulated only (st.simulate, "
                          "compare, the replay); a real run of them is not built yet: run rl_async for real")
