@@ -129,3 +129,14 @@ def test_spec_replay_and_refusals():
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="has a synchronization window"):
         simulate_schedule("async_diloco:5:grace=0.5", "1,2+server=1mbps", num_updates=2, payload_bytes=1000)
+
+
+def test_the_notebooks_printed_clock_is_reproduced():
+    """The notebook's saved output (max_wait_time 0.5, H = 20, 4 workers, evaluation every
+    800 local steps = every 40 synchronizations): 'step 800 | time 209.00', ..., 'step 8000 |
+    time 1998.60'. The simulator's update times at those synchronizations are the same."""
+    printed = [209.00, 406.40, 603.80, 801.40, 999.00, 1207.80, 1404.20, 1600.60, 1800.20, 1998.60]
+    sched = simulate_schedule("async_diloco:20:grace=0.5", "0.58,0.75,1.51,3.33", num_updates=400, seed=0)
+    np.testing.assert_allclose(sched.update_time[39::40], printed, rtol=0, atol=1e-9)
+    without = simulate_schedule("async_diloco:20", "0.58,0.75,1.51,3.33", num_updates=400, seed=0)
+    assert np.abs(without.update_time[39::40] - printed).max() > 1.0   # the window is what makes it match
