@@ -355,9 +355,16 @@ class _Decode:
     def interrupt(self, arrive: float, version: int) -> bool:
         """`version` reaches the actor at `arrive`: True if it interrupts the decode, before
         the first token that starts at or after `arrive` (a token in progress finishes; during
-        a pause, right after it: the same token). Tokens decoded after p pauses start p pauses
+        a pause, right after it: the same token). A version that arrives by the decode's start
+        costs nothing: the rollout starts on it (a segment from token 0, no pause). Tokens decoded after p pauses start p pauses
         later, so the token index is counted on the decode's own clock."""
         if arrive >= self.end or self.tau <= 0.0:
+            return False
+        if arrive <= self.start:   # before its first token: it starts on the new version, nothing to redo
+            if self.switches and self.switches[-1][0] == 0:
+                self.switches[-1] = (0, version)
+            else:
+                self.switches.append((0, version))
             return False
         k = max(self.switches[-1][0] if self.switches else 0,
                 math.ceil((arrive - self.start - self.paused * self.pause) / self.tau))

@@ -141,20 +141,24 @@ def test_a_hand_computed_timeline():
 
 
 def test_a_version_arriving_during_a_pause_interrupts_again_before_the_same_token():
-    """3 actors, 2-token rollouts on actors 0, 1 (1 and 1.25 s/token), learner = 0, one rollout
-    per update, pull 0.5 s, refill 2 tokens. Actor 0 pushes at 2.5: update 1 is decided (and,
-    with learner = 0, trained) at 2.5, after actor 0 was released on v0 (the decision releases
-    it): it decodes from 3.0, where v1 reaches it, before token 0: a pause of 0.5 + 2 × 1 s
-    until 5.5. Actor 1's push at 3.0 makes v2, which reaches actor 0 at 3.5, during that pause:
-    a second pause right after it, before the same token 0, until 8.0: the rollout decodes on
-    v2 from token 0 (one segment) and ends at 8.0 + 2 = 10.0 = 3.0 + 2 × 1 + 2 × (0.5 + 2)."""
-    cluster = C.heterogeneous([1.0, 1.25, 1.0]).network(0.0, 0.5)
-    s = simulate_schedule(P.rl_partial(learner=0.0, batch=1, refill=2), cluster, max_gradients=5, seed=0,
-                          sizes=lambda w, i: 2 if w < 2 else 10)
+    """2 actors at 1 s/token, pull 0.5 s, learner = 0, one rollout per update, refill 2 tokens.
+    Actor 0 decodes 10 tokens from 0.5; actor 1 two 2-token rollouts (then a long one).
+    Actor 1 pushes at 2.5: v1 (learner = 0: trained at once) reaches actor 0 at 3.0, before
+    its token ceil(2.5) = 3: a pause of 0.5 + 2 × 1 = 2.5 s. Actor 1, released at 2.5 on v0,
+    starts at 3.0 just as v1 arrives: a free segment from token 0 (nothing decoded yet), and
+    pushes at 5.0; v2 reaches actor 0 at 5.5, during its pause (which lasts until token 3 at
+    6.0): it interrupts again before the same token 3 (one segment, v2) and pauses another
+    2.5 s, so actor 0 ends at 0.5 + 10 + 2 × 2.5 = 15.5."""
+    cluster = C.heterogeneous([1.0, 1.0]).network(0.0, 0.5)
+    s = simulate_schedule(P.rl_partial(learner=0.0, batch=1, refill=2), cluster, num_updates=3, seed=0,
+                          sizes=lambda w, i: 10 if w == 0 else (2 if i < 2 else 1000))
     f = s.columns
-    row = next(r for r in range(s.num_gradients) if (f["worker"][r], f["iteration"][r]) == (0, 1))
-    assert (f["pull_version"][row], f["start"][row], f["end"][row]) == (0, 3.0, 10.0)
-    assert [seg for seg in s.meta["segments"] if seg[0] == row] == [[row, 0, 2]]
+    row = {(int(f["worker"][r]), int(f["iteration"][r])): r for r in range(s.num_gradients)}
+    a0, a1 = row[(0, 0)], row[(1, 1)]
+    assert (f["pull_version"][a0], f["start"][a0], f["end"][a0]) == (0, 0.5, 15.5)
+    assert (f["pull_version"][a1], f["start"][a1], f["end"][a1]) == (0, 3.0, 5.0)   # no pause for a free switch
+    segs = sorted(tuple(seg) for seg in s.meta["segments"])
+    assert segs == sorted([(a0, 3, 2), (a1, 0, 1)])
 
 
 # ---------------------------------------------------------------------------
@@ -188,6 +192,9 @@ def _interruptions(start, end0, size, tau, pause, arrivals):
     for arrive, v in arrivals:
         if arrive >= end0 + n * pause or tau <= 0.0:
             break
+        if arrive <= start:   # before the first token: the rollout starts on it, no pause
+            out = [(0, v)]
+            continue
         k = max(out[-1][0] if out else 0, math.ceil((arrive - start - n * pause) / tau))   # on the decode's clock
         if k >= size:
             break
@@ -206,7 +213,8 @@ def test_durations_and_segments_follow_the_interruptions(run):
     n the versions that interrupted it (rebuilt from the update times: version v reaches the
     actor at update_time[v − 1] + the pull's transfer); its segments are those interruptions,
     two before the same token counting as one (so #segments ≤ n, equal unless a version
-    arrived during a pause); segment tokens and versions increase, versions lie in
+    arrived during a pause), and a version that arrived by the decode's start a free segment
+    from token 0 (no pause: nothing was decoded yet); segment tokens and versions increase, versions lie in
     (pull_version, apply_version], and the bound η holds on the pulled version."""
     cluster, payload, (eta, mode, learner, batch, refill), use_sizes, seed = run
     sizes = SIZES if use_sizes else None
@@ -228,7 +236,7 @@ def test_durations_and_segments_follow_the_interruptions(run):
         n, switches = _interruptions(start, end0, size, tau, pause, arrivals)
         assert end - start == pytest.approx(size * tau + n * (transfer + refill * tau), rel=1e-12), r
         assert segs.get(r, []) == switches, r
-        assert len(switches) <= n
+        assert len(switches) <= n + (1 if switches and switches[0][0] == 0 else 0)   # a free switch at token 0
         ks, vs = [k for k, _ in switches], [v for _, v in switches]
         assert ks == sorted(set(ks)) and vs == sorted(set(vs)) and all(0 <= k < size for k in ks)
         if sched.applied[r] and eta is not None:
