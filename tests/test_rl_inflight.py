@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from _strategies import actors
 from hypothesis import strategies as hst
 
 import staleness as st
@@ -64,10 +65,7 @@ def _expected_switches(sched, row, sizes, pull_delay):
 
 @hst.composite
 def inflight_runs(draw):
-    n = draw(hst.integers(1, 4))
-    cluster = C.heterogeneous(draw(hst.lists(hst.floats(0.2, 3.0), min_size=n, max_size=n)))
-    if draw(hst.booleans()):
-        cluster = cluster.jitter(draw(hst.floats(0.0, 0.6)))
+    cluster = actors(draw)
     pull = draw(hst.sampled_from([0.0, 0.05, 0.4]))
     if pull:
         cluster = cluster.network(0.01, pull)

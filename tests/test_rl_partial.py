@@ -16,6 +16,7 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from _strategies import actors, bounded_policy
 from hypothesis import strategies as hst
 
 import staleness as st
@@ -72,17 +73,13 @@ def test_a_real_run_of_partial_is_refused_in_one_line():
 @hst.composite
 def free_transfer_runs(draw):
     """Clusters whose pull takes no time (no latency, no bytes), with failures sometimes."""
-    n = draw(hst.integers(1, 4))
-    cluster = C.heterogeneous(draw(hst.lists(hst.floats(0.2, 3.0), min_size=n, max_size=n)))
-    if draw(hst.booleans()):
-        cluster = cluster.jitter(draw(hst.floats(0.0, 0.6)))
+    cluster = actors(draw)
     if draw(hst.booleans()):
         cluster = cluster.network(draw(hst.sampled_from([0.0, 0.3])), 0.0)   # push latency only
     if draw(hst.booleans()):
         fail = draw(hst.floats(1.0, 400.0))
         cluster = cluster.failures([(0, fail, draw(hst.sampled_from([None, fail + 50.0])))])
-    policy = (draw(hst.sampled_from([None, 0, 1, 3])), draw(hst.sampled_from(P.RL_MODES)),
-              draw(hst.sampled_from([0.0, 0.5, 2.0])), draw(hst.sampled_from([None, 1, 3])))
+    policy = bounded_policy(draw)
     return cluster, policy, draw(hst.booleans()), draw(hst.integers(0, 10_000))
 
 
@@ -167,19 +164,14 @@ def test_a_version_arriving_during_a_pause_interrupts_again_before_the_same_toke
 
 @hst.composite
 def partial_runs(draw):
-    n = draw(hst.integers(1, 4))
-    cluster = C.heterogeneous(draw(hst.lists(hst.floats(0.2, 3.0), min_size=n, max_size=n)))
-    if draw(hst.booleans()):
-        cluster = cluster.jitter(draw(hst.floats(0.0, 0.6)))
+    cluster = actors(draw)
     net = draw(hst.sampled_from(["none", "latency", "links"]))
     payload = None
     if net == "latency":
         cluster = cluster.network(0.01, draw(hst.sampled_from([0.05, 0.4, 5.0])))
     elif net == "links":
         cluster, payload = cluster.links(1e7, 0.02), BYTES
-    policy = (draw(hst.sampled_from([None, 0, 1, 3])), draw(hst.sampled_from(P.RL_MODES)),
-              draw(hst.sampled_from([0.0, 0.5, 2.0])), draw(hst.sampled_from([None, 1, 3])),
-              draw(hst.sampled_from([0.0, 1.0, 7.5])))
+    policy = (*bounded_policy(draw), draw(hst.sampled_from([0.0, 1.0, 7.5])))
     return cluster, payload, policy, draw(hst.booleans()), draw(hst.integers(0, 10_000))
 
 
@@ -245,10 +237,7 @@ def test_durations_and_segments_follow_the_interruptions(run):
 
 @hst.composite
 def unbounded_runs(draw):
-    n = draw(hst.integers(1, 4))
-    cluster = C.heterogeneous(draw(hst.lists(hst.floats(0.2, 3.0), min_size=n, max_size=n)))
-    if draw(hst.booleans()):
-        cluster = cluster.jitter(draw(hst.floats(0.0, 0.6)))
+    cluster = actors(draw)
     cluster = cluster.network(0.01, draw(hst.sampled_from([0.0, 0.05, 0.4, 5.0])))
     return (cluster, draw(hst.sampled_from([0.0, 0.5, 2.0])), draw(hst.sampled_from([None, 1, 3])),
             draw(hst.sampled_from([0.0, 1.0, 7.5])), draw(hst.booleans()), draw(hst.integers(0, 10_000)))
