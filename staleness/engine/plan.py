@@ -52,9 +52,10 @@ def segment_count(schedule: Schedule) -> int | None:
     """S, the segments per rollout a replay of `schedule` needs (1 + the most switches of
     an applied row, rounded up to a power of two), or None without in-flight segments."""
     lists = segment_lists(schedule)
-    if lists is None:
-        return None
-    applied = schedule.applied
+    return None if lists is None else _count(lists, schedule.applied)
+
+
+def _count(lists: dict, applied: np.ndarray) -> int:
     most = max((len(v) for r, v in lists.items() if applied[r]), default=0)
     return 1 << most.bit_length() if most else 1
 
@@ -168,7 +169,7 @@ def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:
     if lists is None and at_least is None:
         return None
     lists = lists or {}
-    s = max(segment_count(schedule) or 1, at_least or 1)
+    s = max(_count(lists, schedule.applied), at_least or 1)
     pull = schedule.columns["pull_version"]
     out = np.empty((len(pull), 2, s), np.int64)
     out[:, 0, :] = NO_SEGMENT
