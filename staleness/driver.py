@@ -192,7 +192,10 @@ class Recorder:
     # -- checkpoints ----------------------------------------------------------------
     def state(self) -> dict:
         """Plain-Python copy for a checkpoint."""
-        return {"cols": self.cols, "update_time": list(self.update_time), "losses": list(self.losses)}
+        out = {"cols": self.cols, "update_time": list(self.update_time), "losses": list(self.losses)}
+        if self.segments is not None:
+            out["segments"] = [[r, k, v] for r in sorted(self.segments) for k, v in self.segments[r]]
+        return out
 
     @classmethod
     def from_state(cls, state: dict) -> "Recorder":
@@ -205,6 +208,10 @@ class Recorder:
         r.apply_version = list(cols["apply_version"])
         r.update_time = list(state["update_time"])
         r.losses = [float(x) for x in state["losses"]]
+        if "segments" in state:
+            r.segments = {}
+            for row, k, v in state["segments"]:
+                r.segments.setdefault(int(row), []).append((int(k), int(v)))
         return r
 
 

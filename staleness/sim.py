@@ -73,6 +73,7 @@ import numpy as np
 from staleness import policies as _policies
 from staleness.cluster.network import SharedLink, allreduce_parts
 from staleness.driver import Driver
+from staleness.inflight import Decode
 from staleness.schedule import Schedule
 
 __all__ = ["simulate_schedule"]
@@ -239,7 +240,8 @@ class _Learner:
     Partial rollouts (`refill` not None, AReaL): such a version interrupts the decode
     instead: after the token in progress the actor pauses for the transfer again and
     `refill` token-times (`interrupt`), so the rollout's end moves later; the switches
-    are then kept per actor as they happen (`_Decode`) rather than rebuilt at the push."""
+    are then kept per actor as they happen ((iteration, `inflight.Decode`)) rather than rebuilt
+    at the push."""
 
     def __init__(self, seconds, sizes, mean_step: float, num_workers: int, inflight: bool = False,
                  refill: float | None = None):
@@ -248,7 +250,7 @@ class _Learner:
         self.free = 0.0
         self.inflight = inflight
         self.refill = refill
-        self.decoding: list[_Decode | None] = [None] * num_workers   # partial rollouts: each actor's rollout
+        self.decoding: list[tuple | None] = [None] * num_workers   # partial rollouts: each actor's rollout
         self.delay = None                       # (worker, iteration) -> seconds, set by the event loop
         self.times: list[float] = []            # completion time of version v + 1 at index v
 
@@ -271,7 +273,7 @@ class _Learner:
         size = self.size(worker, iteration)
         self.row_size[row] = size
         if self.refill is not None:
-            switches = self.decoding[worker].switches
+            switches = self.decoding[worker][1].switches
         elif self.inflight:
             switches = self.switches(pulled, start, end, size, self.delay(worker, iteration))
         else:
@@ -288,8 +290,8 @@ class _Learner:
         if self.refill is not None:
             size = self.size(worker, iteration)
             tau = (end - start) / size if size > 0 else 0.0
-            self.decoding[worker] = _Decode(iteration, start, end, size, tau,
-                                            self.delay(worker, iteration) + self.refill * tau)
+            self.decoding[worker] = (iteration, Decode(start, end, size, self.delay(worker, iteration)
+                                                       + self.refill * tau))
 
     def interrupt(self, now: float, inflight) -> list:
         """Partial rollouts: version len(times) completed at `now` and interrupts the rollouts
@@ -302,28 +304,21 @@ class _Learner:
         for w, f in enumerate(inflight):
             if f is None or f[1] >= v:
                 continue
-            d = self.decoding[w]
-            if d.interrupt(now + self.delay(w, d.iteration), v) and d.pause > 0.0:
+            it, d = self.decoding[w]
+            if d.arrive(now + self.delay(w, it), v):
                 moved.append((w, d.end))
         return moved
 
     def switches(self, pulled: int, start: float, end: float, size: float, delay: float) -> list:
         """[(first decoded token, version), ...] of the versions newer than `pulled` that
-        reach the actor while it decodes [start, end) tokens of `size`."""
-        out: list = []
-        tau = (end - start) / size if size > 0 else 0.0
+        reach the actor while it decodes [start, end) tokens of `size` (`inflight.Decode`)."""
+        d = Decode(start, end, size)
         for v in range(pulled + 1, len(self.times) + 1):
             arrive = self.times[v - 1] + delay
-            if arrive >= end or tau <= 0.0:
+            if arrive >= end:
                 break
-            k = max(0, math.ceil((arrive - start) / tau))
-            if k >= size:
-                break
-            if out and out[-1][0] == k:
-                out[-1] = (k, v)   # two versions before the same token: the newer one decodes it
-            else:
-                out.append((k, v))
-        return out
+            d.arrive(arrive, v)
+        return d.switches
 
     def trained(self, now: float) -> None:
         """The oldest decided update finished training at `now`."""
@@ -333,49 +328,6 @@ class _Learner:
         took = self.seconds([self.row_size.pop(r, 1.0) for r in rows], self.mean_step, self.num_workers)
         self.free = max(now, self.free) + took
         return self.free
-
-
-class _Decode:
-    """An actor's rollout under partial rollouts: it decodes `size` tokens of `tau` seconds
-    each from `start`, and each interruption pauses it for `pause` seconds before a token."""
-
-    __slots__ = ("iteration", "start", "end0", "size", "tau", "pause", "paused", "switches")
-
-    def __init__(self, iteration: int, start: float, end: float, size: float, tau: float, pause: float):
-        self.iteration, self.start, self.end0, self.size, self.tau, self.pause = (iteration, start, end, size,
-                                                                                  tau, pause)
-        self.paused = 0                         # interruptions so far
-        self.switches: list = []                # [(first decoded token, version), ...]
-
-    @property
-    def end(self) -> float:
-        """When its last token is decoded, after the interruptions so far."""
-        return self.end0 + self.paused * self.pause
-
-    def interrupt(self, arrive: float, version: int) -> bool:
-        """`version` reaches the actor at `arrive`: True if it interrupts the decode, before
-        the first token that starts at or after `arrive` (a token in progress finishes; during
-        a pause, right after it: the same token). A version that arrives by the decode's start
-        costs nothing: the rollout starts on it (a segment from token 0, no pause). Tokens decoded after p pauses start p pauses
-        later, so the token index is counted on the decode's own clock."""
-        if arrive >= self.end or self.tau <= 0.0:
-            return False
-        if arrive <= self.start:   # before its first token: it starts on the new version, nothing to redo
-            if self.switches and self.switches[-1][0] == 0:
-                self.switches[-1] = (0, version)
-            else:
-                self.switches.append((0, version))
-            return False
-        k = max(self.switches[-1][0] if self.switches else 0,
-                math.ceil((arrive - self.start - self.paused * self.pause) / self.tau))
-        if k >= self.size:
-            return False
-        if self.switches and self.switches[-1][0] == k:
-            self.switches[-1] = (k, version)   # interrupted again before the same token: the newer decodes it
-        else:
-            self.switches.append((k, version))
-        self.paused += 1
-        return True
 
 
 class _Window:

@@ -167,7 +167,31 @@ def test_compare_rl_inflight_counts_tokens_at_their_own_versions(tmp_path, capsy
     assert by.loc["rl_inflight", "staleness_max"] == by.loc["rl_async", "staleness_max"]   # its oldest tokens
 
 
-def test_run_refuses_rl_inflight_in_one_line(capsys):
+def test_run_refuses_rl_inflight_without_a_cluster_in_one_line(capsys):
     code, text, err = run(["run", "--task", "rl-bandit", "--policy", "rl_inflight:2", "--workers", "2",
                            "--updates", "2"], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "in-flight weight updates" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "need a cluster" in err
+
+
+def test_run_rl_inflight_for_real_then_replay_check_is_bitwise(tmp_path, capsys):
+    out = tmp_path / "real"
+    code, text, err = run(["run", "--task", "rl-digits", *TINY_DIGITS, "--policy", "rl_inflight:2", "--cluster",
+                           CLUSTER, "--workers", "4", "--updates", "8", "--lr", "0.001", "--time-scale", "0.002",
+                           "--no-progress", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert st.Result.load(out).schedule.meta.get("segments"), "no version reached an actor mid-rollout"
+    code, text, err = run(["replay", str(out), "--check"], capsys)
+    assert code == 0, err
+    assert "bitwise" in text
+
+
+def test_run_task_options_need_a_worker_count_and_launch_passes_them_on(capsys):
+    from staleness.cli import build_parser, run_cmd
+
+    code, text, err = run(["run", "--task", "rl-bandit", "--task-option", "objective=ppo", "--policy", "rl_async:1",
+                           "--updates", "2"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "give --workers or --cluster" in err
+    args = build_parser().parse_args(["launch", "--local", "2", "--task", "rl-bandit", "--task-option",
+                                      "objective=ppo", "--workers", "2"])
+    argv = run_cmd._run_argv(args)
+    assert argv[argv.index("--task-option") + 1] == "objective=ppo"

@@ -6,7 +6,7 @@ its actor while it decoded; checked here against an independent reconstruction f
 times over random clusters. The numerics: generation with segments samples each position with
 its segment's version (checked token by token against teacher-forced log-probs of each
 version); a replay without switches is rl_async's; a sweep mixing both replays each as alone.
-Then the per-token staleness of `st.rollouts`, the spec, and the one-line refusals.
+Then the per-token staleness of `st.rollouts` and the spec (real runs: test_rl_inflight_real.py).
 """
 
 from __future__ import annotations
@@ -253,9 +253,3 @@ def test_spec_round_trips_and_bad_arguments():
                         (lambda: P.rl_inflight(batch=0), "rl_inflight: batch")]:
         with pytest.raises(ValueError, match=match):
             call()
-
-
-def test_a_real_run_of_inflight_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="in-flight weight updates are simulated only") as e:
-        st.runtime.run(_bandit(2), "rl_inflight:2", num_workers=2, num_updates=2)
-    assert "\n" not in str(e.value)

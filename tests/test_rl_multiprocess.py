@@ -112,5 +112,36 @@ def test_staleness_launch_runs_rl_across_processes_and_replay_check_is_bitwise(p
     assert same.bitwise, same
 
 
+@pytest.mark.timeout(DEADLINE + 30)
+def test_inflight_actors_in_worker_processes_take_published_versions_and_replay_bitwise(procs, tmp_path):
+    """`rl_inflight` across 2 processes: the server offers every version it completes to the
+    actors mid-rollout on their process's channel (`Published`), each actor takes the ones
+    that reach it before its decode ends, and the switches travel with its push."""
+    import staleness as st
+    from staleness.engine import plan as engine_plan
+
+    out = tmp_path / "out"
+    tiny = [x for opt in ("warm_start_steps=0", "num_layers=1", "d_model=16", "num_heads=2")
+            for x in ("--task-option", opt)]
+    procs.spawn([sys.executable, "-m", "staleness", "launch", "--local", "2", "--timeout", str(DEADLINE - 10),
+                 "--task", "rl-digits", *tiny, "--policy", "rl_inflight:2", "--cluster", "1,1,1.5,3",
+                 "--time-scale", "0.002", "--updates", "10", "--lr", "0.001", "--worker-timeout", "30",
+                 "--heartbeat-timeout", "5", "--no-progress", "--out", str(out)])
+    codes = procs.finish()
+    assert codes == [0], procs.text(0)[-3000:]
+    res = st.Result.load(out)
+    sched = res.schedule
+    assert res.status == "complete" and res.config["processes"] == 2 and sched.num_updates == 10
+    switches = engine_plan.segment_lists(sched)   # checked against the rows: versions in (pull, apply]
+    assert switches, "no version reached an actor mid-rollout"
+    assert {int(sched.columns["worker"][r]) % 2 for r in switches} == {0, 1}, switches   # in both processes
+    # `staleness replay --check` as a user runs it: in a process with the run's one CPU device (the
+    # 8 virtual devices of this test process change the rounding of rl-digits' replay by ~3e-8)
+    procs.spawn([sys.executable, "-m", "staleness", "replay", str(out), "--check"])
+    codes = procs.finish()
+    assert codes == [0, 0], procs.text(1)[-3000:]
+    assert "bitwise equal" in procs.text(1), procs.text(1)[-3000:]
+
+
 if __name__ == "__main__":
     sys.exit(_child(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]))

@@ -6,7 +6,7 @@ pull's transfer time) and `refill` token-times of re-prefill, so the rollout end
 here: the spec; the reduction to rl_inflight (no pause: refill = 0 on a network without latency or
 bytes); a timeline computed by hand; over random clusters, each rollout's duration and segments
 against a reconstruction from the update times, the bound's invariants, and what can be proved
-about throughput against rl_inflight; a replay on rl-digits; the real runtime's refusal.
+about throughput against rl_inflight; a replay on rl-digits (real runs: test_rl_inflight_real.py).
 """
 
 from __future__ import annotations
@@ -57,13 +57,6 @@ def test_spec_round_trips_and_bad_arguments():
         with pytest.raises(ValueError, match=match) as e:
             call()
         assert "\n" not in str(e.value)
-
-
-def test_a_real_run_of_partial_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="in-flight weight updates are simulated only") as e:
-        st.runtime.run(rl.get("rl-bandit", num_workers=2, objective="reinforce"), "rl_partial:2", num_workers=2,
-                       num_updates=2)
-    assert "\n" not in str(e.value) and "rl_partial:2" in str(e.value)
 
 
 # ---------------------------------------------------------------------------

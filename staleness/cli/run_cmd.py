@@ -4,13 +4,15 @@ in the engine)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
 
 from staleness import files, policies
-from staleness.cli.common import (UsageError, add_log, add_yes, check_out, check_pairing, check_processes, count,
-                                   declared_optimizer, log_callbacks, natural, nonnegative, positive, print_table)
+from staleness.cli.common import (UsageError, add_log, add_task_option, add_yes, build_task, check_out, check_pairing,
+                                   check_processes, count, declared_optimizer, log_callbacks, natural, nonnegative,
+                                   positive, print_table, task_options)
 
 __all__ = ["add"]
 
@@ -81,6 +83,8 @@ def _run_argv(args) -> list[str]:
                 argv.append(flag)
         elif value is not None and value != default:
             argv += [flag, str(value)]
+    for item in args.task_option or []:
+        argv += ["--task-option", item]
     return argv
 
 
@@ -90,6 +94,7 @@ def add(sub) -> None:
                        "or as one process of a multi-process job (--coordinator, --num-processes, --process-id on "
                        "every host; process 0 hosts the server and writes the Result).")
     _add_run_options(p)
+    add_task_option(p)
     add_log(p)
     p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process runs)")
     p.add_argument("--num-processes", type=int, default=None, help="processes in the job")
@@ -103,6 +108,7 @@ def add(sub) -> None:
     add_yes(p)
     p.add_argument("--timeout", type=float, default=None, help="kill every process after this many seconds")
     _add_run_options(p)
+    add_task_option(p)
     p.set_defaults(func=_cmd_launch)
 
     p = sub.add_parser("replay", help="replay a recorded trace (or a Result directory) in the engine",
@@ -187,6 +193,20 @@ def _check_checkpoint(args) -> None:
                          "checkpoints), or --resume to continue from it")
 
 
+def _task(args):
+    """--task, or with --task-option a zero-argument callable that builds it with those
+    options (called in the process, after jax.distributed starts) for --workers, else the
+    cluster's workers."""
+    if not task_options(args):
+        return args.task
+    from staleness import cluster as _cluster
+
+    n = args.workers or (_cluster.parse(args.cluster).num_workers if args.cluster is not None else None)
+    if n is None:
+        raise UsageError("--task-option builds the task for a number of workers: give --workers or --cluster")
+    return functools.partial(build_task, args, n)
+
+
 def _cmd_run(args) -> int:
     from staleness import cluster as _cluster
     from staleness import policies as _policies
@@ -204,6 +224,7 @@ def _cmd_run(args) -> int:
     callbacks = log_callbacks(args)
     if multi and callbacks:
         raise UsageError("--log applies to one-process runs")
+    task = _task(args)
     out = check_out(args) if not multi or args.process_id == 0 else None  # only process 0 writes
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
@@ -227,12 +248,12 @@ def _cmd_run(args) -> int:
             if args.server_devices is not None:
                 raise UsageError("--server-devices applies to one-process runs (the multi-process server "
                                  "keeps its state on process 0's first device)")
-            result = st.runtime.run_process(args.task, policy, args.cluster, coordinator=args.coordinator,
+            result = st.runtime.run_process(task, policy, args.cluster, coordinator=args.coordinator,
                                             num_processes=args.num_processes, process_id=args.process_id,
                                             heartbeat_timeout=args.heartbeat_timeout, **kwargs)
         else:
             _set_cpu_devices(args.cpu_devices)
-            result = st.runtime.run(args.task, policy, args.cluster, devices=args.devices,
+            result = st.runtime.run(task() if isinstance(task, functools.partial) else task, policy, args.cluster, devices=args.devices,
                                     server_devices=args.server_devices, callbacks=callbacks, **kwargs)
     except (RunFailure, DivergenceError, st.tracking.CallbackError) as e:
         print(f"staleness: error: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -278,6 +299,7 @@ def _cmd_launch(args) -> int:
     if args.server_devices is not None:
         raise UsageError("--server-devices applies to one-process runs")
     _settle_lr(args, policy)
+    _task(args)
     check_out(args)
     if args.task not in registry.names():   # a 'package.module:factory' must import: before any process starts
         registry.factory_of(args.task)

@@ -75,7 +75,8 @@ import jax
 import jax.numpy as jnp
 
 from staleness.runtime.errors import RunFailure
-from staleness.runtime.messages import STOP, Push, Release, WorkerFailed, WorkerJoined, WorkerLost
+from staleness.runtime.messages import (STOP, Published, Push, Release, WorkerFailed, WorkerJoined, WorkerLost,
+                                        from_server)
 from staleness.runtime.transport import Arrival, ServerLink, WorkerLink
 
 __all__ = ["Coordination", "initialize", "DistributedServerLink", "DistributedWorkerLink", "POLL_MS"]
@@ -594,6 +595,20 @@ class DistributedServerLink(ServerLink):
         rel = Release(msg.worker, msg.iteration, msg.version, msg.epoch, handle)
         self.coord.set(_msg_key("rel", p, inc, k), rel.to_json())
 
+    def publish(self, version: int, params, to: list[int]) -> None:
+        """Offer `version` to each actor in `to` on its channel (one offer each: an actor takes
+        every version offered to it, so no offer is left unpulled)."""
+        for w in to:
+            p = self.worker_process[w]
+            with self._lock:
+                if not self._alive[p]:
+                    continue
+                inc, k = self._inc[p], self._seq[p]
+                self._seq[p] = k + 1
+            handle = self.coord.new_id()
+            self.coord.transfer.await_pull(handle, params)
+            self.coord.set(_msg_key("rel", p, inc, k), Published(w, version, handle).to_json())
+
     def poll(self, timeout: float):
         try:
             return self._events.get(timeout=max(timeout, 0.0))
@@ -645,6 +660,7 @@ class DistributedWorkerLink(WorkerLink):
         self.server_lost: str | None = None
         self._avals = {w: _avals(params_shape, d) for w, d in self.devices.items()}
         self._queues = {w: queue.SimpleQueue() for w in self.devices}
+        self._published = {w: queue.SimpleQueue() for w in self.devices}   # (version, handle) offered mid-rollout
         self._push_lock = threading.Lock()
         self._push_seq = 0
         self._local = threading.local()
@@ -682,7 +698,10 @@ class DistributedWorkerLink(WorkerLink):
                 continue
             _consumed(self.coord, "rel", me, self.incarnation, seq)
             seq += 1
-            msg = Release.from_json(text)
+            msg = from_server(text)
+            if isinstance(msg, Published):
+                self._published[msg.worker].put((msg.version, msg.handle))
+                continue
             if msg.worker == STOP:
                 self.stopped.set()
                 return
@@ -699,7 +718,31 @@ class DistributedWorkerLink(WorkerLink):
             msg = self._queues[worker].get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
+        self._drain(worker)
         return msg, msg.handle
+
+    def newer(self, worker: int, version: int, timeout: float):
+        """The next version offered to `worker` (in order: every offer is taken), skipping
+        (and taking) any not newer than `version`."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            try:
+                v, handle = self._published[worker].get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return None
+            if v > version:
+                return v, handle
+            jax.block_until_ready(self.fetch(worker, handle))
+
+    def _drain(self, worker: int) -> None:
+        """Take the versions offered to `worker` after its rollout ended (the server offered
+        them before its push arrived): an offer is held until it is pulled."""
+        while True:
+            try:
+                _, handle = self._published[worker].get_nowait()
+            except queue.Empty:
+                return
+            jax.block_until_ready(self.fetch(worker, handle))
 
     def fetch(self, worker: int, offer):
         return self._connection().pull(offer, self._avals[worker])

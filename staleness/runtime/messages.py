@@ -1,7 +1,8 @@
 """Control messages between the server and its workers, whatever carries them.
 
 A `Release` goes from the server to a worker: start iteration `iteration` on
-the parameters of `version`. A `Push` goes back with the gradient's metadata
+the parameters of `version`; a `Published` offers an actor mid-rollout a version
+the server just completed (in-flight weight updates). A `Push` goes back with the gradient's metadata
 (its loss and gradient travel beside it as arrays). `WorkerFailed` (the worker
 raised), `WorkerLost` (the worker, or its process, is gone) and `WorkerJoined`
 (a restarted process is back with its workers) are events the transport
@@ -24,7 +25,7 @@ import dataclasses
 import json
 from typing import Any, NamedTuple
 
-__all__ = ["Release", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "LateLoss", "RoundGradient", "STOP"]
+__all__ = ["Release", "Published", "from_server", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "LateLoss", "RoundGradient", "STOP"]
 
 STOP = -1  # worker id of a release that stops every worker of a process
 
@@ -53,6 +54,28 @@ class Release:
 
 
 @dataclasses.dataclass(frozen=True)
+class Published:
+    """Server -> worker: version `version` is complete and offered to actor `worker` mid-rollout
+    (in-flight weight updates); handle: transport-specific reference to the offered parameters.
+    Travels on the release channel, which `from_server` reads."""
+
+    worker: int
+    version: int
+    handle: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"published": dataclasses.astuple(self)})
+
+
+def from_server(text: str) -> "Release | Published":
+    """A message of the server -> worker channel read back: a `Release` or a `Published`."""
+    value = json.loads(text)
+    if isinstance(value, dict):
+        return Published(*value["published"])
+    return Release(*value)
+
+
+@dataclasses.dataclass(frozen=True)
 class Push:
     """Worker -> server: the gradient of (worker, iteration) on `version` is ready.
 
@@ -61,6 +84,8 @@ class Push:
       the worker's clock (since_recv >= since_start >= since_end >= 0).
     handle: transport-specific reference to the offered (loss, gradient).
     error: set instead of a gradient when the worker raised: its message.
+    segments: an actor's in-flight switches (`rl_inflight`, `rl_partial`): ((first decoded
+      token, version), ...) of the versions that reached it mid-rollout (`inflight.Decode`).
     """
 
     worker: int
@@ -72,13 +97,15 @@ class Push:
     since_end: float = 0.0
     handle: int = 0
     error: str | None = None
+    segments: tuple = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.astuple(self))
 
     @classmethod
     def from_json(cls, text: str) -> "Push":
-        return cls(*json.loads(text))
+        *head, segments = json.loads(text)
+        return cls(*head, tuple((int(k), int(v)) for k, v in segments))
 
 
 @dataclasses.dataclass(frozen=True)

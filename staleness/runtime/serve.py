@@ -313,6 +313,8 @@ class Server:
                     self._settle()
         else:
             step = d.push(w, now, start, end, loss)
+        if m.segments and step.row is not None:   # an in-flight rollout's switches
+            self.rec.segments[step.row] = [(int(k), int(v)) for k, v in m.segments]
         if step.accepted:
             self.grads[step.row] = (a.grad, pull_version)
         self._do(step, now)
@@ -325,6 +327,9 @@ class Server:
         staleness = [v - pv for _, pv in held]
         self.params, self.opt_state = self.update(self.params, self.opt_state, grads, staleness, v, self.zeros)
         u = v + 1
+        if self.spec.inflight:   # actors mid-rollout on an older version take it between two tokens
+            self.link.publish(u, self.params, [w for w, f in enumerate(self.driver.inflight)
+                                               if f is not None and f[1] < u])
         if u % self.eval_every == 0 or u == self.num_updates:
             self.snapshots.append((u, self.params))
             self._check_divergence()
@@ -448,6 +453,8 @@ class Server:
         self.driver = d
         self.rec = d.rec
         self.rec.row_bytes = self.row_bytes
+        if self.spec.inflight and self.rec.segments is None:
+            self.rec.segments = {}
         self.membership = deque(self.spec.membership(after=self.t_offset))   # sorted by time
         # Resume: gradients in flight at the checkpoint are gone; those workers
         # start their iteration again on the checkpoint's version. Blocked ones

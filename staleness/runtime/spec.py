@@ -51,6 +51,12 @@ class RunSpec:
     local_steps: tuple | None = None   # [λ] inner steps per iteration of each worker
 
     @property
+    def inflight(self) -> bool:
+        """Asynchronous RL with in-flight weight updates: the server publishes every version
+        to the actors mid-rollout and the trace records their switches."""
+        return bool(self.policy.learner and self.policy.work.inflight)
+
+    @property
     def slots(self) -> int:
         """Gradient slots of the policy's largest update (1: the one-gradient path)."""
         return max(1, self.policy.gradients_per_update(self.num_workers, self.num_workers))
@@ -81,8 +87,9 @@ class RunSpec:
         from staleness.engine import payload
 
         pull_bytes, push_bytes = payload.payload_bytes(self.task, self.policy)
+        inflight = self.inflight
         return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps, sizes, pull_bytes,
-                      push_bytes)
+                      push_bytes, inflight, self.policy.work.refill if inflight else None)
 
     def membership(self, after: float = 0.0) -> list[tuple[float, str, int]]:
         """Failure-model events (real seconds since the start) later than `after`."""
@@ -174,8 +181,10 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
         raise ValueError(f"policy {policy.describe()!r}: its synchronization window (grace) is simulated only "
                          "(st.simulate, compare, the replay); drop grace= for a real run")
     if policy.learner and policy.work.inflight:
-        raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates are simulated only (st.simulate, "
-                         "compare, the replay); a real run of them is not built yet: run rl_async for real")
+        if cluster is None:
+            raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates in a real run need a cluster "
+                             "(cluster=..., --cluster): its seconds per token make the decode window in which new "
+                             "versions reach an actor")
     task = resolve_task(task, num_workers, batch_size, data_dir)
     work_sizes(task, policy, seed)   # an RL policy needs an RL task and vice versa (ValueError)
     opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy.optimizer, lr), lr,

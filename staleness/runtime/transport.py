@@ -86,6 +86,12 @@ class ServerLink(abc.ABC):
         """Called once the loop stops serving: nothing is in flight here."""
         return None
 
+    def publish(self, version: int, params, to: list[int]) -> None:
+        """Version `version` (`params`) is complete: offer it to the actors `to`, which are
+        mid-rollout on an older version (in-flight weight updates). Only transports whose
+        `WorkerLink.newer` works are asked to."""
+        raise NotImplementedError(f"{type(self).__name__} does not send versions to workers mid-rollout")
+
 
 class WorkerLink(abc.ABC):
     """A worker's end of a transport (shared by the worker threads of a process)."""
@@ -108,6 +114,13 @@ class WorkerLink(abc.ABC):
     def fail(self, worker: int, message: str, exception: BaseException | None = None) -> None:
         """Report that `worker` raised (`message`: type, text and traceback)."""
 
+    def newer(self, worker: int, version: int, timeout: float) -> tuple[int, Any] | None:
+        """(v, offer) of a version v > `version` the server published to `worker`
+        (`ServerLink.publish`), else None after `timeout` seconds: in-flight weight updates.
+        Either the newest one, or, where every offer must be taken (the multi-process
+        transport), the next one in order; `fetch(worker, offer)` takes it."""
+        raise NotImplementedError(f"{type(self).__name__} does not send versions to workers mid-rollout")
+
 
 class LocalTransport(ServerLink, WorkerLink):
     """Both ends in one process: queues for messages, `jax.device_put` for tensors.
@@ -123,6 +136,8 @@ class LocalTransport(ServerLink, WorkerLink):
         self._releases = [queue.SimpleQueue() for _ in self.worker_devices]
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self.stopped = threading.Event()
+        self._newest: tuple[int, Any] = (-1, None)    # the last published (version, params)
+        self._published = threading.Condition()
 
     # -- server end ------------------------------------------------------------
     def release(self, msg: Release, params) -> None:
@@ -136,6 +151,13 @@ class LocalTransport(ServerLink, WorkerLink):
 
     def stop(self) -> None:
         self.stopped.set()
+        with self._published:
+            self._published.notify_all()
+
+    def publish(self, version: int, params, to: list[int]) -> None:
+        with self._published:   # every actor reads the newest: nothing is kept per actor
+            self._newest = (version, params)
+            self._published.notify_all()
 
     # -- worker end --------------------------------------------------------------
     def wait_release(self, worker: int, timeout: float):
@@ -143,6 +165,12 @@ class LocalTransport(ServerLink, WorkerLink):
             return self._releases[worker].get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
+
+    def newer(self, worker: int, version: int, timeout: float):
+        with self._published:
+            if self._newest[0] <= version and not self.stopped.is_set():
+                self._published.wait(max(timeout, 0.0))
+            return self._newest if self._newest[0] > version else None
 
     def fetch(self, worker: int, offer):
         return jax.device_put(offer, self.worker_devices[worker])

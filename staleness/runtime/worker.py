@@ -11,10 +11,11 @@ with a `Delays` sleeps the cluster's pull transfer after its parameters arrive
 (latency + the parameters' bytes / its link's bandwidth, as the simulator times it),
 computes, then sleeps until `compute_time` (scaled by `time_scale`) has passed
 since its compute started (so an iteration takes max(real, injected) seconds),
-and sleeps the push transfer before pushing. A shared server link is taken as each
-transfer's bottleneck without sharing it among concurrent transfers (the simulator
-shares it). Every sleep wakes up early when the
-run stops.
+and sleeps the push transfer before pushing. An actor with in-flight weight
+updates (`Delays.inflight`) decodes through `runtime.inflight` instead, taking
+the versions the server publishes meanwhile. A shared server link is taken as
+each transfer's bottleneck without sharing it among concurrent transfers (the
+simulator shares it). Every sleep wakes up early when the run stops.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import traceback
 
 import jax
 
+from staleness.runtime import inflight
 from staleness.runtime.messages import Push
 from staleness.runtime.transport import WorkerLink
 
@@ -52,6 +54,8 @@ class Delays:
     sizes: object = None         # asynchronous RL: sizes(worker, iteration) -> its rollout's steps (tokens)
     pull_bytes: int = 0          # bytes of a pull (the parameters) and of a push (the method's payload):
     push_bytes: int = 0          # a transfer takes latency + bytes / bandwidth, as in the simulator
+    inflight: bool = False       # asynchronous RL with in-flight weight updates (`runtime.inflight`)
+    refill: float | None = None  # partial rollouts: token-times an interruption re-prefills (None: none)
 
     def pull(self, worker: int, iteration: int) -> float:
         return self.sampler.transfer_time(worker, iteration, self.pull_bytes, "pull") * self.time_scale
@@ -109,18 +113,27 @@ def worker_loop(worker: int, link: WorkerLink, numerics, device, delays: Delays 
             if delays is not None:
                 _sleep_until(clock() + delays.pull(worker, it), stopped)
             t_start = clock()
-            loss, grad = numerics.gradient(params, worker, it, device)
-            jax.block_until_ready((loss, grad))
-            if delays is not None:
-                _sleep_until(t_start + delays.compute(worker, it, t_start), stopped)
+            segments = ()
+            if delays is not None and delays.inflight:   # an actor taking new versions mid-rollout
+                out = inflight.decode(worker, rel, params, link, numerics, device, delays, stopped, POLL_SECONDS,
+                                      clock)
+                if out is None:
+                    return
+                loss, grad, segments = out
+                jax.block_until_ready((loss, grad))
+            else:
+                loss, grad = numerics.gradient(params, worker, it, device)
+                jax.block_until_ready((loss, grad))
+                if delays is not None:
+                    _sleep_until(t_start + delays.compute(worker, it, t_start), stopped)
             t_end = clock()
             if delays is not None:
                 _sleep_until(t_end + delays.push(worker, it), stopped)
             if stopped.is_set():
                 return
             t_sent = clock()
-            link.push(Push(worker, it, rel.version, rel.epoch, t_sent - t_recv, t_sent - t_start, t_sent - t_end),
-                      loss, grad)
+            link.push(Push(worker, it, rel.version, rel.epoch, t_sent - t_recv, t_sent - t_start, t_sent - t_end,
+                           segments=segments), loss, grad)
     except BaseException as e:  # noqa: BLE001 - reported to the server, which re-raises it
         try:
             link.fail(worker, failure_message(e), e)
