@@ -126,7 +126,7 @@ def case(impl: str, policy: str, data_dir: str, updates: int, chunk: int, attrib
     out["init_xla_s"] = sum(s for p, _, s in log.records[mark:] if p == "xla")
     ev = core.evaluate.lower(task, carry.params)
     out["eval_compile_s"] = _timed(ev.compile, "eval")[1]
-    xs = chunk_inputs(task, plan, 0, consts["data_key"])
+    xs = core.pad_chunk(chunk_inputs(task, plan, 0, consts["data_key"]), min(plan.chunk, plan.num_updates))
     lowered, out["chunk_lower_s"] = _timed(lambda: core.run_chunk.lower(task, carry, xs, consts, opt=opt.tx,
                                                                        rules=rules, slot_mode="vmap"), "lower")
     compiled, out["chunk_xla_s"] = _timed(lowered.compile, "xla")

@@ -104,7 +104,7 @@ def chunk_only(task, sched, n, seed=0):
     local, _, _ = _run.local_setup([sched], task, None)
     plan = make_plan(sched, n)
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
-    xs = chunk_inputs(task, plan, 0, consts["data_key"])
+    xs = core.pad_chunk(chunk_inputs(task, plan, 0, consts["data_key"]), min(plan.chunk, plan.num_updates))
     rules = (st.lr.get("constant"),)
 
     def run():
@@ -112,7 +112,7 @@ def chunk_only(task, sched, n, seed=0):
         jax.block_until_ready(carry)
         t, c = time.perf_counter(), time.process_time()
         carry, _ = core.run_chunk(task, carry, xs, consts, opt=opt.tx, rules=rules, slot_mode="vmap", local=local,
-                                  padded=plan.padded)
+                                  padded=plan.padded_updates)
         jax.block_until_ready(carry)
         return time.perf_counter() - t, time.process_time() - c
 

@@ -111,7 +111,8 @@ def chunks_only(task, sched, kw):
     opt = _run.resolve_optimizer(kw["optimizer"], kw["lr"], sched.num_updates, task)
     plan = _plan.make_plan(sched, kw["eval_every"])
     consts = {"data_key": core.keys(kw["seed"])[1], "rule": jnp.int32(0)}
-    xs = [_plan.chunk_inputs(task, plan, k, consts["data_key"]) for k in range(plan.num_chunks)]
+    xs = [core.pad_chunk(_plan.chunk_inputs(task, plan, k, consts["data_key"]),
+                         min(plan.chunk, plan.num_updates - k * plan.chunk)) for k in range(plan.num_chunks)]
     rules = (st.lr.get("constant"),)
 
     def run():
@@ -120,7 +121,7 @@ def chunks_only(task, sched, kw):
         t, c = time.perf_counter(), time.process_time()
         for x in xs:
             carry, _ = core.run_chunk(task, carry, x, consts, opt=opt.tx, rules=rules, slot_mode="vmap", local=None,
-                                      padded=plan.padded)
+                                      padded=plan.padded_updates)
         jax.block_until_ready(carry)
         return time.perf_counter() - t, time.process_time() - c
 

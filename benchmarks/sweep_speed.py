@@ -8,13 +8,15 @@ simulation and compilation (a user pays both). The sweep pins its padding
 seconds apart (JAX's compile-event durations, `config['compile_s']`); with
 --devices N it also shards the grid over N virtual CPU devices. Ends with one
 JSON line. Targets (issue #13): >= 4x warm and >= 3x cold over sequential
-simulate calls.
+simulate calls; (issue #25) >= 2x warm on 2 cores, the schedules on every core, and a
+projection for 16 cores.
 
     python benchmarks/sweep_speed.py [--quick] [--devices 2]
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -109,6 +111,27 @@ def main():
         same = all(all(np.array_equal(x, y) for x, y in zip(jax_leaves(a.params), jax_leaves(b.params)))
                    for a, b in zip(swept, sharded))
 
+    # The sweep's schedules alone: one after another vs on every core (`staleness.sim_pool`, which the
+    # sweep uses once they are estimated at MIN_SECONDS or more), and what 16 cores would give.
+    from staleness import sim_pool
+
+    jobs = [dict(policy=p, cluster=cluster, num_updates=n, seed=x) for p in pols for x in seeds]
+    t0 = time.perf_counter()
+    [st.simulate_schedule(**job) for job in jobs]
+    t_sched_one = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sim_pool.simulate_schedules(jobs, min_seconds=0.0)
+    t_sched_pool = time.perf_counter() - t0
+    pooled = sum(sim_pool.estimate_seconds(job) for job in jobs) >= sim_pool.MIN_SECONDS
+    cores = os.cpu_count() or 1
+    # 16 cores, projected: the schedules split over min(16, schedules) processes (each paying the
+    # measured start-up, ~(pool time - one-core time / cores)), the rest of the warm sweep unchanged
+    start = max(0.0, t_sched_pool - t_sched_one / min(cores, len(jobs)))
+    t16 = (t_sweep_warm - (t_sched_pool if pooled else t_sched_one)) + t_sched_one / min(16, len(jobs)) + start
+    print(f"schedules ({len(jobs)}): one after another {t_sched_one:.2f} s, on {cores} cores {t_sched_pool:.2f} s "
+          f"(the sweep {'pools them' if pooled else 'keeps them here: estimated under'} "
+          f"{sim_pool.MIN_SECONDS:g} s); projected on 16 cores, the rest unchanged: warm sweep {t16:.2f} s -> "
+          f"{t_seq_warm / t16:.1f}x")
     gap = max(float(np.max(np.abs(a.history["accuracy"].to_numpy() - b.history["accuracy"].to_numpy())))
               for a, b in zip(swept, singles))
     grads = sum(r.schedule.num_gradients for r in singles)
@@ -131,6 +154,8 @@ def main():
                       "sequential_s": t_seq, "sequential_compile_s": c_seq, "speedup": t_seq / t_sweep,
                       "sweep_warm_s": t_sweep_warm, "sequential_warm_s": t_seq_warm, "speedup_warm": warm_x,
                       "devices": args.devices, "sharded_cold_s": t_shard_cold, "sharded_warm_s": t_shard_warm,
+                      "schedules_one_core_s": t_sched_one, "schedules_pool_s": t_sched_pool,
+                      "schedules_pooled_in_sweep": pooled, "projected_16_core_warm_speedup": t_seq_warm / t16,
                       "max_accuracy_gap": gap, "target_met": met}))
 
 

@@ -103,6 +103,47 @@ def test_hand_schedule_matches_delayed_recurrence():
     assert np.array_equal(res.schedule.staleness, tau)
 
 
+def test_changing_only_the_run_length_does_not_recompile(digits4):
+    """A user's BSP run compiled again when num_updates went from 300 to 600 (the chunk,
+    ceil(U / num_evals) updates, was the scan's length). The number of updates a chunk runs
+    is now an input: 300, 600 and 310 updates (its last chunk partly padding) share one program."""
+    cluster = C.heterogeneous([1.0, 1.0, 2.6, 2.6])
+    st.simulate(digits4, "bsp", cluster, num_updates=300, lr=0.1, seed=0)
+    before = core.run_chunk._cache_size()
+    for n in (600, 310):
+        r = st.simulate(digits4, "bsp", cluster, num_updates=n, lr=0.1, seed=0)
+        assert r.schedule.num_updates == n and len(r.history) == 21 and np.all(np.isfinite(r.train_loss))
+    assert core.run_chunk._cache_size() == before, "the replay recompiled when only num_updates changed"
+
+
+@pytest.mark.parametrize("policy, n, chunk", [("bsp", 37, 8), ("asp", 40, 16), ("softsync:2", 33, 16)])
+def test_the_chunk_loop_is_bitwise_a_scan_of_the_same_step(digits4, policy, n, chunk):
+    """The loop with the number of updates as an input gives bitwise what a `lax.scan` of the
+    same step over the chunk's updates gives (the replay before the change), the last chunk
+    partly padding included (the scan ran its padding updates; the loop stops before them)."""
+    import functools
+
+    from staleness.engine import plan as engine_plan
+
+    sched = st.simulate_schedule(policy, C.heterogeneous([1.0, 1.0, 2.6, 2.6]).jitter(0.2), num_updates=n, seed=3)
+    opt = st.engine.run.resolve_optimizer(None, 0.1, n, digits4)
+    plan = engine_plan.make_plan(sched, chunk)
+    consts = {"data_key": core.keys(0)[1], "rule": jnp.int32(0)}
+    rules = (st.lr.get("constant"),)
+    a = b = core.init_carry(digits4, 0, opt, plan.ring)
+    scan = jax.jit(lambda c, xs: jax.lax.scan(functools.partial(core._step, digits4, core.Static(
+        opt.tx, rules, "vmap", None, True), consts), c, xs))
+    for k in range(plan.num_chunks):
+        xs = engine_plan.chunk_inputs(digits4, plan, k, consts["data_key"])
+        a, la = scan(a, xs)
+        b, lb = core.run_chunk(digits4, b, core.pad_chunk(xs, min(chunk, n - k * chunk)), consts, opt=opt.tx,
+                               rules=rules, padded=True)
+        real = min(chunk, n - k * chunk)
+        np.testing.assert_array_equal(np.asarray(la)[:real], np.asarray(lb)[:real])
+        assert np.all(np.isnan(np.asarray(lb)[real:]))
+    assert _equal_tree(a.params, b.params) and _equal_tree(a.opt_state, b.opt_state)
+
+
 def test_two_replays_identical_and_no_recompile(digits4):
     cluster = C.heterogeneous([1.0, 1.0, 2.6, 2.6]).jitter(0.2)
     kw = dict(num_updates=64, seed=5, lr=0.1, eval_every=16)

@@ -90,9 +90,12 @@ def test_k_processes_equal_the_single_process_device_run(tmp_path, k, schedule):
     ref = Proc(_pipeline(*common, "--devices", "--out", str(tmp_path / "ref")), _env(k), deadline)
     assert ref.wait() == 0, ref.text()[-3000:]
     mp = Proc(_pipeline(*common, "--launch-local", str(k), "--out", str(tmp_path / "mp"),
-                        "--launch-timeout", str(DEADLINE - 30)), _env(1), deadline)
+                        "--launch-timeout", str(DEADLINE - 30), "--log", f"tensorboard:{tmp_path / 'tb'}"),
+              _env(1), deadline)
     assert mp.wait() == 0, mp.text()[-3000:]
     assert f"{k} processes (one stage each)" in mp.text()
+    runs = list((tmp_path / "tb").iterdir())   # process 0 logged the run's evaluations, the others nothing
+    assert len(runs) == 1 and len(list(runs[0].glob("events.out.tfevents.*"))) == 1, runs
     a, b = Result.load(tmp_path / "ref"), Result.load(tmp_path / "mp")
     assert b.config["engine"] == "processes" and b.config["processes"] == k
     assert b.status == a.status == "complete"

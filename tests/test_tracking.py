@@ -116,6 +116,33 @@ def test_pipeline_train_calls_back_at_every_evaluation():
     assert e.value.result.status == "stopped" and list(e.value.result.history["update"]) == [0, 0, 4]
 
 
+def test_pipeline_sweep_calls_back_per_member_until_it_diverges():
+    from staleness.pipeline.sweep import sweep as pipeline_sweep
+
+    ptask = ptasks.get("digits-resmlp", num_stages=3, batch_size=8, width=16)
+    seen, done = [], []
+
+    class Rec:
+        def __call__(self, ev):
+            seen.append(ev)
+
+        def finish(self, run, status):
+            done.append((run.index, status))
+
+    out = pipeline_sweep(ptask, "dsp:1,1,0", 24, lrs=[0.01, 50.0], seeds=[0], eval_every=8, callbacks=Rec())
+    assert out.status == ["complete", "diverged"] and done == [(0, "complete"), (1, "diverged")]
+    ok = [ev for ev in seen if ev.run.index == 0]
+    assert [ev.step for ev in ok] == out.update.tolist()
+    np.testing.assert_allclose([ev.metrics["accuracy"] for ev in ok], out.accuracy[0])
+    assert ok[0].run.lr == 0.01 and ok[0].run.label == "dsp:1,1,0 seed=0 lr=0.01" and math.isnan(ok[0].time)
+    alone = st.pipeline.simulate(ptask, "dsp:1,1,0", 24, lr=0.01, seed=0, eval_every=8)   # its rows, as train's
+    np.testing.assert_allclose([ev.metrics["train_loss"] for ev in ok[1:]], alone.history["train_loss"][1:],
+                               rtol=1e-4)
+    bad = [ev.step for ev in seen if ev.run.index == 1]   # its evaluations up to the chunk it diverged in
+    assert bad == out.update.tolist()[:len(bad)] and 1 < len(bad) <= len(out.update)
+    assert np.isfinite(out.accuracy[1, len(bad) - 1]) or len(bad) == len(out.update)
+
+
 def test_compare_reports_every_run_in_plan_order(task):
     seen = []
     cmp = st.compare.compare(task, ["ssp:2", "asp"], "1*2", seeds=[0, 1], num_updates=20, lr=0.05, num_evals=2,

@@ -135,6 +135,8 @@ def _launch(args, k: int) -> int:
         if v is not None and dest != "stages":
             argv += [flag, str(v)]
     argv += [flag for dest, flag in _FORWARDED_FLAGS.items() if getattr(args, dest)]
+    for spec in args.log or []:   # process 0 logs every evaluation
+        argv += ["--log", spec]
     argv.append("--no-progress")
     return mp.launch_local(k, argv, timeout=args.launch_timeout,
                            heartbeat_timeout=args.heartbeat_timeout or mp.DEFAULT_HEARTBEAT_S)
@@ -146,9 +148,7 @@ def _cmd(args) -> int:
     k = _num_stages(args)
     if k < 1:
         raise UsageError(f"--stages = {k} must be >= 1")
-    callbacks = log_callbacks(args)
-    if callbacks and (args.launch_local is not None or args.coordinator is not None):
-        raise UsageError("--log applies to one-process pipelines")
+    callbacks = log_callbacks(args)   # specs checked in every process; writers used by process 0 only
     if args.launch_local is not None:
         return _launch(args, k)
     job = (args.coordinator, args.num_processes, args.process_id)
@@ -187,7 +187,8 @@ def _cmd(args) -> int:
             from staleness.pipeline import multiprocess as mp
 
             result = mp.train_distributed(ptask, sched, args.batches, **kw,
-                                          log=lambda line: print(line, file=sys.stderr, flush=True))
+                                          log=lambda line: print(line, file=sys.stderr, flush=True),
+                                          callbacks=callbacks if args.process_id == 0 else None)
         else:
             result = pp.train(ptask, sched, args.batches, devices=args.devices, progress=not args.no_progress,
                               callbacks=callbacks, **kw)

@@ -1,4 +1,4 @@
-"""The compiled replay: a `lax.scan` over the updates of one evaluation chunk.
+"""The compiled replay: a loop over the updates of one evaluation chunk.
 
 Per update (unbatched code; `sweep` vmaps it over configurations):
   1. read the parameters each gradient was computed on from a ring of the
@@ -28,7 +28,8 @@ from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer, set_lr
 from staleness.engine.rollout import SEGMENT_VERSION
 
-__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "chunk_batched",
+__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "pad_chunk", "MIN_ROWS",
+           "chunk_batched",
            "run_chunk_batched", "evaluate", "evaluate_batched"]
 
 
@@ -271,17 +272,47 @@ def _step_batched(task, static: Static, consts, carry: Carry, x):
 
 def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None,
            padded: bool = True):
-    """Replay one chunk of updates. xs: (update [K] int32, packed [K, 5, C] int32,
-    index [K, C, μ] int32 or None: the minibatch indices of every slot).
+    """Replay the first `n` updates of one chunk. xs: (update [L] int32, packed [L, 5, C]
+    int32, index [L, C, μ] int32 or None: the minibatch indices of every slot, n: int32
+    scalar), the inputs padded to L >= n rows (`pad_chunk`): the number of updates is an
+    input, not a shape, so runs of other lengths (other evaluation intervals up to L)
+    share one compiled program.
     opt: the optimizer's optax transformation (static). local: an `engine.local.Local`
     (static) for a local-update method, else None; its inner states are `carry.local`.
-    padded (static): False when every update of the chunk has a real slot (`Plan.padded`
+    padded (static): False when every update the program runs has a real slot (`Plan.padded`
     of the whole plan, so all its chunks share one program); see `_update_from`.
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).
-    Returns (carry, losses [K, C]); losses are NaN on padded slots."""
-    return lax.scan(functools.partial(_step, task, Static(opt, rules, slot_mode, local, padded), consts), carry, xs)
+    Returns (carry, losses [L, C]); losses are NaN on padded slots and past n."""
+    *inputs, n = xs
+    inputs = tuple(inputs)
+    step = functools.partial(_step, task, Static(opt, rules, slot_mode, local, padded), consts)
+    at = lambda i: jax.tree.map(lambda a: a[i], inputs)   # noqa: E731 - update i's inputs
+    out = jax.eval_shape(lambda c, x: step(c, x)[1], carry, at(0))
+    rows = inputs[0].shape[0]
+
+    def body(i, state):
+        carry, losses = state
+        carry, loss = step(carry, at(i))
+        return carry, lax.dynamic_update_index_in_dim(losses, loss, i, 0)
+
+    return lax.fori_loop(0, n, body, (carry, jnp.full((rows,) + out.shape, jnp.nan, out.dtype)))
+
+
+MIN_ROWS = 256
+"""Chunk inputs are padded to at least this many updates (`pad_chunk`): evaluation
+intervals up to it share one compiled replay."""
+
+
+def pad_chunk(xs, n: int) -> tuple:
+    """Chunk inputs (update [K], packed [K, 5, C], index or None) padded to L = max(MIN_ROWS,
+    the next power of two >= K) rows, with the number of updates to run, `n` <= K."""
+    k = xs[0].shape[0]
+    rows = max(MIN_ROWS, 1 << max(0, k - 1).bit_length())
+    pad = lambda a: None if a is None else np.concatenate(   # noqa: E731
+        [a, np.zeros((rows - k,) + a.shape[1:], a.dtype)])
+    return (*[pad(a) for a in xs], np.int32(n))
 
 
 run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local", "padded"), donate_argnums=(1,))

@@ -96,6 +96,12 @@ class Plan:
         grid); a replay of a plan without one skips the per-update padding select."""
         return not bool(self.mask.any(axis=1).all())
 
+    @property
+    def padded_updates(self) -> bool:
+        """Whether one of the `num_updates` real updates has no real gradient slot (a replay
+        that runs only those, `core.run_chunk`, needs the padding select only then)."""
+        return not bool(self.mask[:self.num_updates].any(axis=1).all())
+
     def xs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scan inputs of chunk k: (update [K] int32, packed [K, 5, C] int32) with
         rows worker, iteration, pull_version, staleness, mask (see engine.core)."""

@@ -35,6 +35,7 @@ from staleness.engine.plan import chunk_inputs, make_plan, segment_count
 from staleness.results import Result
 from staleness.schedule import Schedule
 from staleness.sim import simulate_schedule
+from staleness.sim_pool import simulate_schedules
 
 __all__ = ["replay", "simulate", "sweep", "prepare", "resolve_task", "chunk_inputs"]
 
@@ -237,8 +238,8 @@ def replay(
         consts["steps"] = jnp.asarray(steps[0])
     carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers,
                             local is not None and local.streaming)
-    # static: a plan without padding updates replays without the padding select
-    static = core.Static(opt.tx, (rule,), slot_mode, local, plan.padded)
+    # static: a plan whose real updates all have a slot replays without the padding select
+    static = core.Static(opt.tx, (rule,), slot_mode, local, plan.padded_updates)
     member = _runner.Member(schedule, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state),
                             None if steps is None else steps[0], config)
     options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
@@ -361,10 +362,10 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     task = resolve_task(task, cluster.num_workers, s.batch_size)
     # as `simulate` does: transfers carry the bytes of the task's pytree (the method's payload)
     payload = {p: _payload.payload_bytes(task, p) for p in pols}
-    schedules = {(p, x): simulate_schedule(p, cluster, num_updates=s.num_updates, max_time=s.max_time, seed=x,
-                                           payload_bytes=payload[p][0], push_bytes=payload[p][1],
-                                           sizes=work_sizes(task, p, x))
-                 for p in pols for x in seeds}
+    keys = [(p, x) for p in pols for x in seeds]   # simulated on every core when that pays (`sim_pool`)
+    jobs = [dict(policy=p, cluster=cluster, num_updates=s.num_updates, max_time=s.max_time, seed=x,
+                 payload_bytes=payload[p][0], push_bytes=payload[p][1], sizes=work_sizes(task, p, x)) for p, x in keys]
+    schedules = dict(zip(keys, simulate_schedules(jobs)))
     configs = list(itertools.product(pols, seeds, rules, lrs))
     u_max = max(x.num_updates for x in schedules.values())
     chunk = _chunks.chunk_length(u_max, s.eval_every, s.num_evals)

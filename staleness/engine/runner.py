@@ -107,8 +107,12 @@ def single(task, plan: Plan, consts: dict, static) -> Program:
         return core.run_chunk(task, carry, xs, consts, opt=static.opt, rules=static.rules, slot_mode=static.slot_mode,
                               local=static.local, padded=static.padded)
 
-    return Program(step=step, inputs=lambda k: chunk_inputs(task, plan, k, consts["data_key"]),
-                   losses=lambda out: out[None], metrics=lambda carry: [jax.device_get(core.evaluate(task, carry.params))],
+    def inputs(k):   # the updates of chunk k that exist: the last chunk's padding updates are not run
+        return core.pad_chunk(chunk_inputs(task, plan, k, consts["data_key"]),
+                              min(plan.chunk, plan.num_updates - k * plan.chunk))
+
+    return Program(step=step, inputs=inputs, losses=lambda out: out[None, :plan.chunk],
+                   metrics=lambda carry: [jax.device_get(core.evaluate(task, carry.params))],
                    params=lambda carry: [jax.device_get(carry.params)])
 
 

@@ -65,12 +65,14 @@ def connect(coordinator: str, num_processes: int, process_id: int, *,
 
 def train_distributed(ptask, schedule, num_batches: int, *, cluster=None, seed: int = 0, lr: float | None = None,
                       optimizer="momentum:0.9", eval_every: int | None = None, num_evals: int = 10,
-                      backward_ratio: float = 2.0, recompute_cost: float = 1.0, log=None):
+                      backward_ratio: float = 2.0, recompute_cost: float = 1.0, log=None, callbacks=None):
     """This process's part of a pipeline run with one stage per process (after `connect`).
 
     Call it in each of the K = `ptask.num_stages` processes with the same arguments;
     stage k runs in process k (its one local device). Arguments as
-    `staleness.pipeline.train`; log: a callable taking one line of progress.
+    `staleness.pipeline.train`; log: a callable taking one line of progress; callbacks:
+    `staleness.tracking` callbacks, called in process 0 at every evaluation as it is made
+    (the other processes ignore theirs: give them None).
 
     Returns the `Result` in process 0 (history, simulated timeline, params,
     config with engine='processes'), None in the others. Raises `DivergenceError`
@@ -86,10 +88,12 @@ def train_distributed(ptask, schedule, num_batches: int, *, cluster=None, seed: 
     args = RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
                    eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
                    recompute_cost=recompute_cost)
-    return _train(ptask, args, jax.process_index(), log or (lambda line: None))
+    from staleness import tracking
+
+    return _train(ptask, args, jax.process_index(), log or (lambda line: None), tracking.as_callbacks(callbacks))
 
 
-def _train(ptask, args, process_id: int, log):
+def _train(ptask, args, process_id: int, log, callbacks: tuple = ()):
     """Process `process_id`'s part of running `args` (a `training.RunArgs`) on `ptask`."""
     import jax
     from jax.experimental import multihost_utils
@@ -132,7 +136,8 @@ def _train(ptask, args, process_id: int, log):
     return training.drive(ptask, setup, params,
                           training.Engine(step, gathered_params, carry, [str(d) for d in devices], compile_s),
                           training.Host(engine_name="processes", wall_time=True, config={"processes": k},
-                                        lead=process_id == 0, log=lambda line: log(f"stage {process_id}: {line}")))
+                                        lead=process_id == 0, log=lambda line: log(f"stage {process_id}: {line}"),
+                                        callbacks=callbacks))
 
 
 def first_death(codes: list) -> int | None:

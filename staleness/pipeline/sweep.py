@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from staleness import checks
+from staleness import tracking as _tracking
 from staleness.engine import core
 from staleness.engine import optim as _optim
 from staleness.pipeline import sim
@@ -119,7 +120,7 @@ def _evaluate(task, per_stage):
 
 def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, seeds,
           optimizer="momentum:0.9", eval_every: int | None = None,
-          num_evals: int = 10) -> SweepResult:
+          num_evals: int = 10, callbacks=None) -> SweepResult:
     """Train `ptask` along `schedule` for every (lr, seed) of lrs × seeds in one compiled call.
 
     Args:
@@ -129,6 +130,10 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
       lrs: learning rates (> 0); seeds: run seeds (>= 0; initial params and minibatches).
       optimizer: per-stage optimizer spec (its learning rate comes from `lrs`).
       eval_every: batches between held-out evaluations (default num_batches / num_evals).
+      callbacks: `staleness.tracking` callbacks (a callable, a spec or a list), called at
+        every evaluation of every member still running, in member order, as it is made
+        (`Evaluation.time` is NaN: a sweep has no cluster, see the module docstring); a
+        failing one raises `CallbackError` (no partial SweepResult).
 
     Returns:
       A `SweepResult`, members in the order [(lr, seed) for lr in lrs for seed in seeds].
@@ -136,6 +141,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     num_batches = checks.positive_int("num_batches", num_batches)
     lrs = _check_grid("lrs", lrs, "lr")
     seeds = _check_grid("seeds", seeds, "seed")
+    callbacks = _tracking.as_callbacks(callbacks)
     k = ptask.num_stages
     plan = make_plan(resolve_schedule(schedule, k), k, num_batches)
     _, chunk = eval_chunk(plan, eval_every, num_evals)
@@ -158,24 +164,36 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     compile_s = time.perf_counter() - t0
 
     b = len(members)
+    tracker = _tracker(callbacks, members, schedule, plan, opt, num_batches)
     first = jax.device_get(_evaluate(ptask.task, sim.stage_params(carry)))
     losses_e, accs_e, updates = [np.asarray(first["loss"], np.float64)], [np.asarray(first["accuracy"], np.float64)], [0]
     tick_loss = np.full((b, plan.num_ticks), np.nan)
     diverged = np.zeros(b, bool)
     wall = 0.0
-    for start in range(0, plan.num_ticks, chunk):
-        t1 = time.perf_counter()
-        carry, losses = compiled(ptask, data_keys, carry, plan.xs(start, chunk))
-        losses = np.asarray(jax.device_get(losses))   # [B, chunk]
-        wall += time.perf_counter() - t1
-        end = min(start + chunk, plan.num_ticks)
-        tick_loss[:, start:end] = losses[:, : end - start]
-        valid = plan.fwd[start:end, -1] != IDLE
-        diverged |= ~np.all(np.isfinite(tick_loss[:, start:end][:, valid]), axis=1)
-        m = jax.device_get(_evaluate(ptask.task, sim.stage_params(carry)))
-        losses_e.append(np.asarray(m["loss"], np.float64))
-        accs_e.append(np.asarray(m["accuracy"], np.float64))
-        updates.append(plan.batches_done(end))
+    _track(tracker, diverged, 0, first, np.full(b, np.nan), 0.0)
+    try:
+        for start in range(0, plan.num_ticks, chunk):
+            t1 = time.perf_counter()
+            carry, losses = compiled(ptask, data_keys, carry, plan.xs(start, chunk))
+            losses = np.asarray(jax.device_get(losses))   # [B, chunk]
+            wall += time.perf_counter() - t1
+            end = min(start + chunk, plan.num_ticks)
+            tick_loss[:, start:end] = losses[:, : end - start]
+            valid = plan.fwd[start:end, -1] != IDLE
+            was = diverged.copy()
+            diverged |= ~np.all(np.isfinite(tick_loss[:, start:end][:, valid]), axis=1)
+            m = jax.device_get(_evaluate(ptask.task, sim.stage_params(carry)))
+            losses_e.append(np.asarray(m["loss"], np.float64))
+            accs_e.append(np.asarray(m["accuracy"], np.float64))
+            updates.append(plan.batches_done(end))
+            last = tick_loss[:, start:end][:, valid]
+            _track(tracker, was, updates[-1], m, last.mean(axis=1) if last.shape[1] else np.full(b, np.nan), wall)
+    except BaseException:
+        tracker.finish(["stopped"] * b)   # its own errors would hide this one
+        raise
+    err = tracker.finish(["diverged" if d else "complete" for d in diverged])
+    if err is not None:
+        raise err
     acc, loss = np.stack(accs_e, 1), np.stack(losses_e, 1)   # [B, E]
     # as a diverged `simulate` run, a member keeps the evaluation after the chunk in which
     # its loss first went non-finite, and nothing after it (NaN)
@@ -188,6 +206,26 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     train_loss = tick_loss[:, mb].reshape(b, plan.num_batches, plan.microbatches).mean(2)
     status = ["diverged" if d else "complete" for d in diverged]
     return SweepResult(members, np.asarray(updates, np.int64), loss, acc, train_loss, status, plan, compile_s, wall)
+
+
+def _tracker(callbacks, members, schedule, plan: Plan, opt, num_batches: int):
+    """The `staleness.tracking.Tracker` of a sweep's members (one `Run` each, in member order)."""
+    name = schedule if isinstance(schedule, str) else schedule.describe()
+    runs = [_tracking.Run(_tracking.label(name, s, lr), name, int(s), float(lr), "", i,
+                          {"schedule": name, "batches": num_batches, "lr": float(lr), "seed": int(s),
+                           "optimizer": dataclasses.replace(opt, lr=lr).describe(), "lags": list(plan.lags)})
+            for i, (lr, s) in enumerate(members)]
+    return _tracking.Tracker(callbacks, runs)
+
+
+def _track(tracker, stopped, step: int, metrics: dict, train_loss, wall: float) -> None:
+    """Report one evaluation of every member not `stopped` (diverged before it)."""
+    if not tracker:
+        return
+    for i in np.flatnonzero(~stopped):
+        row = {"update": int(step), "train_loss": float(train_loss[i])}
+        row.update({k: float(np.asarray(v)[i]) for k, v in metrics.items()})
+        tracker.row(int(i), row, math.nan, wall)
 
 
 def tune_lr(ptask, schedule, num_batches: int, *, grid, seeds, optimizer="momentum:0.9",
