@@ -129,8 +129,8 @@ def main():
     start = max(0.0, t_sched_pool - t_sched_one / min(cores, len(jobs)))
     t16 = (t_sweep_warm - (t_sched_pool if pooled else t_sched_one)) + t_sched_one / min(16, len(jobs)) + start
     print(f"schedules ({len(jobs)}): one after another {t_sched_one:.2f} s, on {cores} cores {t_sched_pool:.2f} s "
-          f"(the sweep {'pools them' if pooled else 'keeps them here: estimated under'} "
-          f"{sim_pool.MIN_SECONDS:g} s); projected on 16 cores, the rest unchanged: warm sweep {t16:.2f} s -> "
+          f"(the sweep {'pools them: estimated at' if pooled else 'keeps them here: estimated under'} "
+          f"{sim_pool.MIN_SECONDS:g} s{' or more' if pooled else ''}); projected on 16 cores, the rest unchanged: warm sweep {t16:.2f} s -> "
           f"{t_seq_warm / t16:.1f}x")
     gap = max(float(np.max(np.abs(a.history["accuracy"].to_numpy() - b.history["accuracy"].to_numpy())))
               for a, b in zip(swept, singles))

@@ -3,11 +3,12 @@
 `simulate_schedules(jobs)` returns `[simulate_schedule(**job) for job in jobs]`, the very
 same schedules (the simulator is deterministic), computed by worker processes when that
 pays: at least two cores and two jobs, and an estimated `MIN_SECONDS` of simulation or
-more (a worker process costs about 0.3 s to start and import the control plane). The
-workers are fresh interpreters that import only the control plane (no JAX), started with
-`subprocess` (`python -m staleness.sim_pool`): jobs go in and schedules come back pickled
-through their pipes, so a user's script is never imported again (as multiprocessing's
-spawn would) and nothing is forked from a process that runs JAX's threads.
+more. The workers are fresh interpreters that import only the control plane (no JAX),
+started with `subprocess` (`python -m staleness.sim_pool`) on first use and kept for later
+calls (starting one costs about 0.15 s): jobs go in and schedules come back pickled through
+their pipes, so a user's script is never imported again (as multiprocessing's spawn would)
+and nothing is forked from a process that runs JAX's threads. A worker exits when this
+process closes its stdin (at exit, or when it dies).
 
 What cannot go to another process falls back to this one, with one warning: a job that
 does not pickle (a policy or cluster defined in `__main__` or a notebook, an RL task's
@@ -16,10 +17,13 @@ rollout sizes, which hold device arrays) or a worker that failed.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -27,7 +31,7 @@ from staleness.sim import simulate_schedule
 
 __all__ = ["simulate_schedules", "MIN_SECONDS", "ROWS_PER_S", "estimate_seconds", "serve"]
 
-MIN_SECONDS = 2.0
+MIN_SECONDS = 0.3
 """Below this estimated simulation time the schedules are simulated here, one after another."""
 ROWS_PER_S = 150_000.0
 """The simulator's speed used for the estimate (measured 120,000-160,000 rows/s on a 2-core CPU)."""
@@ -76,12 +80,18 @@ def simulate_schedules(jobs: list[dict], processes: int | None = None, min_secon
         return _here(jobs, f"a job does not pickle ({type(e).__name__}: {e})")
     out: dict = {}
     errors: list[str] = []
-    threads = [threading.Thread(target=_work, args=(p, max(TIMEOUT_FLOOR, 20 * load[k]), out, errors), daemon=True)
-               for k, p in enumerate(payloads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with _LOCK:
+        workers = _workers(n)
+        threads = [threading.Thread(target=w.run, args=(p, out, errors), daemon=True)
+                   for w, p in zip(workers, payloads)]
+        for t in threads:
+            t.start()
+        for w, t, k in zip(workers, threads, range(n)):
+            t.join(max(TIMEOUT_FLOOR, 20 * load[k]))
+            if t.is_alive():   # past its deadline: killed (its read then ends), started afresh next time
+                w.kill()
+                t.join(5.0)
+                errors.append(f"a worker process took more than {max(TIMEOUT_FLOOR, 20 * load[k]):.0f} s")
     if errors or len(out) != len(jobs):
         return _here(jobs, errors[0] if errors else "a worker process returned too few schedules")
     return [out[i] for i in range(len(jobs))]
@@ -92,32 +102,116 @@ def _here(jobs: list[dict], why: str) -> list:
     return [simulate_schedule(**job) for job in jobs]
 
 
-def _work(payload: bytes, timeout: float, out: dict, errors: list) -> None:
-    """One worker process: send it `payload`, collect its schedules into `out`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    try:
-        done = subprocess.run([sys.executable, "-m", "staleness.sim_pool"], input=payload, capture_output=True,
-                              timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        errors.append(f"a worker process took more than {timeout:.0f} s")
-        return
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()
-        errors.append(f"a worker process failed ({tail[-1] if tail else f'exit {done.returncode}'})")
-        return
-    try:
-        out.update(pickle.loads(done.stdout))
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"a worker process sent back no schedules ({type(e).__name__})")
+_LOCK = threading.Lock()
+_POOL: list = []   # the worker processes kept for later calls (started on first use)
+
+
+class _Worker:
+    """A worker process kept between calls (its start-up, about 0.15 s, is paid once):
+    length-prefixed pickles both ways through its pipes. It exits when its stdin closes, so
+    it never outlives this process; its stderr goes to a temporary file (read on failure)."""
+
+    def __init__(self):
+        self.err = tempfile.TemporaryFile()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen([sys.executable, "-m", "staleness.sim_pool"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, env=env)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def close(self) -> None:
+        """Release its pipes and files (it has exited or is killed here)."""
+        self.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout, self.err):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def run(self, payload: bytes, out: dict, errors: list) -> None:
+        """Send `payload` ([(index, job)]), collect its schedules into `out` (or a message into `errors`)."""
+        try:
+            _send(self.proc.stdin, payload)
+            ok, value = pickle.loads(_receive(self.proc.stdout))
+        except Exception as e:  # noqa: BLE001 - a dead or killed worker: read what it said
+            self.kill()
+            self.err.seek(0)
+            tail = self.err.read().decode(errors="replace").strip().splitlines()
+            errors.append(f"a worker process failed ({tail[-1] if tail else type(e).__name__})")
+            return
+        if ok:
+            out.update(value)
+        else:
+            errors.append(value)
+
+
+def _workers(n: int) -> list:
+    """n live worker processes (dead ones replaced)."""
+    for w in _POOL:
+        if not w.alive():
+            w.close()
+    _POOL[:] = [w for w in _POOL if w.alive()]
+    while len(_POOL) < n:
+        _POOL.append(_Worker())
+    return _POOL[:n]
+
+
+@atexit.register
+def _close() -> None:
+    """At exit: close every worker's stdin (it then exits), wait for it a moment, release its files."""
+    for w in _POOL:
+        try:
+            w.proc.stdin.close()
+        except OSError:
+            pass
+    for w in _POOL:
+        try:
+            w.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        w.close()
+    _POOL.clear()
+
+
+def _send(stream, data: bytes) -> None:
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream) -> bytes:
+    head = stream.read(8)
+    if len(head) != 8:
+        raise EOFError("the other end closed")
+    (n,) = struct.unpack("<Q", head)
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError("the other end closed mid-message")
+    return data
 
 
 def serve(stdin=None, stdout=None) -> None:
-    """A worker process's body: pickled [(index, job)] in, pickled {index: Schedule} out."""
+    """A worker process's body: requests of pickled [(index, job)] until stdin closes, each
+    answered with (True, {index: Schedule}) or (False, what went wrong), pickled."""
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout.buffer
-    work = pickle.loads(stdin.read())
-    stdout.write(pickle.dumps({i: simulate_schedule(**job) for i, job in work}))
-    stdout.flush()
+    while True:
+        try:
+            request = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            answer = (True, {i: simulate_schedule(**job) for i, job in pickle.loads(request)})
+        except Exception as e:  # noqa: BLE001 - reported to the caller, which simulates these itself
+            answer = (False, f"a worker process failed ({type(e).__name__}: {e})")
+        _send(stdout, pickle.dumps(answer))
 
 
 if __name__ == "__main__":

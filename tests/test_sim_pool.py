@@ -45,7 +45,7 @@ def test_worker_processes_give_the_schedules_of_one_process():
 
 def test_small_or_single_core_work_stays_here(monkeypatch):
     calls = []
-    monkeypatch.setattr(sim_pool, "_work", lambda *a: calls.append(a))
+    monkeypatch.setattr(sim_pool, "_workers", lambda n: calls.append(n))
     sim_pool.simulate_schedules(_jobs(), processes=2)          # estimated well under MIN_SECONDS
     sim_pool.simulate_schedules(_jobs(), processes=1, min_seconds=0.0)
     assert not calls
@@ -75,12 +75,23 @@ def test_what_cannot_go_to_a_worker_is_simulated_here_with_one_warning():
 
 
 @pytest.mark.timeout(300)
-def test_a_failing_worker_falls_back_here(monkeypatch):
+def test_a_failing_worker_falls_back_here_and_a_dead_one_is_replaced(monkeypatch):
     jobs = _jobs()[:4]
-    monkeypatch.setattr(sim_pool.sys, "executable", "/bin/false")   # every worker process fails
+    want = [st.simulate_schedule(**job) for job in jobs]
+    sim_pool.simulate_schedules(jobs, processes=2, min_seconds=0.0)   # the pool's workers now live
+    for w in sim_pool._POOL:
+        w.kill()
+        w.proc.wait(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _same(sim_pool.simulate_schedules(jobs, processes=2, min_seconds=0.0), want)   # started afresh
+    for w in sim_pool._POOL:
+        w.kill()
+        w.proc.wait(10)
+    monkeypatch.setattr(sim_pool.sys, "executable", "/bin/false")   # every new worker process fails
     with pytest.warns(UserWarning, match="worker process failed"):
         got = sim_pool.simulate_schedules(jobs, processes=2, min_seconds=0.0)
-    _same(got, [st.simulate_schedule(**job) for job in jobs])
+    _same(got, want)
 
 
 @pytest.mark.timeout(300)
