@@ -63,14 +63,14 @@ def connect(coordinator: str, num_processes: int, process_id: int, *,
                                initialization_timeout=init_timeout)
 
 
-def train_distributed(ptask, schedule, num_batches: int, *, cluster=None, seed: int = 0, lr: float | None = None,
-                      optimizer="momentum:0.9", eval_every: int | None = None, num_evals: int = 10,
-                      backward_ratio: float = 2.0, recompute_cost: float = 1.0, log=None, callbacks=None):
+def train_distributed(ptask, schedule, num_batches: int, *, log=None, callbacks=None, **settings):
     """This process's part of a pipeline run with one stage per process (after `connect`).
 
     Call it in each of the K = `ptask.num_stages` processes with the same arguments;
-    stage k runs in process k (its one local device). Arguments as
-    `staleness.pipeline.train`; log: a callable taking one line of progress; callbacks:
+    stage k runs in process k (its one local device). settings: `staleness.pipeline.train`'s
+    cluster, seed, lr, optimizer, eval_every, num_evals, backward_ratio and recompute_cost
+    (`training.RunArgs`; an unknown one is a TypeError). log: a callable taking one line of
+    progress; callbacks:
     `staleness.tracking` callbacks, called in process 0 at every evaluation as it is made
     (the other processes ignore theirs: give them None).
 
@@ -85,9 +85,7 @@ def train_distributed(ptask, schedule, num_batches: int, *, cluster=None, seed: 
     if jax.process_count() != ptask.num_stages:
         raise ValueError(f"this job has {jax.process_count()} processes but the pipeline has {ptask.num_stages} "
                          "stages; run one process per stage (connect first)")
-    args = RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
-                   eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
-                   recompute_cost=recompute_cost)
+    args = RunArgs(schedule, num_batches, **settings)
     from staleness import tracking
 
     return _train(ptask, args, jax.process_index(), log or (lambda line: None), tracking.as_callbacks(callbacks))

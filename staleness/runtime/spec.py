@@ -18,7 +18,7 @@ from staleness import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
 
-__all__ = ["RunSpec", "make_spec", "FAILURE_MODES", "SYNC_MODES", "resolve_sync"]
+__all__ = ["RunSpec", "Settings", "make_spec", "FAILURE_MODES", "SYNC_MODES", "resolve_sync"]
 
 FAILURE_MODES = ("continue", "stop")
 SYNC_MODES = ("collective", "server")
@@ -132,15 +132,77 @@ def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int 
     return sync, on_worker_failure or "continue"
 
 
-def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed=0, lr=None,
-              lr_rule="constant", optimizer=None, batch_size=None, data_dir=None, max_time=None,
-              eval_every=None, num_evals=20, time_scale=0.01, worker_timeout=30.0,
-              on_worker_failure=None, checkpoint=None, checkpoint_every=None,
-              resume=False, inner_optimizer=None, sync=None, processes=1) -> RunSpec:
-    """Validate a real run's arguments; see `runtime.run`. processes: the job's
-    process count (several: sync='collective' only when asked for, see `resolve_sync`)."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A real run's settings as given (`runtime.run`'s keyword arguments; see there), which
+    `make_spec` checks once. processes: the job's process count (several: sync='collective'
+    only when asked for, see `resolve_sync`)."""
+
+    num_updates: Any
+    num_workers: Any = None
+    seed: Any = 0
+    lr: Any = None
+    lr_rule: Any = "constant"
+    optimizer: Any = None
+    batch_size: Any = None
+    data_dir: Any = None
+    max_time: Any = None
+    eval_every: Any = None
+    num_evals: Any = 20
+    time_scale: Any = 0.01
+    worker_timeout: Any = 30.0
+    on_worker_failure: Any = None
+    checkpoint: Any = None
+    checkpoint_every: Any = None
+    resume: Any = False
+    inner_optimizer: Any = None
+    sync: Any = None
+    processes: Any = 1
+
+
+def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
+    """Validate a real run: `task`, `policy` and `cluster` (objects or specs) and `settings`,
+    the fields of `Settings` (an unknown one is a TypeError); see `runtime.run`."""
+    s = Settings(**settings)
+    policy, cluster = _policy_and_cluster(policy, cluster)
+    num_workers = s.num_workers
+    if cluster is not None:
+        if num_workers is not None and num_workers != cluster.num_workers:
+            raise ValueError(f"num_workers = {num_workers!r} differs from the cluster's {cluster.num_workers} "
+                             "workers; give one or make them agree")
+        num_workers = cluster.num_workers
+    num_workers = checks.at_least("num_workers", num_workers, 1)
+    num_updates = checks.at_least("num_updates", s.num_updates, 1, what=" (server updates)")
+    seed = checks.at_least("seed", s.seed, 0)
+    lr = checks.learning_rate(s.lr, allow_none=True)
+    rule = _lr.get(s.lr_rule) if isinstance(s.lr_rule, str) else s.lr_rule
+    if not hasattr(rule, "scale"):
+        raise ValueError(f"lr_rule = {s.lr_rule!r} must be a staleness.lr rule or a spec string")
+    sync, on_worker_failure = resolve_sync(s.sync, policy, cluster, s.on_worker_failure, s.processes, seed)
+    checkpoint_every = checks.at_least("checkpoint_every", s.checkpoint_every, 1, allow_none=True, what=" (updates)")
+    if checkpoint_every is not None and s.checkpoint is None:
+        raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
+    if s.resume and s.checkpoint is None:
+        raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
+    eval_every = s.eval_every
+    if eval_every is None:
+        eval_every = max(1, -(-num_updates // checks.at_least("num_evals", s.num_evals, 1)))
+    eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
+    _check_real(policy, cluster, num_workers)
+    task, opt, local, inner, steps = _numerics(task, policy, cluster, s, num_workers, num_updates, seed, lr)
+    return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
+                   lr=opt.lr, seed=seed, num_updates=num_updates,
+                   max_time=checks.seconds("max_time", s.max_time, allow_none=True), eval_every=eval_every,
+                   time_scale=checks.seconds("time_scale", s.time_scale),
+                   worker_timeout=checks.seconds("worker_timeout", s.worker_timeout),
+                   on_worker_failure=on_worker_failure, sync=sync, checkpoint=s.checkpoint,
+                   checkpoint_every=checkpoint_every, resume=bool(s.resume), local=local, inner=inner,
+                   local_steps=steps)
+
+
+def _policy_and_cluster(policy, cluster):
+    """(Policy, Cluster or None) from objects or spec strings (ValueError naming the argument)."""
     from staleness import cluster as _cluster
-    from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
 
     if isinstance(policy, str):
         policy = _policies.parse(policy)
@@ -151,52 +213,39 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
     if cluster is not None and not isinstance(cluster, _cluster.Cluster):
         raise ValueError(f"cluster = {cluster!r} must be None (no injected delays), a staleness.cluster.Cluster "
                          "or a spec string like '1*4,2.6*4'")
-    if cluster is not None:
-        if num_workers is not None and num_workers != cluster.num_workers:
-            raise ValueError(f"num_workers = {num_workers!r} differs from the cluster's {cluster.num_workers} "
-                             "workers; give one or make them agree")
-        num_workers = cluster.num_workers
-    num_workers = checks.at_least("num_workers", num_workers, 1)
-    num_updates = checks.at_least("num_updates", num_updates, 1, what=" (server updates)")
-    seed = checks.at_least("seed", seed, 0)
-    lr = checks.learning_rate(lr, allow_none=True)
-    rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
-    if not hasattr(rule, "scale"):
-        raise ValueError(f"lr_rule = {lr_rule!r} must be a staleness.lr rule or a spec string")
-    max_time = checks.seconds("max_time", max_time, allow_none=True)
-    time_scale = checks.seconds("time_scale", time_scale)
-    worker_timeout = checks.seconds("worker_timeout", worker_timeout)
-    sync, on_worker_failure = resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed)
-    checkpoint_every = checks.at_least("checkpoint_every", checkpoint_every, 1, allow_none=True, what=" (updates)")
-    if checkpoint_every is not None and checkpoint is None:
-        raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
-    if resume and checkpoint is None:
-        raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
-    if eval_every is None:
-        num_evals = checks.at_least("num_evals", num_evals, 1)
-        eval_every = max(1, -(-num_updates // num_evals))
-    eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
+    return policy, cluster
+
+
+def _check_real(policy, cluster, num_workers: int) -> None:
+    """What a real run of `policy` needs beyond the simulator's checks."""
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
     if policy.grace:
         raise ValueError(f"policy {policy.describe()!r}: its synchronization window (grace) is simulated only "
                          "(st.simulate, compare, the replay); drop grace= for a real run")
-    if policy.learner and policy.work.inflight:
-        if cluster is None:
-            raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates in a real run need a cluster "
-                             "(cluster=..., --cluster): its seconds per token make the decode window in which new "
-                             "versions reach an actor")
-    task = resolve_task(task, num_workers, batch_size, data_dir)
+    if policy.learner and policy.work.inflight and cluster is None:
+        raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates in a real run need a cluster "
+                         "(cluster=..., --cluster): its seconds per token make the decode window in which new "
+                         "versions reach an actor")
+
+
+def _numerics(task, policy, cluster, s: Settings, num_workers: int, num_updates: int, seed: int, lr):
+    """(task, opt, local, inner, local steps) of a real run: the task built, the optimizer
+    resolved, and a local-update method's (or RL learner's) step configuration."""
+    from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
+
+    task = resolve_task(task, num_workers, s.batch_size, s.data_dir)
     work_sizes(task, policy, seed)   # an RL policy needs an RL task and vice versa (ValueError)
-    opt = resolve_optimizer(optimizer if optimizer is not None else policy_default(policy.optimizer, lr), lr,
+    opt = resolve_optimizer(s.optimizer if s.optimizer is not None else policy_default(policy.optimizer, lr), lr,
                             num_updates, task)
     local = inner = steps = None
     if policy.local:
         from staleness.engine.run import local_config, streaming_outer
 
         steps = policy.work.steps_per_worker(cluster.mean_seconds if cluster is not None else [1.0] * num_workers)
-        local, inner = local_config([policy.work], np.asarray([steps], np.int32), num_updates, task, inner_optimizer)
+        local, inner = local_config([policy.work], np.asarray([steps], np.int32), num_updates, task,
+                                    s.inner_optimizer)
         opt = streaming_outer(opt, local)
-    elif inner_optimizer is not None:
+    elif s.inner_optimizer is not None:
         raise ValueError(f"inner_optimizer is for local-update methods; the policy {policy.describe()!r} "
                          "computes gradients")
     else:
@@ -205,8 +254,4 @@ def make_spec(task, policy, cluster=None, *, num_updates, num_workers=None, seed
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
                          f"run's {num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax "
                          "or from_functions)")
-    return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
-                   lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
-                   time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure,
-                   sync=sync, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=bool(resume),
-                   local=local, inner=inner, local_steps=steps)
+    return task, opt, local, inner, steps
