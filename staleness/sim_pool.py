@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 
 from staleness.sim import simulate_schedule
@@ -86,12 +87,19 @@ def simulate_schedules(jobs: list[dict], processes: int | None = None, min_secon
                    for w, p in zip(workers, payloads)]
         for t in threads:
             t.start()
-        for w, t, k in zip(workers, threads, range(n)):
-            t.join(max(TIMEOUT_FLOOR, 20 * load[k]))
-            if t.is_alive():   # past its deadline: killed (its read then ends), started afresh next time
+        limit = max(TIMEOUT_FLOOR, 20 * max(load))
+        end = time.monotonic() + limit   # one deadline for all of them
+        try:
+            for w, t in zip(workers, threads):
+                t.join(max(0.0, end - time.monotonic()))
+                if t.is_alive():   # past the deadline: killed (its read then ends), started afresh next time
+                    w.kill()
+                    t.join(5.0)
+                    errors.append(f"a worker process took more than {limit:.0f} s")
+        except BaseException:   # Ctrl-C: a reader may still wait on its pipe; those workers are not reused
+            for w in workers:
                 w.kill()
-                t.join(5.0)
-                errors.append(f"a worker process took more than {max(TIMEOUT_FLOOR, 20 * load[k]):.0f} s")
+            raise
     if errors or len(out) != len(jobs):
         return _here(jobs, errors[0] if errors else "a worker process returned too few schedules")
     return [out[i] for i in range(len(jobs))]
@@ -201,7 +209,10 @@ def serve(stdin=None, stdout=None) -> None:
     """A worker process's body: requests of pickled [(index, job)] until stdin closes, each
     answered with (True, {index: Schedule}) or (False, what went wrong), pickled."""
     stdin = stdin or sys.stdin.buffer
-    stdout = stdout or sys.stdout.buffer
+    if stdout is None:   # the protocol keeps fd 1; anything a user's module prints goes to stderr
+        stdout = os.fdopen(os.dup(1), "wb")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
     while True:
         try:
             request = _receive(stdin)

@@ -279,8 +279,9 @@ def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str 
     share one compiled program.
     opt: the optimizer's optax transformation (static). local: an `engine.local.Local`
     (static) for a local-update method, else None; its inner states are `carry.local`.
-    padded (static): False when every update the program runs has a real slot (`Plan.padded`
-    of the whole plan, so all its chunks share one program); see `_update_from`.
+    padded (static): False when every update the program runs has a real slot
+    (`Plan.padded_updates` of the whole plan, so all its chunks share one program); see
+    `_update_from`.
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).

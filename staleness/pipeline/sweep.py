@@ -170,8 +170,8 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     tick_loss = np.full((b, plan.num_ticks), np.nan)
     diverged = np.zeros(b, bool)
     wall = 0.0
-    _track(tracker, diverged, 0, first, np.full(b, np.nan), 0.0)
     try:
+        _track(tracker, diverged, 0, first, np.full(b, np.nan), 0.0)
         for start in range(0, plan.num_ticks, chunk):
             t1 = time.perf_counter()
             carry, losses = compiled(ptask, data_keys, carry, plan.xs(start, chunk))

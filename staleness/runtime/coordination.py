@@ -597,7 +597,8 @@ class DistributedServerLink(ServerLink):
 
     def publish(self, version: int, params, to: list[int]) -> None:
         """Offer `version` to each actor in `to` on its channel (one offer each: an actor takes
-        every version offered to it, so no offer is left unpulled)."""
+        every version offered to it, in order, by its next rollout if not this one; offers
+        still queued when the run stops are held until the process exits)."""
         for w in to:
             p = self.worker_process[w]
             with self._lock:
@@ -718,12 +719,12 @@ class DistributedWorkerLink(WorkerLink):
             msg = self._queues[worker].get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
-        self._drain(worker)
         return msg, msg.handle
 
     def newer(self, worker: int, version: int, timeout: float):
         """The next version offered to `worker` (in order: every offer is taken), skipping
-        (and taking) any not newer than `version`."""
+        (and taking) any not newer than `version`: offers made for an earlier rollout, after
+        it ended, are taken here by the next one (a few may stay unpulled when the run stops)."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             try:
@@ -732,16 +733,6 @@ class DistributedWorkerLink(WorkerLink):
                 return None
             if v > version:
                 return v, handle
-            jax.block_until_ready(self.fetch(worker, handle))
-
-    def _drain(self, worker: int) -> None:
-        """Take the versions offered to `worker` after its rollout ended (the server offered
-        them before its push arrived): an offer is held until it is pulled."""
-        while True:
-            try:
-                _, handle = self._published[worker].get_nowait()
-            except queue.Empty:
-                return
             jax.block_until_ready(self.fetch(worker, handle))
 
     def fetch(self, worker: int, offer):

@@ -178,6 +178,9 @@ def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
     rule = _lr.get(s.lr_rule) if isinstance(s.lr_rule, str) else s.lr_rule
     if not hasattr(rule, "scale"):
         raise ValueError(f"lr_rule = {s.lr_rule!r} must be a staleness.lr rule or a spec string")
+    max_time = checks.seconds("max_time", s.max_time, allow_none=True)
+    time_scale = checks.seconds("time_scale", s.time_scale)
+    worker_timeout = checks.seconds("worker_timeout", s.worker_timeout)
     sync, on_worker_failure = resolve_sync(s.sync, policy, cluster, s.on_worker_failure, s.processes, seed)
     checkpoint_every = checks.at_least("checkpoint_every", s.checkpoint_every, 1, allow_none=True, what=" (updates)")
     if checkpoint_every is not None and s.checkpoint is None:
@@ -191,11 +194,8 @@ def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
     _check_real(policy, cluster, num_workers)
     task, opt, local, inner, steps = _numerics(task, policy, cluster, s, num_workers, num_updates, seed, lr)
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
-                   lr=opt.lr, seed=seed, num_updates=num_updates,
-                   max_time=checks.seconds("max_time", s.max_time, allow_none=True), eval_every=eval_every,
-                   time_scale=checks.seconds("time_scale", s.time_scale),
-                   worker_timeout=checks.seconds("worker_timeout", s.worker_timeout),
-                   on_worker_failure=on_worker_failure, sync=sync, checkpoint=s.checkpoint,
+                   lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
+                   time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure, sync=sync, checkpoint=s.checkpoint,
                    checkpoint_every=checkpoint_every, resume=bool(s.resume), local=local, inner=inner,
                    local_steps=steps)
 
