@@ -76,7 +76,7 @@ from staleness.driver import Driver
 from staleness.inflight import Decode
 from staleness.schedule import Schedule
 
-__all__ = ["simulate_schedule"]
+__all__ = ["simulate_schedule", "stream_schedule", "ScheduleStream"]
 
 _PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE = range(9)
 
@@ -110,6 +110,7 @@ def simulate_schedule(
     sizes=None,
 ) -> Schedule:
     """Simulate when every gradient is computed, pushed and applied.
+    (`stream_schedule` takes the same arguments and runs it piece by piece.)
 
     Args:
       policy: a `staleness.policies` policy (or a spec string like "ssp:3").
@@ -135,6 +136,16 @@ def simulate_schedule(
     Gradients still in flight, or pushed but not yet aggregated, when the
     budget runs out are not included.
     """
+    return stream_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
+                           max_gradients=max_gradients, payload_bytes=payload_bytes, push_bytes=push_bytes,
+                           overlap=overlap, sizes=sizes).finish()
+
+
+def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time: float | None = None,
+                    seed: int = 0, max_gradients: int | None = None, payload_bytes: int | None = None,
+                    push_bytes: int | None = None, overlap: bool = False, sizes=None) -> "ScheduleStream":
+    """`simulate_schedule` (same arguments, checked here) as a `ScheduleStream`: nothing
+    is simulated until it is advanced."""
     if isinstance(policy, str):
         policy = _policies.parse(policy)
     if not isinstance(policy, _policies.Policy):
@@ -188,25 +199,70 @@ def simulate_schedule(
                              "give the workers their own links (+net=BANDWIDTH:LATENCY)")
         train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam, policy.work.inflight,
                          policy.work.refill)
-        now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
+        events = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
     elif collective or shared:
         if policy.grace:
             raise ValueError(f"simulate_schedule: policy {policy.describe()!r} has a synchronization window, which "
                              f"is not modelled on cluster {cluster.describe()!r} (a shared server link); give the "
                              "workers their own links (+net=BANDWIDTH:LATENCY)")
-        now = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
+        events = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
     else:
-        now = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
+        events = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
 
-    _check_not_stalled(driver, policy)
     # Gradients pushed but not aggregated when the budget ran out are not part of the run.
     meta = {} if steps is None else {"local_steps": list(steps)}
     if nbytes is not None or overlap or collective:
         meta["network"] = {"payload_bytes": nbytes[0] if nbytes else None,
                            "push_bytes": nbytes[1] if nbytes else None, "overlap": overlap,
                            "aggregation": "allreduce" if collective else ("server" if shared else "links")}
-    return driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
-                              end_time=float(now), meta=meta)
+
+    def finish(now: float) -> Schedule:
+        _check_not_stalled(driver, policy)
+        return driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
+                                  end_time=float(now), meta=meta)
+
+    return ScheduleStream(events, driver, finish, budgets, not sampler.membership_events(), cluster.describe(),
+                          int(seed), meta)
+
+
+class ScheduleStream:
+    """A simulation run piece by piece (`stream_schedule`), so that the compiled replay of
+    its first updates overlaps the simulation of the next ones (`engine.run.simulate`).
+
+    `advance(n)` runs the events until `n` updates are completed (or the run ended) and
+    returns how many are; `driver.rec` then holds their rows (`Recorder`; rows still
+    buffered for an update are not applied yet). `finish()` runs the rest and returns the
+    `Schedule`, the same as `simulate_schedule`'s: pausing changes no event.
+    Attributes: `driver`, `num_updates` (the update budget; None: none), `bounded` (the
+    updates are the only budget), `steady` (no worker ever fails or joins, so the run
+    reaches its update budget unless its policy stalls), and as a `Schedule` has them
+    `policy`, `num_workers`, `cluster` (its description), `seed`, `meta` (so far)."""
+
+    def __init__(self, events, driver, finish, budgets, steady: bool, cluster: str, seed: int, meta: dict):
+        self.driver = driver
+        self.num_updates = None if budgets[0] == math.inf else int(budgets[0])
+        self.bounded = self.num_updates is not None and budgets[1] == math.inf and budgets[2] == math.inf
+        self.steady = steady
+        self.policy, self.num_workers, self.cluster, self.seed = driver.policy, driver.num_workers, cluster, seed
+        self.meta = meta
+        self._events, self._finish, self._now = events, finish, None
+
+    @property
+    def ended(self) -> bool:
+        return self._now is not None
+
+    def advance(self, num_updates: int) -> int:
+        state = self.driver.state
+        while self._now is None and state.completed < num_updates:
+            try:
+                next(self._events)
+            except StopIteration as stop:
+                self._now = stop.value
+        return state.completed
+
+    def finish(self) -> Schedule:
+        self.advance(math.inf)
+        return self._finish(self._now)
 
 
 def _check_not_stalled(driver, policy) -> None:
@@ -403,11 +459,12 @@ def _push_queue(heap: list, seq, span: list, sampler, compute_time, nbytes, over
 
 
 def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
-                     learner: _Learner | None = None) -> float:
+                     learner: _Learner | None = None):
     """Every transfer's time is fixed when it starts: one heap entry per gradient (and, with a
     `learner`, one per update, completed when trained; with partial rollouts, an update that
-    interrupts a rollout moves its push: the old entry is skipped). Returns the time the run
-    stopped."""
+    interrupts a rollout moves its push: the old entry is skipped). A generator: it yields
+    after each event that completed updates (`ScheduleStream` pauses there) and returns the
+    time the run stopped."""
     update_budget, time_budget, grad_budget = budgets
     span = [(0.0, 0.0)] * driver.num_workers   # (start, end) of each worker's in-flight computation
     epoch = driver.epoch
@@ -433,6 +490,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
     pushed = 0
     state = driver.state
     live = state.live
+    completed = 0
     while heap:
         t, s, kind, w, ep = heapq.heappop(heap)
         if t > time_budget:
@@ -475,6 +533,9 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             schedule(rel, t)
         if state.completed >= update_budget or pushed >= grad_budget:
             break
+        if state.completed != completed:
+            completed = state.completed
+            yield completed
     return now
 
 
@@ -485,9 +546,9 @@ def _run_network(driver, sampler, compute_time, budgets, nbytes, overlap: bool, 
     Per worker: release -> pull (a flow on the link, then its latency) -> compute
     -> push (a flow, then its latency) -> arrival; or, in all-reduce rounds,
     release -> compute -> wait for the round's collective -> arrival.
-    Returns the simulated time at which the run stopped.
+    A generator like `_run_independent`: returns the simulated time at which the run stopped.
     """
-    return _NetworkRun(driver, sampler, compute_time, nbytes, overlap, collective, forget).run(budgets)
+    return (yield from _NetworkRun(driver, sampler, compute_time, nbytes, overlap, collective, forget).run(budgets))
 
 
 class _NetworkRun:
@@ -692,8 +753,9 @@ class _NetworkRun:
     def exhausted(self, budgets) -> bool:
         return self.driver.num_updates >= budgets[0] or self.pushed >= budgets[2]
 
-    def run(self, budgets) -> float:
-        """Run the events until the budgets (updates, seconds, gradients) run out; the stop time."""
+    def run(self, budgets):
+        """Run the events until the budgets (updates, seconds, gradients) run out (a generator
+        yielding after each event that completed updates); the stop time."""
         time_budget = budgets[1]
         for t, kind, w in self.membership:
             self.push_event(float(t), _FAIL if kind == "fail" else _JOIN, int(w), -1)
@@ -703,6 +765,7 @@ class _NetworkRun:
                     _FAIL: self.on_fail, _JOIN: self.on_join}
         epoch, heap, heappop = self.epoch, self.heap, heapq.heappop
         now = 0.0
+        completed = 0
         while heap:
             t, _, kind, a, b = heappop(heap)
             if t > time_budget:
@@ -724,6 +787,9 @@ class _NetworkRun:
                 self.release(rel, t)
             if self.exhausted(budgets):
                 break
+            if self.driver.num_updates != completed:
+                completed = self.driver.num_updates
+                yield completed
         return now
 
 

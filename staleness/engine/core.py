@@ -28,7 +28,7 @@ from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer, set_lr
 from staleness.engine.rollout import SEGMENT_VERSION
 
-__all__ = ["Carry", "keys", "init_carry", "init_carry_batched", "gradient", "run_chunk", "pad_chunk", "MIN_ROWS",
+__all__ = ["Carry", "keys", "init_carry", "grow_ring", "init_carry_batched", "gradient", "run_chunk", "pad_chunk", "MIN_ROWS",
            "chunk_batched",
            "run_chunk_batched", "evaluate", "evaluate_batched"]
 
@@ -88,6 +88,19 @@ def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = 
     compiled here."""
     params, opt_state, local = _state(task, seed, opt, inner, num_workers, streaming)
     return _distinct(Carry(params, opt_state, _ring(params, ring), local))
+
+
+def grow_ring(carry: Carry, ring: int, done: int) -> Carry:
+    """`carry` with a ring of `ring` (> its own) versions after `done` updates: the versions
+    it keeps, done - R .. done - 1, move from slot v % R to slot v % ring (the values are
+    the same, so a replay goes on bitwise; `plan.PlanStream`). On the host: it is rare."""
+    leaves = jax.tree.leaves(carry.ring)
+    r = leaves[0].shape[0]
+    index = np.zeros(ring, np.int64)
+    for v in range(max(0, done - r), done):
+        index[v % ring] = v % r
+    old = jax.device_get(carry.ring)
+    return carry._replace(ring=jax.device_put(jax.tree.map(lambda a: np.asarray(a)[index], old)))
 
 
 def _distinct(tree):

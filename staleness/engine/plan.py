@@ -10,9 +10,13 @@ import hashlib
 
 import numpy as np
 
-from staleness.schedule import Schedule
+from staleness.schedule import NOT_APPLIED, Schedule
 
-__all__ = ["Plan", "make_plan", "chunk_inputs", "fingerprint", "segment_count", "segment_lists", "positions", "NO_SEGMENT"]
+__all__ = ["Plan", "make_plan", "PlanStream", "ring_size", "chunk_inputs", "fingerprint", "segment_count",
+           "segment_lists", "positions", "NO_SEGMENT"]
+
+LOOKAHEAD = 256
+"""Updates a streamed plan simulates before it sizes its ring (`PlanStream`)."""
 
 NO_SEGMENT = np.iinfo(np.int32).max
 """The start of a padding segment (in-flight rollouts): past every position."""
@@ -142,10 +146,7 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
         out = np.where(mask, a[index], 0).astype(np.int32)
         return np.pad(out, ((0, pad), (0, 0)))
 
-    r = int(stal[schedule.applied].max()) + 1 if schedule.applied.any() else 1
-    # Round up to a power of two: runs whose largest staleness differs a little
-    # share one compiled replay (the ring size is a static shape).
-    r = 1 << (r - 1).bit_length()
+    r = ring_size(int(stal[schedule.applied].max()) if schedule.applied.any() else 0)
     if ring is not None:
         r = max(r, ring)
     seg = _segments(schedule, segments)
@@ -164,6 +165,97 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
         update_time=np.asarray(schedule.update_time),
         segments=seg,
     )
+
+
+def ring_size(max_staleness: int) -> int:
+    """Versions a ring keeps for gradients up to `max_staleness` versions stale, rounded up
+    to a power of two: runs whose largest staleness differs a little share one compiled
+    replay (the ring size is a static shape)."""
+    return 1 << int(max_staleness).bit_length()
+
+
+class PlanStream:
+    """The `Plan` of a schedule while it is simulated (`sim.ScheduleStream`), filled chunk
+    by chunk: `fill(k)` simulates until chunk k's updates exist and writes their rows
+    into `plan` (whose arrays are allocated for the whole run), so the compiled replay of
+    chunk k - 1 runs meanwhile (`engine.run.simulate`). Every update of the policy holds
+    exactly `slots` gradients (`Policy.streamable`; checked), so the rows are those of
+    `make_plan` on the finished schedule.
+
+    The ring size cannot wait for the whole schedule: `ring` starts at 1.5x the largest
+    staleness of the first `lookahead` updates (default `LOOKAHEAD`, at least a chunk;
+    `ring_size`), and a chunk that needs more raises it before it runs (`grew`: the
+    replay then re-lays its ring, `core.grow_ring`, and compiles once more). A chunk
+    needs the versions of its own gradients and of every gradient still to be applied
+    after it (pushed since, or still computing: the driver's in-flight pulls), so no
+    version is overwritten before the gradient computed on it is applied. The ring's size changes no number: the results are bitwise those of a
+    replay of the finished schedule."""
+
+    def __init__(self, stream, chunk: int, slots: int, lookahead: int | None = None):
+        self.stream, self.slots = stream, int(slots)
+        u = stream.num_updates
+        u_pad = -(-u // chunk) * chunk
+        shape = (u_pad, self.slots)
+        self.plan = Plan(worker=np.zeros(shape, np.int32), iteration=np.zeros(shape, np.int32),
+                         pull_version=np.zeros(shape, np.int32), staleness=np.zeros(shape, np.int32),
+                         mask=np.zeros(shape, bool), num_updates=u, chunk=int(chunk), ring=1,
+                         update_time=np.zeros(u, np.float64))
+        self._cursor = 0    # rows before it are applied in filled chunks, dropped or lost
+        self._filled = 0    # chunks filled
+        stream.advance(min(u, max(chunk, LOOKAHEAD if lookahead is None else lookahead)))
+        rec = stream.driver.rec
+        av = np.asarray(rec.apply_version, np.int64)
+        pv = np.asarray(rec.column("pull_version"), np.int64)
+        most = int((av - pv)[av != NOT_APPLIED].max(initial=0))
+        self.ring = ring_size(most + 1 + most // 2)
+        self.grew = False
+
+    def fill(self, k: int) -> None:
+        """Simulate and write chunks up to k (each once, in order)."""
+        while self._filled <= k:
+            self._fill(self._filled)
+            self._filled += 1
+
+    def _fill(self, k: int) -> None:
+        plan, stream = self.plan, self.stream
+        lo, hi = k * plan.chunk, min((k + 1) * plan.chunk, plan.num_updates)
+        if lo >= hi:
+            return
+        if stream.advance(hi) < hi:
+            raise ValueError(f"PlanStream: the simulation ended after {stream.driver.state.completed} of "
+                             f"{plan.num_updates} updates (a streamed replay needs a run that reaches its budget)")
+        rec = stream.driver.rec
+        c = self._cursor
+        rows = np.asarray(rec.rows[c:], np.float64).reshape(-1, 12)   # Recorder._ROW order
+        av = np.asarray(rec.apply_version[c:], np.int64)
+        take = np.flatnonzero((av >= lo) & (av < hi))
+        order = take[np.argsort(av[take], kind="stable")]
+        u = av[order] - lo
+        counts = np.bincount(u, minlength=hi - lo)
+        if (counts != self.slots).any():
+            bad = int(np.flatnonzero(counts != self.slots)[0])
+            raise ValueError(f"PlanStream: update {lo + bad} holds {int(counts[bad])} gradients, but the policy "
+                             f"{stream.driver.policy.describe()!r} declares {self.slots} for every update "
+                             "(its aggregation's fixed_size)")
+        slot = np.arange(len(order)) % self.slots
+        pull = rows[order, 2].astype(np.int64)
+        stal = av[order] - pull
+        for name, values in (("worker", rows[order, 0]), ("iteration", rows[order, 1]), ("pull_version", pull),
+                             ("staleness", stal)):
+            getattr(plan, name)[lo + u, slot] = values
+        plan.mask[lo + u, slot] = True
+        plan.update_time[lo:hi] = rec.update_time[lo:hi]
+        # rows applied up to here, dropped or lost are done with
+        done = ((av != NOT_APPLIED) & (av < hi)) | (rows[:, 8] != 0) | (rows[:, 9] != 0)
+        self._cursor = c + (int(np.argmin(done)) if not done.all() else len(done))
+        # The ring must hold, through update hi - 1, the version each gradient of the chunk
+        # was computed on (R > its staleness) and every version a gradient not applied by
+        # then was computed on: pushed later, or still computing (R >= hi - its version).
+        later = [int(rows[~done, 2].min())] if not done.all() else []
+        later += [f[1] for f in stream.driver.inflight if f is not None]   # InFlight.pull_version
+        need = max([int(stal.max()) + 1 if len(stal) else 1] + [hi - v for v in later])
+        if need > self.ring:
+            self.ring, self.grew = ring_size(need + need // 2), True
 
 
 def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import math
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +33,10 @@ from staleness.engine import grid as _grid
 from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
 from staleness.engine import runner as _runner
-from staleness.engine.plan import chunk_inputs, make_plan, segment_count
+from staleness.engine.plan import PlanStream, chunk_inputs, make_plan, segment_count
 from staleness.results import Result
 from staleness.schedule import Schedule
-from staleness.sim import simulate_schedule
+from staleness.sim import ScheduleStream, simulate_schedule, stream_schedule
 from staleness.sim_pool import simulate_schedules
 
 __all__ = ["replay", "simulate", "sweep", "prepare", "resolve_task", "chunk_inputs"]
@@ -216,37 +218,105 @@ def replay(
     non-finite loss, naming the update, worker and staleness, and
     `staleness.tracking.CallbackError` (with `.results`) when a callback raises.
     """
-    lr = _check_lr(lr, allow_none=True)
-    callbacks = _tracking.as_callbacks(callbacks)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
     schedule.validate()
+    return _replay(schedule, task, _Settings(lr, lr_rule, optimizer, inner_optimizer, seed, eval_every, num_evals,
+                                             batch_size, progress, checkpoint, resume, stop_after, slot_mode,
+                                             config, callbacks))
+
+
+class _Settings(NamedTuple):
+    """`replay`'s keyword arguments (see there), as given."""
+
+    lr: Any
+    lr_rule: Any
+    optimizer: Any
+    inner_optimizer: Any
+    seed: Any
+    eval_every: Any
+    num_evals: Any
+    batch_size: Any
+    progress: Any
+    checkpoint: Any
+    resume: Any
+    stop_after: Any
+    slot_mode: Any
+    config: Any
+    callbacks: Any
+
+
+_REPLAY_DEFAULTS = {k: p.default for k, p in inspect.signature(replay).parameters.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _replay(source, task, s: _Settings) -> Result:
+    """`replay` of `source`: a `Schedule`, or a `sim.ScheduleStream` replayed while it is
+    simulated (`simulate`: the plan is filled chunk by chunk, `plan.PlanStream`)."""
+    streamed = isinstance(source, ScheduleStream)
+    lr, lr_rule, optimizer, inner_optimizer, seed, slot_mode = (s.lr, s.lr_rule, s.optimizer, s.inner_optimizer,
+                                                               s.seed, s.slot_mode)
+    lr = _check_lr(lr, allow_none=True)
+    callbacks = _tracking.as_callbacks(s.callbacks)
     if slot_mode not in ("vmap", "map"):
         raise ValueError(f"slot_mode = {slot_mode!r} must be 'vmap' or 'map'")
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
-    seed = int(schedule.seed if seed is None and schedule.seed is not None else (seed or 0))
-    task = resolve_task(task, schedule.num_workers, batch_size)
+    seed = int(source.seed if seed is None and source.seed is not None else (seed or 0))
+    task = resolve_task(task, source.num_workers, s.batch_size)
     if optimizer is None:   # the policy's own outer optimizer (DiLoCo's), else the task's
-        optimizer = policy_default(policy_optimizer(schedule.policy), lr)
-    opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
-    local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
+        optimizer = policy_default(policy_optimizer(source.policy), lr)
+    opt = resolve_optimizer(optimizer, lr, source.num_updates, task)
+    local, inner_opt, steps = local_setup([source], task, inner_optimizer)   # (none for a streamed policy)
     opt = streaming_outer(opt, local)
-    chunk = _chunks.chunk_length(schedule.num_updates, eval_every, num_evals)
-    plan = make_plan(schedule, chunk)
+    chunk = _chunks.chunk_length(source.num_updates, s.eval_every, s.num_evals)
+    feed = PlanStream(source, chunk, source.driver.policy.streamable(source.num_workers)) if streamed else None
+    plan = feed.plan if streamed else make_plan(source, chunk)
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
     if steps is not None:
         consts["steps"] = jnp.asarray(steps[0])
-    carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, schedule.num_workers,
+    carry = core.init_carry(task, seed, opt, feed.ring if streamed else plan.ring, inner_opt, source.num_workers,
                             local is not None and local.streaming)
     # static: a plan whose real updates all have a slot replays without the padding select
-    static = core.Static(opt.tx, (rule,), slot_mode, local, plan.padded_updates)
-    member = _runner.Member(schedule, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state),
-                            None if steps is None else steps[0], config)
+    # (a streamed plan: every update holds its policy's fixed number of gradients)
+    static = core.Static(opt.tx, (rule,), slot_mode, local, False if streamed else plan.padded_updates)
+    member = _runner.Member(source, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state),
+                            None if steps is None else steps[0], s.config)
+    checkpoint = s.checkpoint
     options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
-                              stop_after=stop_after, checkpoint=None if checkpoint is None else Path(checkpoint),
-                              resume=resume, progress=progress, desc=schedule.policy.describe(),
+                              stop_after=s.stop_after, checkpoint=None if checkpoint is None else Path(checkpoint),
+                              resume=s.resume, progress=s.progress, desc=source.policy.describe(),
                               callbacks=callbacks)
-    return _runner.run(_runner.single(task, plan, consts, static), carry, [member], options)[0]
+    program = _runner.single(task, plan, consts, static)
+    if not streamed:
+        return _runner.run(program, carry, [member], options)[0]
+    return _streamed(program, feed, carry, member, options)
+
+
+def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
+    """Run `program` on a plan filled as it is simulated: chunk k's rows are simulated while
+    chunk k - 1 runs (the runner builds the next inputs then), and a ring that became too
+    small is re-laid before the next chunk (`core.grow_ring`). The Results (also those a
+    `DivergenceError` or a `CallbackError` carries) get the finished schedule."""
+    def inputs(k):
+        feed.fill(k)
+        return program.inputs(k)
+
+    def step(carry, xs):
+        if feed.grew:
+            carry = core.grow_ring(carry, feed.ring, int(xs[0][0]))
+            feed.grew = False
+        return program.step(carry, xs)
+
+    try:
+        result = _runner.run(program._replace(step=step, inputs=inputs), carry, [member], options)[0]
+    except (_chunks.DivergenceError, _tracking.CallbackError) as e:
+        schedule = feed.stream.finish()
+        for r in [getattr(e, "result", None), *(getattr(e, "results", None) or [])]:
+            if r is not None:
+                r.schedule = schedule
+        raise
+    result.schedule = feed.stream.finish()
+    return result
 
 
 def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time: float | None = None,
@@ -266,9 +336,17 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     policy, cluster = _policy_and_cluster(policy, cluster)
     task = resolve_task(task, cluster.num_workers, kwargs.get("batch_size"))
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
-    sched = simulate_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
-                              payload_bytes=pull_bytes, push_bytes=push_bytes, sizes=work_sizes(task, policy, seed))
-    result = replay(sched, task, seed=seed, **kwargs)
+    stream = stream_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
+                             payload_bytes=pull_bytes, push_bytes=push_bytes, sizes=work_sizes(task, policy, seed))
+    if (stream.bounded and stream.steady and policy.streamable(cluster.num_workers) is not None
+            and kwargs.get("checkpoint") is None):
+        # the replay of chunk k overlaps the simulation of chunk k + 1 (bitwise the same Result)
+        inspect.signature(replay).bind(None, task, seed=seed, **kwargs)   # replay's TypeError for a wrong name
+        result = _replay(stream, task, _Settings(**{**_REPLAY_DEFAULTS, **kwargs, "seed": seed}))
+        sched = result.schedule
+    else:
+        sched = stream.finish()
+        result = replay(sched, task, seed=seed, **kwargs)
     if ((num_updates is None or sched.num_updates < num_updates) and (max_time is None or sched.end_time < max_time)
             and result.status == "complete"):   # the events ran out before the budget: every worker was lost
         result.status = "failed"

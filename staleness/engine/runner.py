@@ -107,8 +107,10 @@ def single(task, plan: Plan, consts: dict, static) -> Program:
         return core.run_chunk(task, carry, xs, consts, opt=static.opt, rules=static.rules, slot_mode=static.slot_mode,
                               local=static.local, padded=static.padded)
 
+    key = np.asarray(jax.random.key_data(consts["data_key"]))   # fetched once, not per chunk
+
     def inputs(k):   # the updates of chunk k that exist: the last chunk's padding updates are not run
-        return core.pad_chunk(chunk_inputs(task, plan, k, consts["data_key"]),
+        return core.pad_chunk(chunk_inputs(task, plan, k, key),
                               min(plan.chunk, plan.num_updates - k * plan.chunk))
 
     return Program(step=step, inputs=inputs, losses=lambda out: out[None, :plan.chunk],

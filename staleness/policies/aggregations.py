@@ -32,6 +32,9 @@ class Aggregation(Protocol):
     accepts(state, worker, pull_version): keep the gradient (False: it is dropped).
     due(state): whether the buffered gradients make an update now.
     size(num_live, num_workers): gradients per update (the engine's slots).
+    fixed_size(num_workers), optional: how many gradients every update holds when that
+      never varies (the engine then replays a schedule while it is being simulated;
+      `Policy.streamable`), else None; an aggregation without it is never streamed.
     validate(num_workers): policy-specific checks (a ValueError naming the parameter).
     all_live: every live worker's gradient of a round makes one update, so a
       round can be one all-reduce (the network model's `allreduce`, the
@@ -59,6 +62,9 @@ class EachGradient:
         return state.buffered >= 1
 
     def size(self, num_live, num_workers):
+        return 1
+
+    def fixed_size(self, num_workers):
         return 1
 
     def validate(self, num_workers):
@@ -97,6 +103,9 @@ class AllLive(EachGradient):
     def size(self, num_live, num_workers):
         return num_live
 
+    def fixed_size(self, num_workers):
+        return None   # fewer once a worker is lost
+
 
 @dataclasses.dataclass(frozen=True)
 class Count(EachGradient):
@@ -110,6 +119,9 @@ class Count(EachGradient):
         return state.buffered >= state.table.num_workers // self.n
 
     def size(self, num_live, num_workers):
+        return num_workers // self.n
+
+    def fixed_size(self, num_workers):
         return num_workers // self.n
 
     def validate(self, num_workers):
@@ -136,6 +148,9 @@ class FirstOfRound(EachGradient):
 
     def size(self, num_live, num_workers):
         return max(1, num_live - self.b)
+
+    def fixed_size(self, num_workers):
+        return None
 
     def validate(self, num_workers):
         if self.b >= num_workers:
@@ -166,6 +181,9 @@ class Fresh(EachGradient):
     def size(self, num_live, num_workers):
         return num_workers if self.batch is None else self.batch
 
+    def fixed_size(self, num_workers):
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Minibatches(EachGradient):
@@ -182,6 +200,9 @@ class Minibatches(EachGradient):
 
     def size(self, num_live, num_workers):
         return -(-num_workers // self.m)
+
+    def fixed_size(self, num_workers):
+        return None   # a round's last update takes the rest
 
     def validate(self, num_workers):
         if num_workers % self.m:

@@ -115,6 +115,17 @@ class Policy:
         """Number of accepted gradients that make an update."""
         return self.aggregation.size(num_live, num_workers)
 
+    def streamable(self, num_workers: int) -> int | None:
+        """The gradients every update holds, when a schedule of this policy can be replayed
+        while it is simulated (`engine.run.simulate`): workers compute one gradient each
+        iteration (no local steps, no learner) and the aggregation declares a `fixed_size`
+        (an optional method of `Aggregation`); else None."""
+        fixed = getattr(self.aggregation, "fixed_size", None)
+        if fixed is None or self.local or self.learner or self.grace:
+            return None
+        size = fixed(num_workers)
+        return None if size is None else int(size)
+
     def init(self, num_workers: int, now: float = 0.0) -> SyncState:
         """Fresh state for `num_workers` workers at time `now` (seconds); all may start."""
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:

@@ -188,13 +188,17 @@ class Task:
     def _layout(self):
         return None if self.partition == "iid" else sampling.layout_of(self.data)
 
-    def host_indices(self, key: jax.Array, worker, iteration) -> np.ndarray:
+    def host_indices(self, key, worker, iteration) -> np.ndarray:
         """[..., μ] int32 training indices of the minibatches of `worker`/`iteration`
         (NumPy arrays of one shape), computed on the host: exactly the indices
-        `minibatch(key, worker, iteration)` draws. Only for `indexed` tasks."""
+        `minibatch(key, worker, iteration)` draws. Only for `indexed` tasks. `key`: the
+        data key, or its `jax.random.key_data` as NumPy (a caller drawing many blocks
+        fetches it once)."""
         if not self.indexed:
             raise ValueError(f"task {self.name!r} draws its minibatches on the device (no gather_fn)")
-        bits = np.asarray(jax.random.key_data(key), np.uint32).reshape(-1)[:2]
+        if not isinstance(key, np.ndarray):
+            key = jax.random.key_data(key)
+        bits = np.asarray(key, np.uint32).reshape(-1)[:2]
         return sampling.host_indices(bits, np.asarray(worker), np.asarray(iteration), self.batch_size,
                                      self.train_size, self._layout)
 

@@ -1,0 +1,158 @@
+"""The replay consumes the schedule as it is simulated (`st.simulate` of a policy whose updates
+hold a fixed number of gradients): bitwise the replay of the finished schedule, also when the
+ring must grow; the cases it cannot stream fall back to the whole schedule."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import staleness as st
+from staleness import cluster as C
+from staleness import policies as P
+from staleness.engine import core
+from staleness.engine import plan as engine_plan
+from staleness.results import DivergenceError
+from staleness.schedule import Schedule
+from staleness.sim import stream_schedule
+
+
+@pytest.fixture(scope="module")
+def digits4():
+    return st.tasks.get("digits-mlp", batch_size=8, num_workers=4)
+
+
+@pytest.fixture
+def fills(monkeypatch):
+    """Counts the chunks a streamed plan fills (0: the run was not streamed)."""
+    count = [0]
+    real = engine_plan.PlanStream._fill
+
+    def spy(self, k):
+        count[0] += 1
+        return real(self, k)
+
+    monkeypatch.setattr(engine_plan.PlanStream, "_fill", spy)
+    return count
+
+
+def _equal_tree(a, b):
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _same_run(streamed, whole):
+    assert _equal_tree(streamed.params, whole.params)
+    assert streamed.history.equals(whole.history)
+    np.testing.assert_array_equal(streamed.train_loss, whole.train_loss)
+    assert streamed.config == whole.config and streamed.status == whole.status
+
+
+def _same_schedule(a: Schedule, b: Schedule):
+    assert a.columns.keys() == b.columns.keys()
+    for k in a.columns:
+        np.testing.assert_array_equal(a.columns[k], b.columns[k], err_msg=k)
+    np.testing.assert_array_equal(a.update_time, b.update_time)
+    assert (a.meta, a.end_time, a.policy, a.cluster, a.seed) == (b.meta, b.end_time, b.policy, b.cluster, b.seed)
+
+
+@pytest.mark.parametrize("policy", ["asp", "ssp:3", "softsync:2", "dssp:1:4"])
+def test_a_streamed_simulate_is_bitwise_the_replay_of_the_finished_schedule(digits4, fills, policy):
+    cluster = C.heterogeneous([1.0, 1.0, 2.6, 2.6]).jitter(0.2)
+    r = st.simulate(digits4, policy, cluster, num_updates=150, lr=0.1, seed=1, eval_every=16)
+    assert fills[0] == 10, "the run was not streamed"
+    nbytes = st.engine.payload.payload_bytes(digits4, P.parse(policy))
+    whole = st.simulate_schedule(policy, cluster, num_updates=150, seed=1, payload_bytes=nbytes[0],
+                                 push_bytes=nbytes[1])
+    _same_schedule(r.schedule, whole)
+    _same_run(r, st.engine.replay(whole, digits4, lr=0.1, seed=1, eval_every=16))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=hs.integers(0, 10_000), chunk=hs.integers(1, 40), n=hs.integers(1, 120),
+       policy=hs.sampled_from(["asp", "ssp:1", "softsync:2", "softsync:4"]), jitter=hs.floats(0.0, 0.5),
+       slow=hs.floats(1.0, 30.0))
+def test_a_plan_filled_while_simulating_is_the_plan_of_the_finished_schedule(seed, chunk, n, policy, jitter, slow):
+    cluster = C.heterogeneous([1.0, 1.3, 2.6, slow]).jitter(jitter)
+    stream = stream_schedule(policy, cluster, num_updates=n, seed=seed)
+    feed = engine_plan.PlanStream(stream, chunk, P.parse(policy).streamable(4), lookahead=1)
+    rings = []
+    for k in range(feed.plan.num_chunks):
+        feed.fill(k)
+        rings.append(feed.ring)
+    whole = engine_plan.make_plan(stream.finish(), chunk)
+    for name in ("worker", "iteration", "pull_version", "staleness", "mask", "update_time"):
+        np.testing.assert_array_equal(getattr(feed.plan, name), getattr(whole, name), err_msg=name)
+    # the replay's ring, modelled: version u written into slot u % R at update u, re-laid as
+    # core.grow_ring does when R grows before a chunk; every gradient finds its version
+    ring = {}
+    for k, r in enumerate(rings):
+        lo = k * chunk
+        if k and r != rings[k - 1]:
+            ring = {v % r: v for v in range(max(0, lo - rings[k - 1]), lo)}
+        for u in range(lo, min(lo + chunk, n)):
+            ring[u % r] = u
+            for c in np.flatnonzero(whole.mask[u]):
+                v = int(whole.pull_version[u, c])
+                assert ring.get(v % r) == v, f"update {u} reads version {v}, overwritten (ring {r})"
+
+
+def test_a_ring_that_grows_mid_run_changes_no_bit(digits4, fills, monkeypatch):
+    """A worker 20x slower pushes its first gradient after about 60 updates: the ring sized on
+    the first 8 updates is too small then, is re-laid and compiled again, and the run goes
+    on bitwise."""
+    grown = []
+    real = core.grow_ring
+    monkeypatch.setattr(core, "grow_ring", lambda carry, ring, done: grown.append((ring, done)) or real(carry, ring,
+                                                                                                         done))
+    monkeypatch.setattr(engine_plan, "LOOKAHEAD", 1)
+    cluster = C.heterogeneous([1.0, 1.0, 1.0, 20.0])
+    r = st.simulate(digits4, "asp", cluster, num_updates=200, lr=0.1, seed=2, eval_every=8)
+    assert fills[0] == 25 and grown, "the ring never grew"
+    assert grown[-1][0] > r.schedule.staleness.max()
+    _same_run(r, st.engine.replay(r.schedule, digits4, lr=0.1, seed=2, eval_every=8))
+
+
+@pytest.mark.parametrize("case", ["failures", "max_time", "no fixed size", "bsp"])
+def test_what_cannot_stream_replays_the_finished_schedule(digits4, fills, case, monkeypatch):
+    cluster, policy, budget = C.heterogeneous([1.0, 1.0, 2.6, 2.6]), "asp", {"num_updates": 60}
+    if case == "failures":
+        cluster = cluster.failures([(3, 5.0, None)])
+    elif case == "max_time":
+        budget = {"max_time": 20.0}
+    elif case == "no fixed size":
+        monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+        policy = "user_policies:bounded_asp:2"
+    else:
+        policy = "bsp"
+    r = st.simulate(digits4, policy, cluster, lr=0.1, seed=0, eval_every=10, **budget)
+    assert fills[0] == 0
+    _same_run(r, st.engine.replay(r.schedule, digits4, lr=0.1, seed=0, eval_every=10))
+    sys.modules.pop("user_policies", None)
+
+
+def test_a_streamed_run_that_diverges_carries_the_finished_schedule(digits4, fills):
+    with pytest.raises(DivergenceError) as e:
+        st.simulate(digits4, "asp", C.heterogeneous([1.0, 1.0, 2.6, 2.6]), num_updates=100, lr=1e9, seed=0,
+                    eval_every=10)
+    assert fills[0] >= 1
+    sched = e.value.result.schedule
+    assert isinstance(sched, Schedule) and sched.num_updates == 100
+
+
+@dataclasses.dataclass(frozen=True)
+class _Claims1(P.AllLive):
+    """An aggregation that declares one gradient per update but waits for every live worker."""
+
+    def fixed_size(self, num_workers):
+        return 1
+
+
+def test_an_aggregation_whose_fixed_size_is_wrong_is_named(digits4):
+    policy = P.Policy(P.ClockBound(0), _Claims1(), "claims1")
+    with pytest.raises(ValueError, match=r"update 0 holds 4 gradients.*'claims1' declares 1"):
+        st.simulate(digits4, policy, C.heterogeneous([1.0, 1.0, 2.6, 2.6]), num_updates=20, lr=0.1, seed=0)
