@@ -23,14 +23,14 @@ def versions() -> dict:
 
 # -- learning-rate tuning, verdict bookkeeping (added for the tuned re-runs) ---------------
 def tune(task, policy, cluster, *, base_lr: float, factors=None, seeds=None, extend: int = 1, **kw) -> dict:
-    """Choose `policy`'s learning rate with `staleness.compare.tune_lr` (one `st.sweep`
+    """Choose `policy`'s learning rate with `staleness.results.compare.tune_lr` (one `st.sweep`
     over grid × seeds on the task's validation split) on the grid base_lr × factors
     (default `compare.GRID_FACTORS`), extended by one step at a time, up to `extend`
     times, while the choice is at an edge. kw: tune_lr's remaining arguments
     (metric, max_time, num_updates, lr_rule, optimizer, inner_optimizer, num_evals).
     Returns tune_lr's record plus 'runs' (tuning runs spent) and 'policy'."""
     import staleness as st
-    from staleness import compare
+    from staleness.results import compare
 
     pol = st.policies.parse(policy) if isinstance(policy, str) else policy
     seeds = list(compare.TUNE_SEEDS if seeds is None else seeds)

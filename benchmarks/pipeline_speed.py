@@ -36,7 +36,7 @@ import jax  # noqa: E402
 
 import staleness.pipeline as pp  # noqa: E402
 from staleness import cluster as C  # noqa: E402
-from staleness.results import DivergenceError  # noqa: E402
+from staleness.results.result import DivergenceError  # noqa: E402
 
 
 def devices_part(ptask, n: int) -> dict:

@@ -46,8 +46,9 @@ import numpy as np
 
 import staleness as st
 from _report import versions
-from staleness import files, stats
-from staleness.compare import TUNE_SEEDS, tune_lr
+from staleness.infra import files
+from staleness.results import stats
+from staleness.results.compare import TUNE_SEEDS, tune_lr
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "reproduce_diloco"
@@ -109,7 +110,7 @@ def fragment_bytes(params, fragments: int, bits: int) -> list[int]:
 
 
 def med_iv(values, *, missing_inf: bool = False) -> dict:
-    """Median and interval (`staleness.stats.interval`, over the finite values) of per-seed values.
+    """Median and interval (`staleness.results.stats.interval`, over the finite values) of per-seed values.
     missing_inf: a NaN (a run that never reached the target) counts as +inf in the median."""
     v = [float(x) for x in values]
     lo, hi, kind = stats.interval(v)
@@ -639,7 +640,7 @@ def plots(res: dict, settings: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from staleness import plots as P
+    from staleness.results import plots as P
 
     pngs = []
     if "h" in res:
@@ -792,7 +793,7 @@ def write_markdown(path: Path, res: dict, verdicts: list, settings: dict, seeds,
          "every pull and push (`bytes_sent` = pulled + pushed); Streaming DiLoCo's fragments differ in size "
          "and the simulator takes one push size per run: their mean (exact for totals over whole cycles)",
          "- learning rates: digits-mlp's data-parallel AdamW rate (section h) and every policy's rate in "
-         "section side are tuned by `staleness.compare.tune_lr` on a validation split (one sweep per policy, "
+         "section side are tuned by `staleness.results.compare.tune_lr` on a validation split (one sweep per policy, "
          f"seeds {list(TUNE_SEEDS)}; in section side the tuning schedules are timed without bytes, so the "
          "network's bandwidth is not felt while tuning); DiLoCo's inner optimizer is the data-parallel one; the "
          "outer rates of the local-update methods are the papers' 0.7 except where tuned (section side; section "

@@ -7,7 +7,7 @@ backprop (reference), GPipe with 4 micro-batches, DDG, DSP(1,1,1,0) (lags
 m = 6,4,2,0), DSP(2,2,2,0) (m = 12,8,4,0) and DSP(1,1,1,0) with PipeDream
 weight stashing. Each schedule's learning rate (momentum SGD 0.9) is tuned on
 a validation split of the training set (`staleness.pipeline.sweep.tune_lr`:
-the grid, score and edge extension of `staleness.compare`), then every
+the grid, score and edge extension of `staleness.results.compare`), then every
 schedule trains 5 seeds at its chosen rate (and at one common rate) and is
 evaluated on the test set. A grid or a set of seeds is one compiled call
 (`staleness.pipeline.sweep`).
@@ -24,7 +24,7 @@ reads "set by the model: ...". The timing models are printed against their
 closed forms (GPipe against the fill/drain formula).
 
 Writes `<out>/reproduce_dsp.md`, `<out>/reproduce_dsp_<task>.png` and
-`<out>/reproduce_dsp_throughput.png` (atomically, `staleness.files`); lists
+`<out>/reproduce_dsp_throughput.png` (atomically, `staleness.infra.files`); lists
 every verdict that changed against the results file it replaces; ends with one
 JSON line.
 
@@ -47,9 +47,9 @@ import numpy as np
 from _report import previous_verdicts, versions
 import staleness.pipeline as pp
 from staleness import cluster as C
-from staleness import compare as _compare
-from staleness import files
-from staleness import stats as S
+from staleness.results import compare as _compare
+from staleness.infra import files
+from staleness.results import stats as S
 from staleness.pipeline.sweep import TUNE_SCORE, sweep, tune_lr
 from staleness.pipeline.timing import closed_form_time, recomputes
 
@@ -596,7 +596,7 @@ def _curve_band(runs: dict, spec: str, lr: float, seeds: int, x_of=None):
 def plot_task(task: str, cfg: dict, s: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    from staleness import plots
+    from staleness.results import plots
 
     specs = [x for x in TIMED if x != "gpipe:8"]
     colors = {spec: f"C{i}" for i, spec in enumerate(specs)}
@@ -649,7 +649,7 @@ def plot_task(task: str, cfg: dict, s: dict, path: Path) -> Path:
 def plot_throughput(tls: dict, seeds: int, n: int, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    from staleness import plots
+    from staleness.results import plots
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.4), layout="constrained", sharey=True)
     width = 0.8 / len(CLUSTERS)
@@ -723,7 +723,7 @@ def write_markdown(path: Path, *, command: str, wall: float, cpu: float, vers: d
                                                                          for a, b in NUMBERS_OF.items()),
              "- learning rates: each schedule's own, chosen per task by `staleness.pipeline.sweep.tune_lr` on a "
              "validation split of the training set (10%, `Task.holdout`; the test set is not used): grid "
-             f"{COMMON_LR:g} × `staleness.compare.GRID_FACTORS` (quick: {QUICK_FACTORS}), extended by one step past "
+             f"{COMMON_LR:g} × `staleness.results.compare.GRID_FACTORS` (quick: {QUICK_FACTORS}), extended by one step past "
              f"an edge up to `compare.EXTEND` times (quick: once), tuning seeds "
              + ", ".join(f"{t}: {cfg['tune_seeds']}" for t, cfg in settings.items())
              + f" (`compare.TUNE_SEEDS`, not the test seeds); score: {TUNE_SCORE}. Every "
@@ -742,7 +742,7 @@ def write_markdown(path: Path, *, command: str, wall: float, cpu: float, vers: d
              "backprop never recompute.",
              "- each (schedule, lr, seed) is trained once; its time axis comes from `simulate_timing` per "
              "cluster; seed s uses cluster seed s (random stragglers differ per seed)",
-             "- intervals: `staleness.stats` (percentile bootstrap 95% of the median over seeds, min-max below 5 "
+             "- intervals: `staleness.results.stats` (percentile bootstrap 95% of the median over seeds, min-max below 5 "
              "values); an effect is the ratio or difference of medians with its bootstrap interval; a scenario "
              "counts as held only where that interval lies wholly on the claimed side. Verdicts: HOLDS (all "
              "scenarios) / MOSTLY (≥ 2/3) / MIXED (> 1/3) / MOSTLY NOT (> 0) / DOES NOT HOLD, with the effect "

@@ -11,11 +11,11 @@ Policies: BSP, ASP, SSP(3), SSP(15), DSSP(3, 12) with the cap and without it.
 Tasks: digits-cnn and mnist1d-mlp (plus cifar10-resnet20 with --cifar-dir).
 Every policy of a scenario gets the same simulated-time budget and seeds, and
 its own learning rate, tuned once per (task, policy) on a validation split of
-the training set (`staleness.compare.tune_lr` through `_report.tune`, on the
+the training set (`staleness.results.compare.tune_lr` through `_report.tune`, on the
 4+4 jitter scenario). Policies that share a rate are replayed together in one
 `st.sweep` (BSP, eight gradients per update, in its own).
 
-Verdicts use `staleness.stats`: per scenario an effect (difference or ratio of
+Verdicts use `staleness.results.stats`: per scenario an effect (difference or ratio of
 medians over seeds) with a bootstrap interval; a scenario supports a claim only
 where the interval lies wholly on the claimed side.
 
@@ -45,8 +45,9 @@ import numpy as np
 
 import staleness as st
 from _report import lr_text, previous_verdicts, tune, versions
-from staleness import files, stats
-from staleness.compare import GRID_FACTORS
+from staleness.infra import files
+from staleness.results import stats
+from staleness.results.compare import GRID_FACTORS
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "reproduce_dssp"
@@ -516,7 +517,7 @@ def table_text(task: str, cells_t: dict, cfg: dict, lrs: dict) -> str:
 def plot_task(task: str, results: dict, cfg: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    from staleness import plots
+    from staleness.results import plots
 
     names = list(dict.fromkeys(s[0] for s in results))
     variants = list(dict.fromkeys(s[1] for s in results))
@@ -583,11 +584,11 @@ def write_markdown(path: Path, *, command: str, wall: float, cpu: float, vers: d
               f"{STRAGGLERS['duration']:g} s)",
               "- policies: " + ", ".join(POLICIES) + " (`nocap`: DSSP's literal server loop, whose repeated "
               "grants may drift past s_U = 15)",
-              "- learning rates: each policy's own, chosen by `staleness.compare.tune_lr` (score: mean validation "
+              "- learning rates: each policy's own, chosen by `staleness.results.compare.tune_lr` (score: mean validation "
               "accuracy over the run, median over the tuning seeds; a rate with a diverged seed is out) on the "
               f"{' '.join(TUNE_SCENARIO)} scenario and used in every scenario (tuning per cluster would triple the "
               "run past its 25-minute budget); '(grid edge)' marks a choice at an end of the (extended) grid",
-              "- statistics: intervals are `staleness.stats` percentile-bootstrap 95% intervals of the median over "
+              "- statistics: intervals are `staleness.results.stats` percentile-bootstrap 95% intervals of the median over "
               "seeds (min-max below 5 seeds); an effect is median(a) − median(b) (accuracy) or median(a) / median(b) "
               "(time to target; a run that never reached it counts as never, so x / never = 0) with a bootstrap "
               "interval; a scenario supports a claim only where that interval lies wholly on the claimed side, "

@@ -9,7 +9,7 @@ update (`per_update`). The server runs momentum SGD (0.9) like the paper.
 Every configuration trains on the same number of examples (equal epochs).
 
 Learning rates: α0 is tuned on a validation split of the training set
-(`staleness.compare.tune_lr`, through `_report.tune`) in two ways, both
+(`staleness.results.compare.tune_lr`, through `_report.tune`) in two ways, both
 reported: (a) the paper's protocol, one α0 for every configuration, tuned on
 the single-learner hardsync baseline; (b) each configuration (λ, protocol, lr
 rule) at its own tuned α0, the fair comparison (at λ ∈ TUNED_LAMBDAS).
@@ -49,7 +49,8 @@ import numpy as np
 
 import staleness as st
 from _report import lr_text, previous_verdicts, tune, versions
-from staleness import files, stats
+from staleness.infra import files
+from staleness.results import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "reproduce_rudra"
@@ -394,7 +395,7 @@ def runtime_child(path: str) -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", RUNTIME_DEVICES)
-    from staleness.results import DivergenceError
+    from staleness.results.result import DivergenceError
 
     rows = []
     for lam, spec, updates in RUNTIME_CONFIGS:
@@ -554,7 +555,7 @@ def staleness_md(srows) -> str:
 def plot_staleness(records, lambdas, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    from staleness import plots
+    from staleness.results import plots
 
     lams = [lam for lam in lambdas if lam > 1]
     fig, axes = plt.subplots(1, len(lams), figsize=(5.2 * len(lams), 3.8), squeeze=False, layout="constrained")
@@ -576,7 +577,7 @@ def plot_staleness(records, lambdas, path: Path) -> Path:
 def plot_curves(records, lambdas, path: Path, setting: str = "shared") -> Path:
     import matplotlib.pyplot as plt
 
-    from staleness import plots
+    from staleness.results import plots
 
     lam = max(lambdas)
     fig, axes = plt.subplots(1, len(RULES), figsize=(5.2 * len(RULES), 3.8), squeeze=False, layout="constrained",
@@ -731,14 +732,14 @@ def main(argv=None):
              f"(`per_gradient`, α0 at τ = 0), α0/⟨τ⟩ per update (`per_update`); hardsync has τ = 0, where all "
              "three are α0, so it is run once",
              f"- learning rates, two settings: (a) {SETTING_LABEL['shared']}: α0 = {shared:.3g}; (b) "
-             f"{SETTING_LABEL['tuned']} (at λ ∈ {[lam for lam in lambdas if lam in TUNED_LAMBDAS]}; table below); chosen by `staleness.compare.tune_lr` (score: mean "
+             f"{SETTING_LABEL['tuned']} (at λ ∈ {[lam for lam in lambdas if lam in TUNED_LAMBDAS]}; table below); chosen by `staleness.results.compare.tune_lr` (score: mean "
              "validation accuracy over the run, median over the tuning seeds; a rate with a diverged seed is out)"
              + (f"; at a grid edge: {', '.join(edges)}" if edges else "; no choice at a grid edge"),
              f"- every configuration trains on {size['epochs']} epochs of the training set "
              f"({size['epochs']} x {records[0]['train_size']} examples); test error at the end, "
              f"{size['num_evals']} evaluations per run",
              f"- workers: homogeneous, {OVERHEAD_S} s + μ/{MU_LAMBDA} s per iteration, lognormal jitter sigma {JITTER}",
-             f"- statistics: `staleness.stats`: bootstrap 95% intervals of the median over seeds (min-max below 5); "
+             f"- statistics: `staleness.results.stats`: bootstrap 95% intervals of the median over seeds (min-max below 5); "
              "an effect is a difference of medians with a bootstrap interval; a configuration supports a claim only "
              "where the interval lies wholly on the claimed side, else 'not distinguishable' (or the opposite held); "
              "verdicts HOLDS (all) / MOSTLY (>= 2/3) / MIXED (> 1/3) / MOSTLY NOT (> 0) / DOES NOT HOLD (none); "

@@ -31,7 +31,7 @@ import numpy as np
 
 from staleness import cluster as C
 from staleness import policies as P
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 
 POLICIES = ["bsp", "asp", "ssp:3", "dssp:3:12", "dssp:3:12:nocap", "softsync:4", "backup:1"]
 

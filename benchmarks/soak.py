@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from staleness.procs import descendants  # noqa: E402
+from staleness.infra.procs import descendants  # noqa: E402
 
 POLICIES = ("bsp", "asp", "ssp:3", "dssp:3:12", "softsync:2", "backup:1")
 KINDS = ("kill_worker", "pause_worker", "raise_worker", "ctrl_c", "kill_server", "restart_worker")

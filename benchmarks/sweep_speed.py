@@ -111,9 +111,9 @@ def main():
         same = all(all(np.array_equal(x, y) for x, y in zip(jax_leaves(a.params), jax_leaves(b.params)))
                    for a, b in zip(swept, sharded))
 
-    # The sweep's schedules alone: one after another vs on every core (`staleness.sim_pool`, which the
+    # The sweep's schedules alone: one after another vs on every core (`staleness.sim.pool`, which the
     # sweep uses once they are estimated at MIN_SECONDS or more), and what 16 cores would give.
-    from staleness import sim_pool
+    from staleness.sim import pool as sim_pool
 
     jobs = [dict(policy=p, cluster=cluster, num_updates=n, seed=x) for p in pols for x in seeds]
     t0 = time.perf_counter()

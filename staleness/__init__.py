@@ -13,14 +13,14 @@ starts fast.
 
 from staleness import cluster, lr, policies
 from staleness.schedule import Schedule
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "policies", "lr", "cluster", "tasks", "engine", "runtime", "results",
     "pipeline", "plots", "compare", "metrics", "specs", "files", "Schedule", "simulate_schedule", "simulate",
-    "sweep", "Result", "rollouts", "tracking",
+    "sweep", "Result", "rollouts", "tracking", "stats", "explorer", "checks", "sim",
 ]
 
 _LAZY = {
@@ -29,16 +29,19 @@ _LAZY = {
     "runtime": ("staleness.runtime", None),
     "pipeline": ("staleness.pipeline", None),
     "results": ("staleness.results", None),
-    "plots": ("staleness.plots", None),
-    "compare": ("staleness.compare", None),
-    "metrics": ("staleness.metrics", None),
-    "specs": ("staleness.specs", None),
-    "files": ("staleness.files", None),
+    "plots": ("staleness.results.plots", None),
+    "compare": ("staleness.results.compare", None),
+    "metrics": ("staleness.results.metrics", None),
+    "stats": ("staleness.results.stats", None),
+    "explorer": ("staleness.results.explorer", None),
+    "rollouts": ("staleness.results.rollouts", None),
+    "tracking": ("staleness.results.tracking", None),
+    "specs": ("staleness.infra.specs", None),
+    "files": ("staleness.infra.files", None),
+    "checks": ("staleness.infra.checks", None),
     "simulate": ("staleness.engine", "simulate"),
     "sweep": ("staleness.engine", "sweep"),
     "Result": ("staleness.results", "Result"),
-    "rollouts": ("staleness.rollouts", None),
-    "tracking": ("staleness.tracking", None),
 }
 
 

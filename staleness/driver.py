@@ -1,6 +1,6 @@
 """One step of the control plane, shared by the simulator and the real server.
 
-A `Driver` owns what both the discrete-event simulator (`staleness.sim`) and
+A `Driver` owns what both the discrete-event simulator (`staleness.sim.scheduler`) and
 the runtime's server (`staleness.runtime.server`) keep about a run: the
 policy's `SyncState`, each released worker's in-flight iteration, the rows of
 the trace (`Recorder`: the `Schedule` columns, filled as events happen) and

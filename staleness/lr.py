@@ -235,13 +235,13 @@ _FACTORIES = {"constant": constant, "per_gradient": per_gradient, "per_update": 
 def get(spec: str | LrRule) -> LrRule:
     """A rule from its spec: ``constant``, ``per_gradient`` (alias ``tau``),
     ``per_update`` (alias ``mean_tau``) or ``delay_adaptive:N`` (N workers;
-    grammar: `staleness.specs`).
+    grammar: `staleness.infra.specs`).
 
     Case and '-' vs '_' are ignored. A rule object is returned unchanged.
     ``get(rule.describe()) == rule`` for every rule. Raises
-    `staleness.specs.SpecError` (a ValueError) naming the bad part.
+    `staleness.infra.specs.SpecError` (a ValueError) naming the bad part.
     """
-    from staleness import specs
+    from staleness.infra import specs
 
     if isinstance(spec, (Constant, PerGradient, PerUpdate, DelayAdaptive)):
         return spec

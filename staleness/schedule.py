@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from staleness import files
+from staleness.infra import files
 from staleness import policies as _policies
 
 __all__ = ["Schedule", "NOT_APPLIED", "FORMAT_VERSION", "FileFormatError"]

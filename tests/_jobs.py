@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from staleness.procs import descendants  # noqa: F401 - the tests import it from here
+from staleness.infra.procs import descendants  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """The one chunk loop (`staleness.engine.chunks`) and the one checkpoint format
-(`staleness.checkpoint`) in their callers: replay, sweep and the pipeline.
+(`staleness.infra.checkpoint`) in their callers: replay, sweep and the pipeline.
 
 Divergence: every caller names the update, the worker (pipeline: the stage) and
 the staleness of the first non-finite loss. Resume: a run stopped after a chunk
@@ -15,11 +15,11 @@ import pytest
 
 import staleness as st
 import staleness.pipeline as pp
-from staleness import checkpoint
+from staleness.infra import checkpoint
 from staleness import cluster as C
 from staleness import policies as P
 from staleness.engine import chunks
-from staleness.results import DivergenceError
+from staleness.results.result import DivergenceError
 
 MESSAGE = r"non-finite loss at update \d+ \(gradient of {kind} \d+, .*staleness \d+\); try a smaller lr"
 

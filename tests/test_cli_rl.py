@@ -30,7 +30,7 @@ def test_simulate_rl_bandit_prints_reward_and_rollouts(tmp_path, capsys):
     assert code == 0, err
     assert "rl_async:2" in text.splitlines()[0] and "ppo(eps=0.1" in text.splitlines()[0]   # the RL default policy
     assert "final_reward" in text and "staleness_per_token" in text and "length_consumed" in text
-    from staleness.results import Result
+    from staleness.results.result import Result
 
     r = Result.load(out)
     assert {"reward", "greedy_reward"} <= set(r.history.columns) and r.history["update"].iloc[-1] == 4

@@ -1,4 +1,4 @@
-"""staleness.explorer (notebook 05's model): the "copy as CLI" line parses with the real
+"""staleness.results.explorer (notebook 05's model): the "copy as CLI" line parses with the real
 `staleness` parser into exactly the explorer's settings, and running it reproduces the
 explorer's runs; settings are checked and canonical; the figure and table show every policy.
 The widget callbacks themselves are exercised by the notebook's own check cell (CI runs it)."""
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import staleness as st
-from staleness import explorer
+from staleness.results import explorer
 from staleness.cli import _attach_dash_values, build_parser
 from staleness.cli.simulate_cmd import _cmd_compare, _seeds
-from staleness.compare import compare
-from staleness.results import Result
+from staleness.results.compare import compare
+from staleness.results.result import Result
 
 SETTINGS = [
     explorer.Settings(),

@@ -1,5 +1,5 @@
 """Output directories and files: checked before anything runs, written atomically,
-validated when read back (`staleness.files`, `Result.save/load`, `Schedule.load`),
+validated when read back (`staleness.infra.files`, `Result.save/load`, `Schedule.load`),
 and the CLI's one-line errors for each."""
 
 import json
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import staleness as st
-from staleness import files
+from staleness.infra import files
 from staleness.cli import main
-from staleness.results import FileFormatError, Result
+from staleness.results.result import FileFormatError, Result
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def test_a_sweep_refuses_repeated_runs(kwargs, name):
 
 def test_wait_fraction_groups_workers_above_the_bar_limit():
     """`staleness simulate --cluster "1*100000"` spent minutes drawing one bar per worker."""
-    from staleness import plots
+    from staleness.results import plots
 
     sched = st.simulate_schedule("ssp:1", "0.5*600,2*600", num_updates=3000, seed=0)
     ax = plots.wait_fraction(sched).axes[0]
@@ -83,7 +83,7 @@ def test_a_failed_comparison_leaves_nothing_that_blocks_the_next(tmp_path, capsy
 def test_a_failure_mid_comparison_keeps_the_old_one(tmp_path, monkeypatch):
     """A run that fails after the first result was written (an injected error) leaves the old
     comparison as it was and no partial directory."""
-    from staleness import compare as cmp_mod
+    from staleness.results import compare as cmp_mod
 
     out = tmp_path / "c"
     cmp_mod.compare("quadratic", ["asp"], "2", seeds=[0], num_updates=4, tune=False, out=out, progress=False)
@@ -117,7 +117,7 @@ def test_a_nan_at_update_zero_blames_the_loss_or_data_not_the_lr():
     """A loss that is NaN at update 0 (staleness 0) suggested a smaller learning rate."""
     import jax.numpy as jnp
 
-    from staleness.results import DivergenceError
+    from staleness.results.result import DivergenceError
 
     task = st.tasks.from_functions(
         lambda key: {"w": jnp.zeros(3)}, lambda p, b: jnp.log(jnp.sum(p["w"] * b)),   # log(0) at the start
@@ -246,7 +246,7 @@ def test_yes_lets_a_large_budget_through():
 
 def test_lr_tuning_says_when_its_choice_is_noise():
     """Tuning with 2 seeds decided a ranking (SSP 0.01 vs ASP 0.03) that one stuck seed made."""
-    from staleness.compare import compare
+    from staleness.results.compare import compare
 
     task = st.tasks.get("quadratic", num_workers=1)
     clear = compare(task, ["asp"], st.cluster.constant(1), seeds=[0], num_updates=40, lr_grid=[0.01, 2 / 11],
@@ -263,7 +263,7 @@ def test_lr_tuning_says_when_its_choice_is_noise():
 def test_a_run_whose_workers_all_died_is_failed_not_complete(tmp_path, capsys):
     """`+fail=0@10,1@10,2@10,3@10` reported status 'complete' after 36 of 50 updates."""
     from staleness.cli import main
-    from staleness.results import Result
+    from staleness.results.result import Result
 
     cluster = "1*4+fail=0@10,1@10,2@10,3@10"
     r = st.simulate("quadratic", "asp", cluster, num_updates=50, num_evals=2)

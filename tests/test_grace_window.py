@@ -20,7 +20,7 @@ from hypothesis import strategies as hst
 import staleness as st
 from staleness import cluster as C
 from staleness import policies as P
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 
 
 def notebook_clock(sec_per_step, steps: int, max_wait: float, num_syncs: int) -> list[tuple]:

@@ -1,4 +1,4 @@
-"""A Ctrl-C swallowed by a callback still stops the run (staleness.interrupts).
+"""A Ctrl-C swallowed by a callback still stops the run (staleness.infra.interrupts).
 
 Observed under load: SIGINT to `staleness compare` arrived while JAX's
 garbage-collection callback ran; Python printed "Exception ignored in
@@ -14,8 +14,8 @@ import weakref
 import pytest
 
 import staleness as st
-from staleness import interrupts
-from staleness.compare import compare
+from staleness.infra import interrupts
+from staleness.results.compare import compare
 from staleness.engine import chunks
 from staleness.engine import run as engine_run
 

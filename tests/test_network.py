@@ -13,7 +13,7 @@ from staleness import cluster as C
 from staleness import policies as P
 from staleness.cluster.network import SharedLink, allreduce_time
 from staleness.schedule import Schedule
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 from test_sim import GOLDEN, GOLDEN_CASES, check_invariants, golden_cluster, policies
 
 # Powers of two keep every sum below exact, so times compare with ==.

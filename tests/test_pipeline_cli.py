@@ -3,7 +3,7 @@
 import pytest
 
 from staleness.cli import main
-from staleness.results import Result
+from staleness.results.result import Result
 
 
 def run(argv, capsys):

@@ -15,7 +15,7 @@ from staleness.engine import core, optim
 from staleness.pipeline import devices as D
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
-from staleness.results import Result
+from staleness.results.result import Result
 
 ATOL = 1e-6
 

@@ -17,10 +17,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle, StepPatch
 
 from staleness import cluster as C
-from staleness import plots
+from staleness.results import plots
 from staleness import policies as P
-from staleness.results import Result
-from staleness.sim import simulate_schedule
+from staleness.results.result import Result
+from staleness.sim.scheduler import simulate_schedule
 
 CLUSTER = C.heterogeneous([1, 2.6]).jitter(0.1)
 

@@ -1,11 +1,11 @@
-"""`staleness.procs.kill_groups`: SIGKILL to each process group, after an optional grace."""
+"""`staleness.infra.procs.kill_groups`: SIGKILL to each process group, after an optional grace."""
 
 import signal
 import subprocess
 import sys
 import time
 
-from staleness.procs import kill_groups
+from staleness.infra.procs import kill_groups
 
 
 def _start(code: str) -> subprocess.Popen:

@@ -29,7 +29,7 @@ from staleness.engine import core
 from staleness.engine import rollout as engine_rollout
 from staleness.engine.run import replay
 from staleness.policies.work import Rollout
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 from staleness.tasks import rl
 from staleness.tasks.rl import bandit
 

@@ -28,7 +28,7 @@ from staleness.engine import core
 from staleness.engine import plan as engine_plan
 from staleness.engine.run import replay
 from staleness.schedule import Schedule
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 from staleness.tasks import rl
 from staleness.tasks.rl import decode
 

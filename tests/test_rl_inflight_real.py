@@ -2,7 +2,7 @@
 
 The server publishes every version it completes; an actor decoding for its injected time
 fetches each one through the transport and takes it at the token the simulator's rule
-(`staleness.inflight.Decode`) gives; it generates with one version per segment and pushes
+(`staleness.sim.inflight.Decode`) gives; it generates with one version per segment and pushes
 the switches, which the trace keeps. Checked here: the switches obey the schedule's
 invariants (versions after the pull and at most the applying version, tokens inside the
 rollout), a partial rollout's decode lasts at least its injected time plus a pause per
@@ -25,7 +25,7 @@ from staleness import cluster as C
 from staleness.driver import Recorder
 from staleness.engine import core
 from staleness.engine import plan as engine_plan
-from staleness.inflight import Decode
+from staleness.sim.inflight import Decode
 from staleness.runtime.replay import replay_trace
 from staleness.runtime.spec import make_spec
 from staleness.runtime.transport import LocalTransport

@@ -24,7 +24,7 @@ from staleness import cluster as C
 from staleness import policies as P
 from staleness.engine import core
 from staleness.engine import plan as engine_plan
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 from staleness.tasks import rl
 
 BANDIT = rl.get("rl-bandit", num_workers=4, objective="reinforce")

@@ -202,7 +202,7 @@ def test_checkpoint_then_resume_continues_one_replayable_trace(tmp_path):
     task = st.tasks.get("quadratic", num_workers=4)
     kw = dict(time_scale=SCALE, lr=0.05, optimizer="momentum:0.9", seed=2, checkpoint=tmp_path / "ckpt")
     first = rt.run(task, "ssp:2", "1*2,2.6*2", num_updates=70, checkpoint_every=30, **kw)
-    assert (tmp_path / "ckpt" / "server.json").exists()   # the one checkpoint format (staleness.checkpoint)
+    assert (tmp_path / "ckpt" / "server.json").exists()   # the one checkpoint format (staleness.infra.checkpoint)
     res = rt.run(task, "ssp:2", "1*2,2.6*2", num_updates=100, resume=True, **kw)
     sched = res.schedule
     assert sched.num_updates == 100

@@ -13,7 +13,7 @@ import staleness as st
 from staleness import cluster as C
 from staleness import policies as P
 from staleness.schedule import NOT_APPLIED, Schedule
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 
 GOLDEN = Path(__file__).parent / "golden"
 

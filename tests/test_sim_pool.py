@@ -1,4 +1,4 @@
-"""The schedules of a sweep on every core (`staleness.sim_pool`): worker processes give the
+"""The schedules of a sweep on every core (`staleness.sim.pool`): worker processes give the
 very schedules of one process, a job that cannot go to another process (or a failing worker)
 falls back to this one with one warning, and a sweep whose schedules went to workers equals
 the same sweep simulated here."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import staleness as st
-from staleness import sim_pool
+from staleness.sim import pool as sim_pool
 from staleness.cluster import layers
 from staleness.engine import sweeps
 

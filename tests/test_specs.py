@@ -1,4 +1,4 @@
-"""One spec grammar for policies, lr rules and optimizers (`staleness.specs`), and
+"""One spec grammar for policies, lr rules and optimizers (`staleness.infra.specs`), and
 fuzzing of every spec parser: a malformed spec is a named ValueError in Python
 and one line with exit status 2 on the command line, never a traceback."""
 
@@ -6,7 +6,8 @@ import hypothesis.strategies as hs
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from staleness import cluster, lr, policies, specs
+from staleness import cluster, lr, policies
+from staleness.infra import specs
 from staleness.cli import main
 from staleness.engine import optim
 

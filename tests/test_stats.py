@@ -1,11 +1,11 @@
-"""Intervals and verdicts (`staleness.stats`)."""
+"""Intervals and verdicts (`staleness.results.stats`)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from staleness import stats
+from staleness.results import stats
 
 
 def test_bootstrap_interval_covers_the_true_median_at_about_the_nominal_rate():

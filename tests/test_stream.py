@@ -17,9 +17,9 @@ from staleness import cluster as C
 from staleness import policies as P
 from staleness.engine import core
 from staleness.engine import plan as engine_plan
-from staleness.results import DivergenceError
+from staleness.results.result import DivergenceError
 from staleness.schedule import Schedule
-from staleness.sim import stream_schedule
+from staleness.sim.scheduler import stream_schedule
 
 
 @pytest.fixture(scope="module")

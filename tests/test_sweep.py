@@ -24,7 +24,7 @@ from staleness import cluster as C
 from staleness import policies as P
 from staleness.cli import main
 from staleness.engine import sweeps
-from staleness.results import Result
+from staleness.results.result import Result
 
 DEADLINE = 300   # seconds: hard limit for the child processes of one test
 

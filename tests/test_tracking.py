@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import staleness as st
-from staleness import tracking
+from staleness.results import tracking
 from staleness.pipeline import tasks as ptasks
-from staleness.results import Result
+from staleness.results.result import Result
 
 KW = dict(num_updates=20, num_evals=4, lr=0.05)
 HAS_WANDB = importlib.util.find_spec("wandb") is not None   # the `dev` extra installs it

@@ -111,7 +111,7 @@ def test_every_cli_command_takes_the_user_policy(tmp_path, capsys):
 
 
 def test_the_explorer_takes_the_user_policy():
-    from staleness import explorer
+    from staleness.results import explorer
 
     s = explorer.Settings(task="quadratic", policies=(SPEC,), cluster=CLUSTER, seeds=(0,), max_time=10.0)
     assert s.policies == (SPEC,)

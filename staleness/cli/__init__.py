@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from staleness import interrupts
-from staleness.checks import ArgumentError
+from staleness.infra import interrupts
+from staleness.infra.checks import ArgumentError
 from staleness.cli.common import Parser, UsageError
 from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
 

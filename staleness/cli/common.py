@@ -12,7 +12,7 @@ __all__ = ["UsageError", "Parser", "print_table", "count", "natural", "positive"
            "declared_optimizer", "DEFAULT_RL_POLICIES", "add_yes", "check_scale", "check_processes",
            "add_log", "log_callbacks"]
 
-from staleness.compare import DEFAULT_RL_POLICIES   # noqa: E402 - the policies compare runs on an RL task
+from staleness.results.compare import DEFAULT_RL_POLICIES   # noqa: E402 - the policies compare runs on an RL task
 
 
 class UsageError(ValueError):
@@ -88,7 +88,7 @@ def nonnegative(text: str) -> float:
 def check_out(args, default=None):
     """--out as a validated Path (before any computation), or None: creatable,
     writable, not a file, and not existing staleness output unless --overwrite."""
-    from staleness import files
+    from staleness.infra import files
 
     out = args.out if args.out is not None else default
     if out is None:
@@ -190,8 +190,8 @@ def add_log(p) -> None:
 
 
 def log_callbacks(args) -> list:
-    """The `staleness.tracking` writers of --log, built (lazily: no file yet) before any run."""
-    from staleness import tracking
+    """The `staleness.results.tracking` writers of --log, built (lazily: no file yet) before any run."""
+    from staleness.results import tracking
 
     try:
         return [tracking.parse(spec, what="--log") for spec in getattr(args, "log", None) or []]

@@ -167,8 +167,8 @@ def _cmd(args) -> int:
     elif args.devices:
         _want_cpu_devices(k)
     import staleness.pipeline as pp
-    from staleness.results import DivergenceError
-    from staleness.tracking import CallbackError
+    from staleness.results.result import DivergenceError
+    from staleness.results.tracking import CallbackError
 
     delays = args.delays
     if args.schedule.strip().lower() == "dsp" and delays is None:

@@ -9,7 +9,8 @@ import math
 import sys
 import time
 
-from staleness import files, policies
+from staleness import policies
+from staleness.infra import files
 from staleness.cli.common import (UsageError, add_log, add_task_option, add_yes, build_task, check_out, check_pairing,
                                    check_processes, count, declared_optimizer, log_callbacks, natural, nonnegative,
                                    positive, print_table, task_options)
@@ -229,7 +230,7 @@ def _cmd_run(args) -> int:
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
     import staleness as st
-    from staleness.results import DivergenceError
+    from staleness.results.result import DivergenceError
     from staleness.runtime import RunFailure
 
     kwargs = dict(num_updates=args.updates, num_workers=args.workers, seed=args.seed, lr=args.lr,

@@ -44,7 +44,7 @@ def add(sub) -> None:
 def _cmd_schedule(args) -> int:
     from staleness import cluster as C
     from staleness import policies as P
-    from staleness.sim import simulate_schedule
+    from staleness.sim.scheduler import simulate_schedule
 
     if args.task is None and (args.task_option or args.batch_size is not None):
         raise UsageError("--task-option and --batch-size apply to a --task")
@@ -60,7 +60,7 @@ def _cmd_schedule(args) -> int:
     if args.save:
         from pathlib import Path
 
-        from staleness import files
+        from staleness.infra import files
         from staleness.schedule import Schedule
 
         def is_schedule(path: Path) -> bool:   # one this command wrote before: replaced

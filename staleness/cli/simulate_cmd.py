@@ -126,8 +126,8 @@ def task_label(task) -> str:
 
 
 def print_rollouts(results, task, file=None) -> None:
-    """An RL run's rollouts, one line per policy (`staleness.compare.rollout_table`)."""
-    from staleness.compare import rollout_table
+    """An RL run's rollouts, one line per policy (`staleness.results.compare.rollout_table`)."""
+    from staleness.results.compare import rollout_table
 
     table = rollout_table(results, task)
     if table is not None and len(table):
@@ -150,8 +150,8 @@ def add_simulate(sub) -> None:
 
 def _cmd_simulate(args) -> int:
     import staleness as st
-    from staleness import plots
-    from staleness.results import DivergenceError
+    from staleness.results import plots
+    from staleness.results.result import DivergenceError
 
     cluster = _cluster(args)
     rl = rl_task_name(args.task)
@@ -283,7 +283,7 @@ def compact_rows(table, metric: str, target) -> list[dict]:
 
 def _cmd_compare(args) -> int:
     import staleness as st
-    from staleness.compare import DEFAULT_POLICIES, check_tunable, compare
+    from staleness.results.compare import DEFAULT_POLICIES, check_tunable, compare
 
     cluster = _cluster(args)
     rl = rl_task_name(args.task)

@@ -34,7 +34,7 @@ from staleness.cli.common import (is_rl_task, UsageError, add_log, add_task_opti
                                    check_pairing, check_scale, count, declared_optimizer, log_callbacks, natural,
                                    positive, print_table, rl_task_name, task_options)
 from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES
-from staleness.procs import kill_groups
+from staleness.infra.procs import kill_groups
 
 __all__ = ["add"]
 
@@ -270,8 +270,8 @@ def _cmd(args) -> int:
 
 def _table(results, args, task=None):
     """(rows, metric, target): one row per configuration (an RL task's with the mean
-    staleness of the completion tokens the learner consumed, `staleness.rollouts`)."""
-    from staleness import rollouts
+    staleness of the completion tokens the learner consumed, `staleness.results.rollouts`)."""
+    from staleness.results import rollouts
 
     first = results[0]
     names = [c for c in first.history.columns if c not in ("update", "time", "train_loss")]
@@ -302,7 +302,7 @@ def _table(results, args, task=None):
 def _write(out, results, rows, meta, overwrite: bool) -> None:
     import pandas as pd
 
-    from staleness import files
+    from staleness.infra import files
 
     def write(d):
         pd.DataFrame(rows).to_csv(d / "table.csv", index=False)

@@ -96,7 +96,7 @@ Pure NumPy; nothing here imports JAX.
 # holds, the Cluster value, the seeded sampler and its layers, the network
 # model, the trace reader, the spec parser); this module re-exports the public
 # names so that ``from staleness import cluster as C`` is the one import users
-# need. Argument checks live in :mod:`staleness.checks`, shared package-wide.
+# need. Argument checks live in :mod:`staleness.infra.checks`, shared package-wide.
 from staleness.cluster.bases import Gpus, Seconds, Trace
 from staleness.cluster.model import (
     Cluster,

@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from staleness.checks import format_number
+from staleness.infra.checks import format_number
 from staleness.cluster import layers
 from staleness.cluster.presets import PRESETS
 

@@ -8,7 +8,7 @@ and the determinism contract are documented in :mod:`staleness.cluster`.
 The terms are their own modules (:mod:`staleness.cluster.bases`,
 :mod:`staleness.cluster.modifiers`): each knows its own behaviour (its sampler
 layer and its spec text), so this module only checks arguments, stacks terms
-and builds samplers. Arguments are checked with :mod:`staleness.checks`.
+and builds samplers. Arguments are checked with :mod:`staleness.infra.checks`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from staleness import checks
-from staleness.checks import format_number
+from staleness.infra import checks
+from staleness.infra.checks import format_number
 from staleness.cluster.bases import Gpus, Seconds, Trace
 from staleness.cluster.modifiers import (
     AllReduce,

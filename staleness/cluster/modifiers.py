@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from staleness.checks import format_number, format_workers
+from staleness.infra.checks import format_number, format_workers
 from staleness.cluster import layers
 from staleness.cluster.network import format_bandwidth, format_latency
 

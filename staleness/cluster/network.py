@@ -33,7 +33,7 @@ import heapq
 import math
 import re
 
-from staleness.checks import format_number
+from staleness.infra.checks import format_number
 
 __all__ = ["allreduce_time", "parse_bandwidth", "parse_latency", "format_bandwidth",
            "format_latency", "SharedLink", "ALGORITHMS"]

@@ -9,7 +9,7 @@ pipeline's `train` all run the same loop (`run`); they pass what differs:
                                      host work after chunk k: per-configuration losses,
                                      divergence checks and history rows (`History`);
                                      False stops the loop (replay's stop_after)
-  save(k, carry)                     optional checkpoint after chunk k (`staleness.checkpoint`)
+  save(k, carry)                     optional checkpoint after chunk k (`staleness.infra.checkpoint`)
 
 The loop handles prefetching, the progress bar, the wall clock of the compiled
 calls and Ctrl-C (status 'stopped', keeping what the completed chunks recorded).
@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from staleness import interrupts
-from staleness.results import DivergenceError, Result
+from staleness.infra import interrupts
+from staleness.results.result import DivergenceError, Result
 
 __all__ = ["Divergence", "History", "run", "first_nonfinite", "update_losses", "chunk_length"]
 
@@ -140,7 +140,7 @@ class History:
         self.train_loss[self.steps_done:] = np.nan
 
     def state(self) -> dict:
-        """JSON-able rows and train loss (for `staleness.checkpoint`)."""
+        """JSON-able rows and train loss (for `staleness.infra.checkpoint`)."""
         return {"rows": self.rows, "train_loss": [float(x) for x in self.train_loss],
                 "steps_done": self.steps_done}
 

@@ -13,7 +13,7 @@ put into its state):
   `learning_rate` (built with `optax.inject_hyperparams`), `lr=` replaces
   that value in the state, which is how a sweep varies the learning rate of
   one compiled program; otherwise `lr=` is an error (it would be ignored).
-- a spec string (the CLI's), grammar `staleness.specs`:
+- a spec string (the CLI's), grammar `staleness.infra.specs`:
 
       NAME[:ARGS][+SCHEDULE]
       sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw | delayed_nesterov[:N]
@@ -244,7 +244,7 @@ def set_lr(state, lr, host: bool = False):
 def get(spec, what: str = "optimizer") -> OptimizerSpec:
     """Parse an optimizer spec string (see the module docstring) into an OptimizerSpec;
     `what` names the argument in errors."""
-    from staleness import specs
+    from staleness.infra import specs
 
     if isinstance(spec, OptimizerSpec):
         return spec

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness import checks
+from staleness.infra import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
-from staleness import tracking as _tracking
+from staleness.results import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine import grid as _grid
@@ -34,10 +34,10 @@ from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
 from staleness.engine import runner as _runner
 from staleness.engine.plan import PlanStream, chunk_inputs, make_plan, segment_count
-from staleness.results import Result
+from staleness.results.result import Result
 from staleness.schedule import Schedule
-from staleness.sim import ScheduleStream, simulate_schedule, stream_schedule
-from staleness.sim_pool import simulate_schedules
+from staleness.sim.scheduler import ScheduleStream, simulate_schedule, stream_schedule
+from staleness.sim.pool import simulate_schedules
 
 __all__ = ["replay", "simulate", "sweep", "prepare", "resolve_task", "chunk_inputs"]
 
@@ -211,12 +211,12 @@ def replay(
       config: extra entries of the Result's config; a 'label' entry names the run for
         the callbacks (default 'POLICY seed=S lr=LR').
       callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a
-        list of them, called with a `staleness.tracking.Evaluation` at every evaluation
+        list of them, called with a `staleness.results.tracking.Evaluation` at every evaluation
         (each history row, the initial one included, as it is recorded; on resume only
-        the new ones); see `staleness.tracking`.
+        the new ones); see `staleness.results.tracking`.
     Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
     non-finite loss, naming the update, worker and staleness, and
-    `staleness.tracking.CallbackError` (with `.results`) when a callback raises.
+    `staleness.results.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")

@@ -19,7 +19,7 @@ per-update train loss, the first non-finite loss (raised as `DivergenceError`,
 or marked 'diverged' while the other configurations go on), `stop_after`,
 checkpoints and resume, the progress bar, Ctrl-C, each Result's config
 (`config`: assembled here only), and the tracking callbacks
-(`staleness.tracking`: one call per history row, as it is recorded; a run
+(`staleness.results.tracking`: one call per history row, as it is recorded; a run
 resumed from a checkpoint calls them only for its new rows). The loop itself
 is `engine.chunks.run`.
 """
@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from staleness import checkpoint as _checkpoint
-from staleness import tracking as _tracking
+from staleness.infra import checkpoint as _checkpoint
+from staleness.results import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine.optim import get_lr
@@ -82,7 +82,7 @@ class Options:
       checkpoint: directory to checkpoint into after every chunk (one configuration);
         resume: continue from the checkpoint found there.
       progress: show a progress bar, labelled `desc`.
-      callbacks: `staleness.tracking` callbacks (a tuple of callables), called with an
+      callbacks: `staleness.results.tracking` callbacks (a tuple of callables), called with an
         `Evaluation` at every history row: the initial evaluation of every member in
         order, then after each chunk every member still running, in order.
     """

@@ -71,7 +71,7 @@ def train_distributed(ptask, schedule, num_batches: int, *, log=None, callbacks=
     cluster, seed, lr, optimizer, eval_every, num_evals, backward_ratio and recompute_cost
     (`training.RunArgs`; an unknown one is a TypeError). log: a callable taking one line of
     progress; callbacks:
-    `staleness.tracking` callbacks, called in process 0 at every evaluation as it is made
+    `staleness.results.tracking` callbacks, called in process 0 at every evaluation as it is made
     (the other processes ignore theirs: give them None).
 
     Returns the `Result` in process 0 (history, simulated timeline, params,
@@ -86,7 +86,7 @@ def train_distributed(ptask, schedule, num_batches: int, *, log=None, callbacks=
         raise ValueError(f"this job has {jax.process_count()} processes but the pipeline has {ptask.num_stages} "
                          "stages; run one process per stage (connect first)")
     args = RunArgs(schedule, num_batches, **settings)
-    from staleness import tracking
+    from staleness.results import tracking
 
     return _train(ptask, args, jax.process_index(), log or (lambda line: None), tracking.as_callbacks(callbacks))
 
@@ -176,7 +176,7 @@ def launch_local(num_processes: int, stage_args: list[str], *, timeout: float | 
     given `heartbeat_timeout` seconds to fail on their own, then killed.
     Returns 0 when every stage finished, 1 when one died, 124 on the timeout.
     """
-    from staleness.procs import kill_groups
+    from staleness.infra.procs import kill_groups
     from staleness.runtime.multiprocess import free_port
 
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:

@@ -17,13 +17,13 @@ import time
 
 import jax
 
-from staleness import tracking as _tracking
+from staleness.results import tracking as _tracking
 from staleness.engine import core
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.schedules import PipelineSchedule
 from staleness.pipeline.training import DEFAULT_OPTIMIZER, Engine, Host, RunArgs, Setup, drive, set_up
-from staleness.results import Result
+from staleness.results.result import Result
 
 __all__ = ["run_devices", "simulate", "train"]
 
@@ -48,11 +48,11 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       eval_every: batches between evaluations (default num_batches / num_evals).
       backward_ratio, recompute_cost: cost model of `simulate_timing`.
       checkpoint: directory to checkpoint into after every evaluation chunk
-        (`staleness.checkpoint`); with resume=True, continue from the one found there
+        (`staleness.infra.checkpoint`); with resume=True, continue from the one found there
         (bitwise the uninterrupted run).
       stop_after: stop (status 'stopped') after the chunk that reaches this many batches.
       callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list
-        of them, called with a `staleness.tracking.Evaluation` at every evaluation (each
+        of them, called with a `staleness.results.tracking.Evaluation` at every evaluation (each
         history row, as it is recorded; on resume only the new ones): step = batches
         applied, time = simulated seconds, wall_time = the row's wall_time; run.label is
         config['label'] if given, else 'SCHEDULE seed=S lr=LR'.
@@ -66,7 +66,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       path and wall-clock seconds (excluding compilation) on devices.
       Raises `DivergenceError` (with `.result`) on a non-finite loss, naming the
       batch, the stage that computed the loss, its lag and the tick, and
-      `staleness.tracking.CallbackError` (with `.results`) when a callback raises.
+      `staleness.results.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     callbacks = _tracking.as_callbacks(callbacks)
     setup = set_up(ptask, RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,

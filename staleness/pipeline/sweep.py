@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness import checks
-from staleness import tracking as _tracking
+from staleness.infra import checks
+from staleness.results import tracking as _tracking
 from staleness.engine import core
 from staleness.engine import optim as _optim
 from staleness.pipeline import sim
@@ -47,7 +47,7 @@ __all__ = ["SweepResult", "sweep", "holdout", "tune_lr", "TUNE_SCORE"]
 
 TUNE_SCORE = ("mean held-out accuracy over the evaluation points after the first (the area under the learning "
               "curve), median over the tuning seeds; a learning rate with a diverged seed is out "
-              "(the rule of staleness.compare.tune_lr)")
+              "(the rule of staleness.results.compare.tune_lr)")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -130,7 +130,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
       lrs: learning rates (> 0); seeds: run seeds (>= 0; initial params and minibatches).
       optimizer: per-stage optimizer spec (its learning rate comes from `lrs`).
       eval_every: batches between held-out evaluations (default num_batches / num_evals).
-      callbacks: `staleness.tracking` callbacks (a callable, a spec or a list), called at
+      callbacks: `staleness.results.tracking` callbacks (a callable, a spec or a list), called at
         every evaluation of every member still running, in member order, as it is made
         (`Evaluation.time` is NaN: a sweep has no cluster, see the module docstring); a
         failing one raises `CallbackError` (no partial SweepResult).
@@ -209,7 +209,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
 
 
 def _tracker(callbacks, members, schedule, plan: Plan, opt, num_batches: int):
-    """The `staleness.tracking.Tracker` of a sweep's members (one `Run` each, in member order)."""
+    """The `staleness.results.tracking.Tracker` of a sweep's members (one `Run` each, in member order)."""
     name = schedule if isinstance(schedule, str) else schedule.describe()
     runs = [_tracking.Run(_tracking.label(name, s, lr), name, int(s), float(lr), "", i,
                           {"schedule": name, "batches": num_batches, "lr": float(lr), "seed": int(s),
@@ -233,7 +233,7 @@ def tune_lr(ptask, schedule, num_batches: int, *, grid, seeds, optimizer="moment
     """Pick `schedule`'s learning rate from `grid` on a validation split of `ptask`'s training set.
 
     One `sweep` over grid × seeds on `holdout(ptask, fraction)`; the score of a grid
-    value is TUNE_SCORE (as `staleness.compare.tune_lr`). While the best value is at
+    value is TUNE_SCORE (as `staleness.results.compare.tune_lr`). While the best value is at
     an edge of the grid, the grid is extended by one step on that side, up to
     `extend` times (each extension is one more sweep).
 

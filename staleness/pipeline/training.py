@@ -9,12 +9,12 @@
 `staleness.pipeline.multiprocess` (one stage per process) differ only in the
 engine they build; `set_up` checks the arguments and resolves everything that
 does not depend on it, `drive` runs it chunk by chunk (`staleness.engine.chunks.run`):
-evaluate, record the history, call the tracking callbacks (`staleness.tracking`;
+evaluate, record the history, call the tracking callbacks (`staleness.results.tracking`;
 one per history row as it is recorded, only the new ones on resume), check for
 divergence, checkpoint, assemble the `Result`. `resolve_schedule` and
 `eval_chunk` (the schedule argument, the evaluation chunk) are shared with
 `staleness.pipeline.sweep`; the other arguments are checked with
-`staleness.checks`.
+`staleness.infra.checks`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from staleness import checkpoint as _checkpoint
-from staleness import checks
+from staleness.infra import checkpoint as _checkpoint
+from staleness.infra import checks
 from staleness import cluster as _cluster
-from staleness import tracking as _tracking
+from staleness.results import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import optim as _optim
 from staleness.pipeline.model import join_params
 from staleness.pipeline.plan import IDLE, Plan, make_plan
 from staleness.pipeline.schedules import PipelineSchedule, parse
 from staleness.pipeline.timing import simulate_timing
-from staleness.results import DivergenceError, Result
+from staleness.results.result import DivergenceError, Result
 
 __all__ = ["DEFAULT_OPTIMIZER", "Engine", "Host", "RunArgs", "Setup", "drive", "eval_chunk", "resolve_schedule",
            "set_up"]
@@ -149,7 +149,7 @@ class Host:
     lead: bool = True                 # this process evaluates, records and returns the `Result`
     #                                   (the others return None and raise `DivergenceError` without one)
     log: Callable | None = None       # a callable taking one line after every chunk (None: quiet)
-    callbacks: tuple = ()             # `staleness.tracking` callbacks, called at every history row
+    callbacks: tuple = ()             # `staleness.results.tracking` callbacks, called at every history row
     #                                   (where `lead`)
 
 

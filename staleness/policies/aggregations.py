@@ -79,7 +79,7 @@ class Window(EachGradient):
     the synchronized workers wait and all start their next iteration, on the newest
     version, at the window's last synchronization (the asyncdiloco notebook's virtual clock,
     `max_wait_time`). Which pushes arrive within the window is known from the simulator's
-    event times (`staleness.sim`); the real runtime does not run it."""
+    event times (`staleness.sim.scheduler`); the real runtime does not run it."""
 
     grace: float = 0.5
 

@@ -13,7 +13,7 @@ returns a `Policy` whose spec parses back to it (`staleness.policies.parse`).
 
 from __future__ import annotations
 
-from staleness import checks
+from staleness.infra import checks
 from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh, Minibatches, Window
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, RoundBound, RoundLag
 from staleness.policies.policy import Policy
@@ -103,7 +103,7 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
     gradients quantized to `bits`. The workers stay in lockstep (a synchronization
     round every H/P steps, as in the paper); the overlap is in the numerics (the merge
     comes τ steps late) and in the simulated time: the τ steps run while the fragment
-    is in flight, hiding up to τ steps of communication (see `staleness.sim`), and a
+    is in flight, hiding up to τ steps of communication (see `staleness.sim.scheduler`), and a
     sync moves one fragment's bytes (`staleness.engine.payload`)."""
     checks.integer("streaming_diloco", "steps", steps, low=1)
     checks.integer("streaming_diloco", "fragments", fragments, low=1)

@@ -16,7 +16,7 @@ call it through `staleness.driver`)::
 
 An update is decided by `push` (or `fail`) and completed by `complete`: the
 drivers call it at once (the server trains in no simulated time), except
-where a learner trains for a while (asynchronous RL, `staleness.sim`);
+where a learner trains for a while (asynchronous RL, `staleness.sim.scheduler`);
 released workers pull the newest completed version.
 
 Time is always passed in (simulated seconds, or the runtime's

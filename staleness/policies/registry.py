@@ -5,7 +5,7 @@
     st.policies.parse("bounded_asp:8")                   # bounded_asp(tau=8), spec 'bounded_asp:8'
     st.policies.parse("my_policies:bounded_asp:tau=8")   # imports my_policies (on the Python path)
 
-Spec grammar (`staleness.specs`): NAME[:ARG...], positional ARGs bind to the
+Spec grammar (`staleness.infra.specs`): NAME[:ARG...], positional ARGs bind to the
 factory's parameters in order (for the built-ins, the ones in `_BUILTIN`),
 KEY=VALUE to any parameter, a bare word sets a boolean (`nocap`). Every
 omitted number takes the factory's default (`ssp` is `ssp(3)`). A registered
@@ -20,7 +20,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from staleness import specs
+from staleness.infra import specs
 from staleness.policies import factories as F
 from staleness.policies.policy import Policy
 
@@ -149,7 +149,7 @@ def parse(spec) -> Policy:
     'dssp:s_low=3,r_max=12', 'softsync:4', 'backup:2', a registered name, or
     'package.module:factory[:ARGS]' (a Policy passes through unchanged).
 
-    Raises `staleness.specs.SpecError` (a ValueError) naming the bad part and listing
+    Raises `staleness.infra.specs.SpecError` (a ValueError) naming the bad part and listing
     the valid policies.
     """
     if isinstance(spec, Policy):

@@ -44,7 +44,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from staleness import checks
+from staleness.infra import checks
 
 __all__ = ["Work", "Gradient", "LocalSteps", "Streaming", "Rollout", "ComputeTime"]
 

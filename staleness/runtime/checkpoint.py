@@ -1,10 +1,10 @@
-"""Server checkpoints of a real run, in the one checkpoint format (`staleness.checkpoint`).
+"""Server checkpoints of a real run, in the one checkpoint format (`staleness.infra.checkpoint`).
 
 A checkpoint directory holds `server.json` (the run's identity and the serve
 loop's `ServerState` as plain JSON: the policy's calls so far, the trace so
 far, the evaluated history, membership epochs, the workers lost to a fault and
 the elapsed time) and its `.npz` of arrays (parameters and optimizer state
-leaves, stored exactly), written atomically by `staleness.checkpoint` (a crash
+leaves, stored exactly), written atomically by `staleness.infra.checkpoint` (a crash
 while writing leaves the previous checkpoint intact).
 
     checkpoint.save(path, server.saved_state(), config)
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from staleness import checkpoint as _one
+from staleness.infra import checkpoint as _one
 from staleness.driver import Recorder
 from staleness.runtime.serve import ServerState
 
@@ -70,7 +70,7 @@ def save(path, state: ServerState, config: dict) -> None:
 
 def load(path, config: dict, num_updates: int) -> dict:
     """Read the checkpoint in `path`; checks it belongs to a run with `config`
-    (`staleness.checkpoint.CheckpointMismatch`, a ValueError, names what differs) and
+    (`staleness.infra.checkpoint.CheckpointMismatch`, a ValueError, names what differs) and
     that it holds no more than `num_updates` updates. Nothing is placed on a device.
 
     Returns a dict: leaves (NumPy arrays of params then optimizer state), policy

@@ -5,7 +5,7 @@ rollout's size × `time_scale`, as `Delays.compute` times any rollout). Meanwhil
 watches the versions the server publishes as it completes them (`WorkerLink.newer`): it
 fetches each one (the real transfer, through the transport) and the version reaches it
 the pull's injected transfer time later (`Delays.pull`, as in the simulator). Which token
-it reaches is the simulator's rule, `staleness.inflight.Decode`; under partial rollouts
+it reaches is the simulator's rule, `staleness.sim.inflight.Decode`; under partial rollouts
 (`Delays.refill` not None) it also pauses the decode for the transfer again and `refill`
 token-times, so the rollout ends later.
 
@@ -25,7 +25,7 @@ import time
 
 import jax
 
-from staleness.inflight import Decode
+from staleness.sim.inflight import Decode
 
 __all__ = ["decode"]
 

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from staleness.procs import kill_groups
+from staleness.infra.procs import kill_groups
 
 __all__ = ["run_process", "launch_local", "free_port", "worker_placement"]
 

@@ -69,7 +69,7 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     """
     import staleness as st
     from staleness.engine.optim import TASK_OPTAX
-    from staleness.results import Result
+    from staleness.results.result import Result
     from staleness.schedule import Schedule
 
     recorded = None

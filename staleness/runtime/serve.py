@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from staleness import interrupts
+from staleness.infra import interrupts
 from staleness.driver import Driver, Recorder
 from staleness.runtime.errors import WorkerError, WorkerLostError
 from staleness.runtime.messages import LateLoss, Release, WorkerFailed, WorkerJoined, WorkerLost

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from staleness import checks
+from staleness.infra import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
 

@@ -148,7 +148,7 @@ class RLTask:
       eval_lengths: [num_eval_prompts] int32 completion lengths of the held-out prompts.
       eval_samples: completions sampled per held-out prompt for `evaluate`'s "reward".
       pad_token: token id stored past each completion's length.
-      metrics: `staleness.metrics.Metric` of "reward" and "greedy_reward" (higher is better).
+      metrics: `staleness.results.metrics.Metric` of "reward" and "greedy_reward" (higher is better).
       options: ((key, value), ...) the task-specific options it was built with.
       optimizer: the learner's optimizer when a run names none (a spec or an optax
         transformation); None: 'sgd'.
@@ -215,7 +215,7 @@ class RLTask:
         """sizes(actor, iteration) -> the simulated size of that rollout in decoded tokens:
         `prefill` + the tokens its batch decodes (`decode_tokens` of its prompts, drawn from
         `data_key` like the replay draws them). The simulator multiplies an actor's seconds
-        per token by it (`staleness.sim.simulate_schedule(sizes=...)`)."""
+        per token by it (`staleness.sim.scheduler.simulate_schedule(sizes=...)`)."""
         bits = np.asarray(jax.random.key_data(data_key)) if isinstance(data_key, jax.Array) else data_key
         lengths, prefill = self.lengths, float(self.prefill)
         prompt_indices = self.prompt_indices
@@ -316,8 +316,8 @@ class RLTask:
         return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)))
 
     def metric(self, name: str):
-        """The `staleness.metrics.Metric` `name` (ValueError naming the valid ones)."""
-        from staleness import metrics
+        """The `staleness.results.metrics.Metric` `name` (ValueError naming the valid ones)."""
+        from staleness.results import metrics
 
         return metrics.find(self.metrics, name, self.name)
 

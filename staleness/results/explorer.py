@@ -7,7 +7,7 @@ and the `staleness compare` command line that reproduces the settings.
     cache = {}
     results = run(s, cache)    # one `st.sweep` (one compiled call over the seeds) per policy
     fig = figure(s, results)   # curves with bands over seeds | staleness histogram and timelines
-    table(s, results)          # `staleness.compare`'s table: medians with intervals over seeds
+    table(s, results)          # `staleness.results.compare`'s table: medians with intervals over seeds
 
 The explorer runs each policy's seeds with `st.sweep` and the command line runs
 them with `staleness compare` (one `simulate` per seed): the same schedules and
@@ -39,7 +39,7 @@ POLICY_KINDS = ("bsp", "asp", "ssp", "dssp", "dssp (no cap)", "softsync")
 # Built-in tasks small enough to re-run on every change of a control (seconds on a laptop CPU).
 TASKS = ("digits-mlp", "mnist1d-mlp", "linreg", "quadratic")
 LR_RULES = ("constant", "per_gradient", "per_update", "delay_adaptive")   # delay_adaptive: N = the workers
-NUM_EVALS = 40            # evaluations per run: `staleness.compare.compare`'s default (a test keeps them equal)
+NUM_EVALS = 40            # evaluations per run: `staleness.results.compare.compare`'s default (a test keeps them equal)
 TIMELINE_SECONDS = 40.0   # simulated seconds shown in each worker timeline
 STRAGGLER_SLOWDOWN = 4.0  # a straggling iteration takes this many times longer ...
 STRAGGLER_SECONDS = 10.0  # ... for this many simulated seconds (the cluster's `stragglers` modifier)
@@ -189,7 +189,7 @@ def figure(settings: Settings, results, *, timeline_seconds: float = TIMELINE_SE
     (not pyplot's, so a notebook shows it only where it is displayed)."""
     from matplotlib.figure import Figure
 
-    from staleness import plots
+    from staleness.results import plots
 
     if not results:
         raise ValueError("figure: results is empty; pass run(settings)'s results")
@@ -218,11 +218,11 @@ def figure(settings: Settings, results, *, timeline_seconds: float = TIMELINE_SE
 
 
 def table(settings: Settings, results):
-    """`staleness.compare`'s table of the results (pandas, one row per policy): the final
-    metric's median over seeds with its interval (`staleness.stats.interval`: min-max
+    """`staleness.results.compare`'s table of the results (pandas, one row per policy): the final
+    metric's median over seeds with its interval (`staleness.results.stats.interval`: min-max
     below 5 seeds, else a bootstrap 95% interval; the `interval` column says which),
     updates, staleness and waiting, trimmed to the columns the explorer shows."""
-    from staleness.compare import Comparison
+    from staleness.results.compare import Comparison
 
     first, _ = _metrics(results)
     planned = [(p, s) for p in settings.policies for s in settings.seeds]

@@ -1,6 +1,6 @@
 """Compare several policies on one cluster and task: the question users ask first.
 
-    cmp = staleness.compare.compare("digits-mlp", ["bsp", "asp", "ssp:3"], cluster, max_time=600, seeds=[0, 1, 2])
+    cmp = staleness.results.compare.compare("digits-mlp", ["bsp", "asp", "ssp:3"], cluster, max_time=600, seeds=[0, 1, 2])
     cmp.table()          # one row per policy: time to target, final metric, staleness, waiting
     cmp.rollout_table()  # RL tasks: one row per policy: staleness per token, dropped rollouts, lengths
     cmp.results          # every Result (policy x seed) that ran
@@ -14,7 +14,7 @@ On an RL task (`rl-bandit`, `rl-digits`, `staleness.tasks.rl`) the policies are
 the rl_* ones (default `DEFAULT_RL_POLICIES`), the metric is the task's reward
 (higher is better), learning rates are tuned on a validation split of the
 training prompts (`RLTask.holdout`), and `rollout_table` gives what the learner
-consumed (`staleness.rollouts.summary`).
+consumed (`staleness.results.rollouts.summary`).
 
 With `out=`, every finished run is written to `results/<policy>_s<seed>/` as
 soon as it ends (with `compare.json` naming the whole plan), in a hidden
@@ -36,11 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-from staleness import checks, files, interrupts
+from staleness.infra import checks
+from staleness.infra import files
+from staleness.infra import interrupts
 from staleness import policies as _policies
-from staleness import stats
-from staleness.results import DivergenceError, Result
-from staleness.tracking import CallbackError
+from staleness.results import stats
+from staleness.results.result import DivergenceError, Result
+from staleness.results.tracking import CallbackError
 
 __all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "DEFAULT_RL_POLICIES", "MANIFEST", "ResumeError",
            "rollout_table"]
@@ -109,7 +111,7 @@ class Comparison:
     def table(self):
         """pandas DataFrame, one row per policy: medians over the runs that finished
         (complete or diverged), spread as min-max, an interval around each median
-        (`staleness.stats.interval`: a bootstrap 95% interval from 5 seeds on, else the
+        (`staleness.results.stats.interval`: a bootstrap 95% interval from 5 seeds on, else the
         min-max range; the `interval` column says which), and a status column
         ('complete', or 'stopped' / 'incomplete' when runs were stopped or not run;
         stopped runs are counted in `stopped` and left out of the medians)."""
@@ -177,7 +179,7 @@ class Comparison:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def figure(self):
-        from staleness import plots
+        from staleness.results import plots
 
         return plots.comparison_figure(self._counted(), metric=self.metric, target=self.target)
 
@@ -188,7 +190,7 @@ class Comparison:
         """Write table.csv, history.csv, comparison.png, timeline_<policy>.png and
         (results=True) results/<policy>_s<seed>/ Result directories under `out`;
         every file atomically. Returns `out`."""
-        from staleness import plots
+        from staleness.results import plots
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -219,7 +221,7 @@ def _is_rl(task) -> bool:
 
 def rollout_table(results, task):
     """RL: pandas DataFrame with one row per policy (in the order of `results`) of what its
-    runs generated and consumed (`staleness.rollouts.summary` of each run's schedule;
+    runs generated and consumed (`staleness.results.rollouts.summary` of each run's schedule;
     counts and lengths are medians over the runs, staleness means their mean, its max the
     max): rollouts, consumed, dropped, lost, staleness_per_token (mean staleness of the
     consumed completion tokens, each at its own version), staleness_per_rollout, staleness_max
@@ -228,7 +230,7 @@ def rollout_table(results, task):
     `task` is not an RL task."""
     import pandas as pd
 
-    from staleness import rollouts
+    from staleness.results import rollouts
 
     if task is None or not _is_rl(task):
         return None
@@ -407,7 +409,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
       time-to-target (checked against the metric's range), or None.
     out: a directory to write each finished run into as it ends, and the
       table and plots at the end (see the module docstring); checked before
-      anything runs (`staleness.files.check_out`; an existing comparison is
+      anything runs (`staleness.infra.files.check_out`; an existing comparison is
       replaced only with overwrite=True, or continued with resume=True).
     tune: with lr None (the default), pick each policy's learning rate from `lr_grid`
       (default: its optimizer's learning rate × GRID_FACTORS, extended by a step up to
@@ -422,7 +424,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list of
       them, called at every evaluation of every run that runs (policy major, seed minor;
       not the tuning sweeps, nor the runs a resumed comparison loads): see
-      `staleness.tracking`. A callback that raises stops the comparison like Ctrl-C
+      `staleness.results.tracking`. A callback that raises stops the comparison like Ctrl-C
       (everything recorded is written, resumable) and then raises its `CallbackError`,
       whose `comparison` is the interrupted Comparison.
     A run that diverges is kept with status 'diverged' (its history stops there).
@@ -430,7 +432,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     progress has status 'stopped', and (with out=) everything is written.
     """
     from staleness import cluster as _cluster
-    from staleness import tracking
+    from staleness.results import tracking
     from staleness.engine.run import resolve_task
 
     callbacks = tracking.as_callbacks(callbacks)

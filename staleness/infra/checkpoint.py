@@ -7,7 +7,7 @@ A checkpoint directory holds `NAME.json` (format version, the run's identity
 `match`, the caller's JSON metadata, and the name of the arrays file) and
 `NAME-<token>.npz` (the pytree's leaves, in `jax.tree.leaves` order). The
 arrays are written first under a fresh token, then the JSON that names them
-is renamed into place (`staleness.files.write_text`), then the previous
+is renamed into place (`staleness.infra.files.write_text`), then the previous
 arrays file is removed: a crash at any point leaves the previous checkpoint
 or the new one, never a JSON pointing at the other's arrays.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from staleness import files
+from staleness.infra import files
 
 __all__ = ["FORMAT_VERSION", "save", "load", "exists", "restore_tree", "CheckpointMismatch"]
 

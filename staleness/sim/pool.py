@@ -4,7 +4,7 @@
 same schedules (the simulator is deterministic), computed by worker processes when that
 pays: at least two cores and two jobs, and an estimated `MIN_SECONDS` of simulation or
 more. The workers are fresh interpreters that import only the control plane (no JAX),
-started with `subprocess` (`python -m staleness.sim_pool`) on first use and kept for later
+started with `subprocess` (`python -m staleness.sim.pool`) on first use and kept for later
 calls (starting one costs about 0.15 s): jobs go in and schedules come back pickled through
 their pipes, so a user's script is never imported again (as multiprocessing's spawn would)
 and nothing is forked from a process that runs JAX's threads. A worker exits when this
@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 
-from staleness.sim import simulate_schedule
+from staleness.sim.scheduler import simulate_schedule
 
 __all__ = ["simulate_schedules", "MIN_SECONDS", "ROWS_PER_S", "estimate_seconds", "serve"]
 
@@ -122,7 +122,7 @@ class _Worker:
     def __init__(self):
         self.err = tempfile.TemporaryFile()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen([sys.executable, "-m", "staleness.sim_pool"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "staleness.sim.pool"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.err, env=env)
 
     def alive(self) -> bool:

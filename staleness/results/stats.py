@@ -228,7 +228,7 @@ def judge(effects, *, claimed: str, null: float | None = None) -> Judgement:
     if not effects:
         raise ValueError("judge: effects is empty; give one Effect per scenario")
     if not all(isinstance(e, Effect) for e in effects):
-        raise TypeError("judge: effects must be staleness.stats.Effect values (from `effect`)")
+        raise TypeError("judge: effects must be staleness.results.stats.Effect values (from `effect`)")
     ratio = effects[0].ratio
     n = effects[0].null if null is None else float(null)
     sides = [e.side(n) for e in effects]

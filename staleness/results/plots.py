@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from staleness.results import Result
+from staleness.results.result import Result
 from staleness.schedule import Schedule
 
 __all__ = [
@@ -304,7 +304,7 @@ def save(fig, path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"save: path = {str(path)!r} must end in .png")
-    from staleness import files
+    from staleness.infra import files
 
     return files.write_with(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
 

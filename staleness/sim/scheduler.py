@@ -73,7 +73,7 @@ import numpy as np
 from staleness import policies as _policies
 from staleness.cluster.network import SharedLink, allreduce_parts
 from staleness.driver import Driver
-from staleness.inflight import Decode
+from staleness.sim.inflight import Decode
 from staleness.schedule import Schedule
 
 __all__ = ["simulate_schedule", "stream_schedule", "ScheduleStream"]

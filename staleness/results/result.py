@@ -4,7 +4,7 @@ A Result holds the evaluation history (update, simulated time, metrics), the
 schedule that was replayed, the final parameters and the run's configuration.
 `save` writes a directory (`result.json`, `history.csv`, `schedule.json`,
 `params.npz`) with a format version; `Result.load` reads it back. Plots live
-in `staleness.plots` so that the core never imports matplotlib.
+in `staleness.results.plots` so that the core never imports matplotlib.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from staleness import files
-from staleness import metrics as _metrics
-from staleness.metrics import Metric
+from staleness.infra import files
+from staleness.results import metrics as _metrics
+from staleness.results.metrics import Metric
 from staleness.schedule import FileFormatError, Schedule
 
 __all__ = ["Result", "FORMAT_VERSION", "DivergenceError", "FileFormatError", "STATUSES", "flatten_params",
@@ -185,7 +185,7 @@ class Result:
         return self.history.iloc[-1].to_dict() if len(self.history) else {}
 
     def metric(self, name: str) -> Metric:
-        """The `staleness.metrics.Metric` `name` (direction and range) as the run's task
+        """The `staleness.results.metrics.Metric` `name` (direction and range) as the run's task
         declared it (config['metrics']), else as known by name."""
         info = self.config.get("metrics") or {}
         if name in info:
@@ -206,7 +206,7 @@ class Result:
 
     def summary(self, target: float | None = None, metric: str = "accuracy") -> dict:
         """Schedule statistics plus final metrics (and time to `target`, in seconds). The
-        column names are those of `staleness.compare`'s table; a real run's duration is
+        column names are those of `staleness.results.compare`'s table; a real run's duration is
         `wall_time_s` (a simulated one's `sim_time_s`)."""
         out = {"policy": self.config.get("policy", self.schedule.policy.describe())}
         s = self.schedule.summary()
