@@ -14,79 +14,48 @@ from staleness.infra import files
 from staleness.cli.common import (UsageError, add_log, add_task_option, add_yes, build_task, check_out, check_pairing,
                                    check_processes, count, declared_optimizer, log_callbacks, natural, nonnegative,
                                    positive, print_table, task_options)
+from staleness.cli.config_flags import Flag, add_flags, flag_argv, flags_of, values_of
+from staleness.runtime.spec import Settings, check_settings
 
 __all__ = ["add"]
 
-DEFAULT_UPDATES = 500
 COLLECTIVE_TOLERANCE = 1e-6   # replay --check of a collective run: float32 rounding of its all-reduce
 
-# (flag, dest, type or 'flag', default, help): the options of `run`, shared with
-# `launch`, which passes them on to every process it starts.
+# The options of `run`, shared with `launch`, which passes them on to every process it
+# starts: the run's settings, generated from `runtime.spec.Settings` (their values are
+# checked there, once), between the command line's own options.
 _RUN_OPTIONS = [
-    ("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp) or package.module:factory "
-     "(a function on the Python path returning a Task)"),
-    ("--policy", "policy", str, "ssp:3", f"policy spec (default ssp:3): {policies.spec_help()}"),
-    ("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
-     "injected, e.g. '1*4,2.6*4' (default: none; workers run at the hardware's speed)"),
-    ("--workers", "workers", count, None, "number of workers (default: the cluster's, else one per device)"),
-    ("--updates", "updates", count, DEFAULT_UPDATES, f"server updates (default {DEFAULT_UPDATES})"),
-    ("--max-time", "max_time", positive, None, "wall-clock budget in seconds (optional)"),
-    ("--lr", "lr", positive, None, "learning rate (default 0.1, or the lr= the --optimizer spec names)"),
-    ("--lr-rule", "lr_rule", str, "constant", "constant, per_gradient, per_update, delay_adaptive:N"),
-    ("--optimizer", "optimizer", str, None, "server optimizer spec, e.g. sgd, momentum:0.9, "
-     "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see staleness simulate --help)"),
-    ("--inner-optimizer", "inner_optimizer", str, None, "local-update methods: the workers' inner optimizer "
-     "spec (default: the task's, else sgd); --optimizer is then the outer one"),
-    ("--batch-size", "batch_size", count, None, "per-worker minibatch μ (default 32, or the task factory's own)"),
-    ("--data-dir", "data_dir", str, None, "local data directory (CIFAR tasks)"),
-    ("--seed", "seed", natural, 0, "seed of parameters, minibatches and the cluster's draws (default 0)"),
-    ("--time-scale", "time_scale", positive, 0.01, "real seconds per simulated second of the cluster (default 0.01)"),
-    ("--eval-every", "eval_every", count, None, "updates between history rows (default: 20 rows)"),
-    ("--devices", "devices", count, None, "use the first N local devices (default: all)"),
-    ("--cpu-devices", "cpu_devices", count, None, "make N virtual CPU devices (per process) before JAX starts"),
-    ("--checkpoint", "checkpoint", str, None, "checkpoint directory (the server's state)"),
-    ("--checkpoint-every", "checkpoint_every", count, None, "checkpoint every K updates"),
-    ("--resume", "resume", "flag", False, "continue from the checkpoint in --checkpoint"),
-    ("--worker-timeout", "worker_timeout", positive, 30.0, "seconds after which a silent worker (or a dead "
-     "process) is declared lost (default 30)"),
-    ("--on-worker-failure", "on_worker_failure", str, None, "continue (gates count live workers) or stop "
-     "(default: stop under --sync collective, continue under --sync server)"),
-    ("--sync", "sync", str, None, "collective (each round one jitted pmean step over the devices; bsp; a lost "
-     "worker stops the run) or server (the parameter server; worker-level fault tolerance). Default: "
-     "collective for bsp without --cluster or --on-worker-failure continue in one process, else server "
-     "(several processes: collective when asked for)"),
-    ("--server-devices", "server_devices", count, None, "--sync server: shard the server's parameters and "
-     "optimizer state over the first N devices (default: all on accelerators for asp/ssp/dssp, one on CPU)"),
-    ("--heartbeat-timeout", "heartbeat_timeout", count, None, "multi-process: heartbeat timeout in seconds "
-     "(default: half of --worker-timeout, rounded up)"),
-    ("--out", "out", str, None, "directory for the Result files (as `staleness simulate` writes them; "
-     "checked before anything runs)"),
-    ("--overwrite", "overwrite", "flag", False, "replace staleness output already in --out"),
-    ("--no-progress", "no_progress", "flag", False, "no live progress line"),
+    Flag("--task", "task", str, "digits-mlp", "built-in task (default digits-mlp) or package.module:factory "
+         "(a function on the Python path returning a Task)"),
+    Flag("--policy", "policy", str, "ssp:3", f"policy spec (default ssp:3): {policies.spec_help()}"),
+    Flag("--cluster", "cluster", str, None, "cluster spec whose compute times, network delays and failures are "
+         "injected, e.g. '1*4,2.6*4' (default: none; workers run at the hardware's speed)"),
+    *flags_of(Settings),
+    Flag("--devices", "devices", count, None, "use the first N local devices (default: all)"),
+    Flag("--cpu-devices", "cpu_devices", count, None, "make N virtual CPU devices (per process) before JAX starts"),
+    Flag("--server-devices", "server_devices", count, None, "--sync server: shard the server's parameters and "
+         "optimizer state over the first N devices (default: all on accelerators for asp/ssp/dssp, one on CPU)"),
+    Flag("--heartbeat-timeout", "heartbeat_timeout", count, None, "multi-process: heartbeat timeout in seconds "
+         "(default: half of --worker-timeout, rounded up)"),
+    Flag("--out", "out", str, None, "directory for the Result files (as `staleness simulate` writes them; "
+         "checked before anything runs)"),
+    Flag("--overwrite", "overwrite", "flag", False, "replace staleness output already in --out"),
+    Flag("--no-progress", "no_progress", "flag", False, "no live progress line"),
 ]
-
-
-def _add_run_options(p) -> None:
-    for flag, dest, kind, default, help_ in _RUN_OPTIONS:
-        if kind == "flag":
-            p.add_argument(flag, dest=dest, action="store_true", help=help_)
-        else:
-            p.add_argument(flag, dest=dest, type=kind, default=default, help=help_)
 
 
 def _run_argv(args) -> list[str]:
     """The `staleness run` arguments that reproduce `args` (for `launch`)."""
-    argv = []
-    for flag, dest, kind, default, _ in _RUN_OPTIONS:
-        value = getattr(args, dest)
-        if kind == "flag":
-            if value:
-                argv.append(flag)
-        elif value is not None and value != default:
-            argv += [flag, str(value)]
+    argv = flag_argv(args, _RUN_OPTIONS)
     for item in args.task_option or []:
         argv += ["--task-option", item]
     return argv
+
+
+def _check_settings(args) -> None:
+    """The run's settings (`runtime.spec.Settings`), each checked on its own by the library
+    before JAX starts or a task is built (an ArgumentError, shown with its flag: exit 2)."""
+    check_settings(Settings(**values_of(args, Settings)))
 
 
 def add(sub) -> None:
@@ -94,7 +63,7 @@ def add(sub) -> None:
                        description="Train a task with a synchronization policy on the devices of this process, "
                        "or as one process of a multi-process job (--coordinator, --num-processes, --process-id on "
                        "every host; process 0 hosts the server and writes the Result).")
-    _add_run_options(p)
+    add_flags(p, _RUN_OPTIONS)
     add_task_option(p)
     add_log(p)
     p.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (multi-process runs)")
@@ -108,7 +77,7 @@ def add(sub) -> None:
     p.add_argument("--local", type=int, required=True, help="number of processes")
     add_yes(p)
     p.add_argument("--timeout", type=float, default=None, help="kill every process after this many seconds")
-    _add_run_options(p)
+    add_flags(p, _RUN_OPTIONS)
     add_task_option(p)
     p.set_defaults(func=_cmd_launch)
 
@@ -202,7 +171,7 @@ def _task(args):
         return args.task
     from staleness import cluster as _cluster
 
-    n = args.workers or (_cluster.parse(args.cluster).num_workers if args.cluster is not None else None)
+    n = args.num_workers or (_cluster.parse(args.cluster).num_workers if args.cluster is not None else None)
     if n is None:
         raise UsageError("--task-option builds the task for a number of workers: give --workers or --cluster")
     return functools.partial(build_task, args, n)
@@ -218,6 +187,7 @@ def _cmd_run(args) -> int:
     check_pairing([policy], args.task)       # an RL policy needs an RL task, and the other way round
     if args.cluster is not None:
         _cluster.parse(args.cluster)
+    _check_settings(args)
     check_specs(args)
     _check_checkpoint(args)
     _check_sync(args, policy, args.num_processes if multi else 1)
@@ -233,13 +203,7 @@ def _cmd_run(args) -> int:
     from staleness.results.result import DivergenceError
     from staleness.runtime import RunFailure
 
-    kwargs = dict(num_updates=args.updates, num_workers=args.workers, seed=args.seed, lr=args.lr,
-                  lr_rule=args.lr_rule, optimizer=args.optimizer, batch_size=args.batch_size,
-                  data_dir=args.data_dir, time_scale=args.time_scale, eval_every=args.eval_every,
-                  max_time=args.max_time, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                  resume=args.resume, worker_timeout=args.worker_timeout,
-                  on_worker_failure=args.on_worker_failure, progress=not args.no_progress,
-                  inner_optimizer=args.inner_optimizer, sync=args.sync)
+    kwargs = dict(values_of(args, Settings), progress=not args.no_progress)
     t0 = time.perf_counter()
     code = 0
     try:
@@ -294,6 +258,7 @@ def _cmd_launch(args) -> int:
     check_pairing([policy], args.task)
     if args.cluster is not None:
         _cluster.parse(args.cluster)
+    _check_settings(args)
     check_specs(args)
     _check_checkpoint(args)
     _check_sync(args, policy, args.local)

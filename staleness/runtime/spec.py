@@ -18,9 +18,10 @@ from staleness.infra import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
 
-__all__ = ["RunSpec", "Settings", "make_spec", "FAILURE_MODES", "SYNC_MODES", "resolve_sync"]
+__all__ = ["RunSpec", "Settings", "check_settings", "make_spec", "DEFAULT_UPDATES", "FAILURE_MODES", "SYNC_MODES", "resolve_sync"]
 
 FAILURE_MODES = ("continue", "stop")
+DEFAULT_UPDATES = 500   # `staleness run`'s --updates (the library has no default)
 SYNC_MODES = ("collective", "server")
 
 
@@ -132,32 +133,91 @@ def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int 
     return sync, on_worker_failure or "continue"
 
 
+def _flag(help_: str, kind=str, **more) -> dict:
+    """A setting's command-line description (`staleness run`, `launch`), as field
+    metadata: `help_`, `kind` (the text-to-value conversion: int, float, str, or bool for
+    a flag that takes no value), and in `more` the flag where it is not '--' + the name
+    with dashes, and the default where the command line's differs from the library's.
+    The flags are generated from these (`staleness.cli.config_flags`); the values are
+    checked here only (`check_settings`)."""
+    return {"cli": dict(help=help_, kind=kind, **more)}
+
+
+def _no_flag(why: str) -> dict:
+    """Metadata of a setting the command line does not offer (`why`: what sets it)."""
+    return {"cli": None, "no_flag": why}
+
+
+_field = dataclasses.field
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """A real run's settings as given (`runtime.run`'s keyword arguments; see there), which
-    `make_spec` checks once. processes: the job's process count (several: sync='collective'
-    only when asked for, see `resolve_sync`)."""
+    `check_settings` and `make_spec` check once. processes: the job's process count
+    (several: sync='collective' only when asked for, see `resolve_sync`). Each field's
+    metadata describes its command-line flag, or says it has none (see `_flag`)."""
 
-    num_updates: Any
-    num_workers: Any = None
-    seed: Any = 0
-    lr: Any = None
-    lr_rule: Any = "constant"
-    optimizer: Any = None
-    batch_size: Any = None
-    data_dir: Any = None
-    max_time: Any = None
-    eval_every: Any = None
-    num_evals: Any = 20
-    time_scale: Any = 0.01
-    worker_timeout: Any = 30.0
-    on_worker_failure: Any = None
-    checkpoint: Any = None
-    checkpoint_every: Any = None
-    resume: Any = False
-    inner_optimizer: Any = None
-    sync: Any = None
-    processes: Any = 1
+    num_updates: Any = _field(metadata=_flag(f"server updates (default {DEFAULT_UPDATES})", int, flag="--updates",
+                                             default=DEFAULT_UPDATES))
+    num_workers: Any = _field(default=None, metadata=_flag(
+        "number of workers (default: the cluster's, else one per device)", int, flag="--workers"))
+    seed: Any = _field(default=0, metadata=_flag(
+        "seed of parameters, minibatches and the cluster's draws (default 0)", int))
+    lr: Any = _field(default=None, metadata=_flag(
+        "learning rate (default 0.1, or the lr= the --optimizer spec names)", float))
+    lr_rule: Any = _field(default="constant", metadata=_flag(
+        "constant, per_gradient, per_update, delay_adaptive:N"))
+    optimizer: Any = _field(default=None, metadata=_flag(
+        "server optimizer spec, e.g. sgd, momentum:0.9, 'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see "
+        "staleness simulate --help)"))
+    batch_size: Any = _field(default=None, metadata=_flag(
+        "per-worker minibatch μ (default 32, or the task factory's own)", int))
+    data_dir: Any = _field(default=None, metadata=_flag("local data directory (CIFAR tasks)"))
+    max_time: Any = _field(default=None, metadata=_flag("wall-clock budget in seconds (optional)", float))
+    eval_every: Any = _field(default=None, metadata=_flag("updates between history rows (default: 20 rows)", int))
+    num_evals: Any = _field(default=20, metadata=_no_flag("the command line keeps 20 rows; --eval-every sets "
+                                                           "their spacing"))
+    time_scale: Any = _field(default=0.01, metadata=_flag(
+        "real seconds per simulated second of the cluster (default 0.01)", float))
+    worker_timeout: Any = _field(default=30.0, metadata=_flag(
+        "seconds after which a silent worker (or a dead process) is declared lost (default 30)", float))
+    on_worker_failure: Any = _field(default=None, metadata=_flag(
+        "continue (gates count live workers) or stop (default: stop under --sync collective, continue under "
+        "--sync server)"))
+    checkpoint: Any = _field(default=None, metadata=_flag("checkpoint directory (the server's state)"))
+    checkpoint_every: Any = _field(default=None, metadata=_flag("checkpoint every K updates", int))
+    resume: Any = _field(default=False, metadata=_flag("continue from the checkpoint in --checkpoint", bool))
+    inner_optimizer: Any = _field(default=None, metadata=_flag(
+        "local-update methods: the workers' inner optimizer spec (default: the task's, else sgd); --optimizer is "
+        "then the outer one"))
+    sync: Any = _field(default=None, metadata=_flag(
+        "collective (each round one jitted pmean step over the devices; bsp; a lost worker stops the run) or "
+        "server (the parameter server; worker-level fault tolerance). Default: collective for bsp without "
+        "--cluster or --on-worker-failure continue in one process, else server (several processes: collective "
+        "when asked for)"))
+    processes: Any = _field(default=1, metadata=_no_flag("the job: --num-processes of `staleness run`, --local of "
+                                                          "`staleness launch`"))
+
+
+def check_settings(s: Settings) -> Settings:
+    """`s` with each value checked on its own (`checks.ArgumentError` naming the field, the
+    value and what would be valid) and normalised (ints, floats): what needs nothing but
+    the value, so a command line can check its flags before it starts JAX or builds a task.
+    `make_spec` calls it; what depends on the policy, the cluster or the task is checked there."""
+    return dataclasses.replace(
+        s, num_workers=checks.at_least("num_workers", s.num_workers, 1, allow_none=True),
+        num_updates=checks.at_least("num_updates", s.num_updates, 1, what=" (server updates)"),
+        seed=checks.at_least("seed", s.seed, 0), lr=checks.learning_rate(s.lr, allow_none=True),
+        batch_size=checks.at_least("batch_size", s.batch_size, 1, allow_none=True),
+        max_time=checks.seconds("max_time", s.max_time, allow_none=True),
+        eval_every=checks.at_least("eval_every", s.eval_every, 1, allow_none=True, what=" (updates)"),
+        num_evals=checks.at_least("num_evals", s.num_evals, 1),
+        time_scale=checks.seconds("time_scale", s.time_scale),
+        worker_timeout=checks.seconds("worker_timeout", s.worker_timeout),
+        checkpoint_every=checks.at_least("checkpoint_every", s.checkpoint_every, 1, allow_none=True,
+                                         what=" (updates)"),
+        processes=checks.at_least("processes", s.processes, 1))
 
 
 def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
@@ -165,39 +225,31 @@ def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
     the fields of `Settings` (an unknown one is a TypeError); see `runtime.run`."""
     s = Settings(**settings)
     policy, cluster = _policy_and_cluster(policy, cluster)
+    s = check_settings(s)
     num_workers = s.num_workers
     if cluster is not None:
         if num_workers is not None and num_workers != cluster.num_workers:
             raise ValueError(f"num_workers = {num_workers!r} differs from the cluster's {cluster.num_workers} "
                              "workers; give one or make them agree")
         num_workers = cluster.num_workers
-    num_workers = checks.at_least("num_workers", num_workers, 1)
-    num_updates = checks.at_least("num_updates", s.num_updates, 1, what=" (server updates)")
-    seed = checks.at_least("seed", s.seed, 0)
-    lr = checks.learning_rate(s.lr, allow_none=True)
+    num_workers = checks.at_least("num_workers", num_workers, 1)   # None without a cluster
+    num_updates, seed, lr = s.num_updates, s.seed, s.lr
     rule = _lr.get(s.lr_rule) if isinstance(s.lr_rule, str) else s.lr_rule
     if not hasattr(rule, "scale"):
         raise ValueError(f"lr_rule = {s.lr_rule!r} must be a staleness.lr rule or a spec string")
-    max_time = checks.seconds("max_time", s.max_time, allow_none=True)
-    time_scale = checks.seconds("time_scale", s.time_scale)
-    worker_timeout = checks.seconds("worker_timeout", s.worker_timeout)
     sync, on_worker_failure = resolve_sync(s.sync, policy, cluster, s.on_worker_failure, s.processes, seed)
-    checkpoint_every = checks.at_least("checkpoint_every", s.checkpoint_every, 1, allow_none=True, what=" (updates)")
-    if checkpoint_every is not None and s.checkpoint is None:
+    if s.checkpoint_every is not None and s.checkpoint is None:
         raise ValueError("checkpoint_every needs a checkpoint directory (checkpoint=...)")
     if s.resume and s.checkpoint is None:
         raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
-    eval_every = s.eval_every
-    if eval_every is None:
-        eval_every = max(1, -(-num_updates // checks.at_least("num_evals", s.num_evals, 1)))
-    eval_every = checks.at_least("eval_every", eval_every, 1, what=" (updates)")
+    eval_every = s.eval_every if s.eval_every is not None else max(1, -(-num_updates // s.num_evals))
     _check_real(policy, cluster, num_workers)
     task, opt, local, inner, steps = _numerics(task, policy, cluster, s, num_workers, num_updates, seed, lr)
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
-                   lr=opt.lr, seed=seed, num_updates=num_updates, max_time=max_time, eval_every=eval_every,
-                   time_scale=time_scale, worker_timeout=worker_timeout, on_worker_failure=on_worker_failure, sync=sync, checkpoint=s.checkpoint,
-                   checkpoint_every=checkpoint_every, resume=bool(s.resume), local=local, inner=inner,
-                   local_steps=steps)
+                   lr=opt.lr, seed=seed, num_updates=num_updates, max_time=s.max_time, eval_every=eval_every,
+                   time_scale=s.time_scale, worker_timeout=s.worker_timeout, on_worker_failure=on_worker_failure,
+                   sync=sync, checkpoint=s.checkpoint, checkpoint_every=s.checkpoint_every, resume=bool(s.resume),
+                   local=local, inner=inner, local_steps=steps)
 
 
 def _policy_and_cluster(policy, cluster):

@@ -1,0 +1,100 @@
+"""Command-line flags generated from a settings dataclass, and back.
+
+A library's settings value (e.g. `staleness.runtime.spec.Settings`) describes each
+field's flag in its metadata, under the key "cli":
+
+- ``None``: the command line does not offer the field (an optional "no_flag" key says
+  what sets it instead);
+- a dict with ``help`` (the help text), ``kind`` (the text-to-value conversion: int,
+  float, str, or bool for a flag that takes no value), and optionally ``flag`` (when it
+  is not '--' + the field's name with dashes) and ``default`` (when the command line's
+  differs from the field's).
+
+The flags convert text to values only; the library checks the values (once), and
+`staleness.cli.main` shows its `checks.ArgumentError` with the flag (`Parser.flag_of`),
+since each flag's destination is its field's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, NamedTuple
+
+__all__ = ["Flag", "flags_of", "add_flags", "flag_argv", "values_of", "integer", "number"]
+
+
+class Flag(NamedTuple):
+    """One command-line option: `flag` ('--updates'), `dest` (the attribute of the parsed
+    arguments), `kind` (an argparse type, or 'flag' for one that takes no value),
+    `default` and `help`."""
+
+    flag: str
+    dest: str
+    kind: Any
+    default: Any
+    help: str
+
+
+def integer(text: str) -> int:
+    """argparse type: text as an int (its range is the library's to check)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def number(text: str) -> float:
+    """argparse type: text as a float (its range, finiteness included, is the library's to check)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+_KINDS = {int: integer, float: number, str: str, bool: "flag"}
+
+
+def flags_of(cls) -> list[Flag]:
+    """The flags of dataclass `cls`'s fields that have one, in field order (a TypeError
+    for a field whose metadata says nothing about the command line)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if "cli" not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{f.name}: its metadata has no 'cli' key (its flag, or None)")
+        cli = f.metadata["cli"]
+        if cli is None:
+            continue
+        default = cli["default"] if "default" in cli else (None if f.default is dataclasses.MISSING else f.default)
+        out.append(Flag(cli.get("flag", "--" + f.name.replace("_", "-")), f.name, _KINDS[cli["kind"]], default,
+                        cli["help"]))
+    return out
+
+
+def add_flags(parser, flags: list[Flag]) -> None:
+    """Add `flags` to an argparse parser."""
+    for flag, dest, kind, default, help_ in flags:
+        if kind == "flag":
+            parser.add_argument(flag, dest=dest, action="store_true", help=help_)
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, default=default, help=help_,
+                                metavar=flag.lstrip("-").replace("-", "_").upper())   # --updates UPDATES
+
+
+def flag_argv(args, flags: list[Flag]) -> list[str]:
+    """The arguments that give parsed `args` its values of `flags` (those not at their default)."""
+    argv: list[str] = []
+    for flag, dest, kind, default, _ in flags:
+        value = getattr(args, dest)
+        if kind == "flag":
+            if value:
+                argv.append(flag)
+        elif value is not None and value != default:
+            argv += [flag, str(value)]
+    return argv
+
+
+def values_of(args, cls) -> dict:
+    """The values of `cls`'s flagged fields in parsed `args`, by field name (keyword
+    arguments for `cls` or the function it describes)."""
+    return {f.dest: getattr(args, f.dest) for f in flags_of(cls)}
