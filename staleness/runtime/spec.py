@@ -9,7 +9,6 @@ process of a multi-process run (`runtime.run_process`) start from a `RunSpec`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
