@@ -167,3 +167,19 @@ def test_parse_round_trips():
     assert pp.parse("gpipe", microbatches=2) == pp.gpipe(2)
     assert pp.parse("DSP:1, 2 ,0").forward_delays == (1, 2, 0)
     assert math.isclose(pp.make_plan(pp.gpipe(2), 2, 3).num_ticks, 3 * (2 + 2))
+
+
+def test_one_plan_per_meaning():
+    """The pipeline's tick tables are `TickPlan`; `Plan` is the engine's (a schedule's
+    gradient slots). The pipeline's old name still works, with a DeprecationWarning."""
+    import warnings
+
+    import staleness as st
+
+    plan = pp.make_plan(pp.ddg(), 3, 4)
+    assert isinstance(plan, pp.TickPlan) and "Plan" not in pp.__all__
+    assert pp.TickPlan is not st.engine.Plan
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert pp.Plan is pp.TickPlan
+    assert any(issubclass(x.category, DeprecationWarning) and "TickPlan" in str(x.message) for x in w)

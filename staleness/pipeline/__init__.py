@@ -25,13 +25,25 @@ in one program: `sweep.sweep`, `sweep.tune_lr`).
 
 from staleness.pipeline import model, multiprocess, sweep, tasks
 from staleness.pipeline.model import Staged, join_params, split, stage_params
-from staleness.pipeline.plan import IDLE, Plan, make_plan
+from staleness.pipeline.plan import IDLE, TickPlan, make_plan
 from staleness.pipeline.run import run_devices, simulate, train
 from staleness.pipeline.schedules import PipelineSchedule, backprop, ddg, dsp, gpipe, parse
 from staleness.pipeline.timing import Timeline, simulate_timing
 
 __all__ = [
-    "IDLE", "PipelineSchedule", "Plan", "Staged", "Timeline", "backprop", "ddg", "dsp", "gpipe",
+    "IDLE", "PipelineSchedule", "Staged", "TickPlan", "Timeline", "backprop", "ddg", "dsp", "gpipe",
     "join_params", "make_plan", "model", "multiprocess", "parse", "run_devices", "simulate", "simulate_timing",
     "split", "stage_params", "sweep", "tasks", "train",
 ]
+
+
+def __getattr__(name):
+    # `Plan`, this package's name for `TickPlan` until the engine's `Plan` (a schedule's
+    # per-update gradient slots) took it: one name per meaning.
+    if name == "Plan":
+        import warnings
+
+        warnings.warn("staleness.pipeline.Plan is now staleness.pipeline.TickPlan (staleness.engine.Plan is the "
+                      "replay's plan of a schedule)", DeprecationWarning, stacklevel=2)
+        return TickPlan
+    raise AttributeError(f"module 'staleness.pipeline' has no attribute {name!r}")

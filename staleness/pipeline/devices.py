@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 from staleness.engine.optim import Optimizer
 from staleness.pipeline import packing, sim
 from staleness.pipeline import stage as S
-from staleness.pipeline.plan import Plan
+from staleness.pipeline.plan import TickPlan
 
 __all__ = ["AXIS", "DeviceCarry", "DeviceEngine", "check_devices", "put"]
 
@@ -100,7 +100,7 @@ class DeviceEngine:
     engine.stage_params(carry)                                     # per-stage params (NumPy)
     """
 
-    def __init__(self, ptask, plan: Plan, opt: Optimizer, params, ctx: S.Context, devices=None):
+    def __init__(self, ptask, plan: TickPlan, opt: Optimizer, params, ctx: S.Context, devices=None):
         k = plan.num_stages
         self.plan, self.opt, self.num_stages = plan, opt, k
         self.devices = check_devices(k, devices)

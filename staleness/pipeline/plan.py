@@ -1,4 +1,4 @@
-"""`Plan`: the tick tables of one pipeline run, computed on the host.
+"""`TickPlan`: the tick tables of one pipeline run, computed on the host.
 
 A plan says, for every tick t and stage k, which micro-batch stage k
 forwards, which one it backpropagates, and whether it applies an update
@@ -22,14 +22,14 @@ import numpy as np
 
 from staleness.pipeline.schedules import PipelineSchedule
 
-__all__ = ["IDLE", "Plan", "make_plan"]
+__all__ = ["IDLE", "TickPlan", "make_plan"]
 
 IDLE = -1
-"""Entry of `Plan.fwd` / `Plan.bwd` where a stage has nothing to do."""
+"""Entry of `TickPlan.fwd` / `TickPlan.bwd` where a stage has nothing to do."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Plan:
+class TickPlan:
     """Tick tables of one run (see the module docstring).
 
     schedule: the resolved `PipelineSchedule`.
@@ -154,7 +154,7 @@ class Plan:
                 f"{self.num_batches} batches in {self.num_ticks} ticks")
 
 
-def make_plan(schedule: PipelineSchedule, num_stages: int, num_batches: int) -> Plan:
+def make_plan(schedule: PipelineSchedule, num_stages: int, num_batches: int) -> TickPlan:
     """The tick tables of `schedule` on `num_stages` stages for `num_batches` batches."""
     if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or num_batches < 1:
         raise ValueError(f"num_batches = {num_batches!r} must be an integer >= 1")
@@ -177,4 +177,4 @@ def make_plan(schedule: PipelineSchedule, num_stages: int, num_batches: int) -> 
         tb = inject + offs[s] + lags[s]
         bwd[tb, s] = ids
         update[tb, s] = (ids % m == m - 1)
-    return Plan(sched, n, fwd, bwd, update)
+    return TickPlan(sched, n, fwd, bwd, update)

@@ -3,7 +3,7 @@
     result = simulate(ptask, dsp((1, 1, 0)), num_batches=500, cluster=cluster.heterogeneous([1, 2, 1]))
     result = run_devices(ptask, gpipe(4), num_batches=500)
 
-Both build the same `Plan`, the same per-stage numerics and the same
+Both build the same `TickPlan`, the same per-stage numerics and the same
 simulated timeline (`staleness.pipeline.timing`); they differ in where the
 stages run: `simulate` runs all K stages in one program on one device,
 `run_devices` puts stage k on device k. The host calls one compiled function

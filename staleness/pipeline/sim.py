@@ -20,7 +20,7 @@ from jax import lax
 
 from staleness.engine.optim import Optimizer
 from staleness.pipeline import stage as S
-from staleness.pipeline.plan import Plan
+from staleness.pipeline.plan import TickPlan
 
 __all__ = ["SimCarry", "compile_chunk", "configs", "init", "run_chunk", "scan_chunk", "stage_params",
            "stored_bytes"]
@@ -32,7 +32,7 @@ class SimCarry(NamedTuple):
     bwd_links: tuple       # [K-1] rings [b_k, *out_k] of gradients in flight (() if b_k = 0)
 
 
-def shapes(ptask, plan: Plan, params) -> list[jax.ShapeDtypeStruct]:
+def shapes(ptask, plan: TickPlan, params) -> list[jax.ShapeDtypeStruct]:
     """[K + 1] shapes: the stage-0 input (one micro-batch) and every stage's output."""
     m = plan.microbatches
     if ptask.batch_size % m:
@@ -48,7 +48,7 @@ def shapes(ptask, plan: Plan, params) -> list[jax.ShapeDtypeStruct]:
     return out
 
 
-def configs(ptask, plan: Plan, params) -> tuple[S.StageConfig, ...]:
+def configs(ptask, plan: TickPlan, params) -> tuple[S.StageConfig, ...]:
     """Static per-stage configuration of `plan` on `ptask`."""
     sh = shapes(ptask, plan, params)
     m = plan.microbatches
@@ -59,7 +59,7 @@ def configs(ptask, plan: Plan, params) -> tuple[S.StageConfig, ...]:
         for k in range(plan.num_stages))
 
 
-def init(ptask, plan: Plan, opt: Optimizer, params, ctx: S.Context) -> tuple[tuple, SimCarry]:
+def init(ptask, plan: TickPlan, opt: Optimizer, params, ctx: S.Context) -> tuple[tuple, SimCarry]:
     """(configs, carry) for training `params` (a tuple of per-stage params) along `plan`."""
     params = jax.tree.map(jnp.array, params)  # the carry is donated; keep the caller's arrays
     cfgs = configs(ptask, plan, params)
@@ -121,12 +121,12 @@ def scan_chunk(cfgs, fdel, bdel, opt, ctx, carry, xs):
 _run_chunk = jax.jit(scan_chunk, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 
 
-def run_chunk(cfgs, plan: Plan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
+def run_chunk(cfgs, plan: TickPlan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
     """Run the ticks in `xs` (from `plan.xs`): returns (carry, loss per tick [L], NaN where none)."""
     return _run_chunk(cfgs, plan.forward_delays, plan.backward_delays, opt, ctx, carry, xs)
 
 
-def compile_chunk(cfgs, plan: Plan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
+def compile_chunk(cfgs, plan: TickPlan, opt: Optimizer, ctx: S.Context, carry: SimCarry, xs: dict[str, Any]):
     """Compile `run_chunk` ahead of time for chunks shaped like `xs`; returns `fn(carry, xs) -> (carry, loss)`."""
     compiled = _run_chunk.lower(cfgs, plan.forward_delays, plan.backward_delays, opt, ctx, carry, xs).compile()
     return lambda carry, xs: compiled(ctx, carry, xs)

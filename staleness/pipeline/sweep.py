@@ -39,7 +39,7 @@ from staleness.engine import optim as _optim
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.model import join_params
-from staleness.pipeline.plan import IDLE, Plan, make_plan
+from staleness.pipeline.plan import IDLE, TickPlan, make_plan
 from staleness.pipeline.schedules import PipelineSchedule
 from staleness.pipeline.training import eval_chunk, resolve_schedule
 
@@ -67,7 +67,7 @@ class SweepResult:
     accuracy: np.ndarray
     train_loss: np.ndarray
     status: list
-    plan: Plan
+    plan: TickPlan
     compile_s: float
     wall_s: float
 
@@ -208,7 +208,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     return SweepResult(members, np.asarray(updates, np.int64), loss, acc, train_loss, status, plan, compile_s, wall)
 
 
-def _tracker(callbacks, members, schedule, plan: Plan, opt, num_batches: int):
+def _tracker(callbacks, members, schedule, plan: TickPlan, opt, num_batches: int):
     """The `staleness.results.tracking.Tracker` of a sweep's members (one `Run` each, in member order)."""
     name = schedule if isinstance(schedule, str) else schedule.describe()
     runs = [_tracking.Run(_tracking.label(name, s, lr), name, int(s), float(lr), "", i,

@@ -58,7 +58,7 @@ import math
 import numpy as np
 
 from staleness.cluster import Cluster
-from staleness.pipeline.plan import IDLE, Plan
+from staleness.pipeline.plan import IDLE, TickPlan
 from staleness.schedule import Schedule
 
 __all__ = ["Timeline", "closed_form_time", "recomputes", "simulate_timing"]
@@ -68,7 +68,7 @@ __all__ = ["Timeline", "closed_form_time", "recomputes", "simulate_timing"]
 class Timeline:
     """Simulated start/end seconds of every operation of a plan ([T, K], NaN where idle)."""
 
-    plan: Plan
+    plan: TickPlan
     fwd_start: np.ndarray
     fwd_end: np.ndarray
     bwd_start: np.ndarray
@@ -162,13 +162,13 @@ class Timeline:
 def recomputes(schedule) -> tuple[bool, ...]:
     """[K] whether stage k recomputes its forward in the backward (charged `recompute_cost`).
 
-    `schedule`: a resolved `PipelineSchedule` or a `Plan`. True where the lag
+    `schedule`: a resolved `PipelineSchedule` or a `TickPlan`. True where the lag
     m_k > 0 and the backward mode is "recompute" (DSP, GPipe) or "stash"
     (weight stashing re-runs the forward with the stashed weights); "graph"
     (DDG) and lag-0 stages use the forward's stored autodiff graph."""
-    sched = schedule.schedule if isinstance(schedule, Plan) else schedule
+    sched = schedule.schedule if isinstance(schedule, TickPlan) else schedule
     if not getattr(sched, "resolved", False):
-        raise ValueError(f"schedule = {schedule!r} must be a resolved PipelineSchedule (call resolve(K)) or a Plan")
+        raise ValueError(f"schedule = {schedule!r} must be a resolved PipelineSchedule (call resolve(K)) or a TickPlan")
     return tuple(sched.backward in ("recompute", "stash") and m > 0 for m in sched.lags)
 
 
@@ -212,7 +212,7 @@ def closed_form_time(schedule, num_stages: int, num_batches: int, *, backward_ra
                      f"ddg:nobarrier and dsp:1,...,1,0[+stash]")
 
 
-def simulate_timing(plan: Plan, cluster: Cluster, seed: int = 0, *, backward_ratio: float = 2.0,
+def simulate_timing(plan: TickPlan, cluster: Cluster, seed: int = 0, *, backward_ratio: float = 2.0,
                     recompute_cost: float = 1.0) -> Timeline:
     """Simulated start and end of every operation of `plan` on `cluster` (one worker per stage).
 

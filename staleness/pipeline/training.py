@@ -35,7 +35,7 @@ from staleness.results import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import optim as _optim
 from staleness.pipeline.model import join_params
-from staleness.pipeline.plan import IDLE, Plan, make_plan
+from staleness.pipeline.plan import IDLE, TickPlan, make_plan
 from staleness.pipeline.schedules import PipelineSchedule, parse
 from staleness.pipeline.timing import simulate_timing
 from staleness.results.result import DivergenceError, Result
@@ -58,7 +58,7 @@ def resolve_schedule(schedule, num_stages: int) -> PipelineSchedule:
     return sched.resolve(num_stages)
 
 
-def eval_chunk(plan: Plan, eval_every: int | None, num_evals) -> tuple[int, int]:
+def eval_chunk(plan: TickPlan, eval_every: int | None, num_evals) -> tuple[int, int]:
     """(batches between evaluations, ticks per compiled chunk) of `plan`; eval_every None:
     ceil(batches / num_evals)."""
     if eval_every is None:
@@ -91,7 +91,7 @@ class Setup(NamedTuple):
 
     num_batches: int
     sched: PipelineSchedule   # resolved for the task's K stages
-    plan: Plan
+    plan: TickPlan
     cluster: Any              # the speed model (one worker per stage)
     timeline: Any             # `simulate_timing` of the plan on the cluster
     opt: Any                  # the per-stage `Optimizer`
@@ -204,7 +204,7 @@ def _config(ptask, setup: Setup, engine: Engine, host: Host) -> dict:
     return cfg
 
 
-def _losses_per_batch(plan: Plan, tick_loss: np.ndarray) -> np.ndarray:
+def _losses_per_batch(plan: TickPlan, tick_loss: np.ndarray) -> np.ndarray:
     """[N] mean loss of each batch's micro-batches (computed at the last stage's forward)."""
     t = plan.loss_tick
     per_mb = tick_loss[t]
