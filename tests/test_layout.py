@@ -35,3 +35,12 @@ def test_public_names_listed_and_no_import_leaks():
     for name in ("compare", "plots", "stats", "explorer", "files", "checks", "sim", "results", "simulate"):
         assert name in names and getattr(st, name) is not None
     assert "sys" not in vars(st) and "_sys" not in names
+
+
+def test_the_command_line_and_the_control_plane_import_no_jax():
+    """`staleness schedule` starts fast: the CLI (run's flags come from `runtime.spec`) and
+    the control plane load without JAX (the runtime's names load on first use)."""
+    code = ("import sys\nimport staleness.cli, staleness.runtime.spec, staleness.sim.pool\n"
+            "assert not [m for m in sys.modules if m == 'jax' or m.startswith('jax.')], 'jax imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

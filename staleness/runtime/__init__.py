@@ -29,14 +29,20 @@ service and `jax.experimental.transfer`), `checkpoint`, `progress`,
 """
 
 from staleness.runtime.errors import RunFailure, WorkerError, WorkerLostError
-from staleness.runtime.local_run import resolve_devices, run
-from staleness.runtime.transport import LocalTransport, ServerLink, WorkerLink
 
 __all__ = ["run", "run_process", "launch_local", "replay_trace", "RunFailure", "WorkerError",
            "WorkerLostError", "ServerLink", "WorkerLink", "LocalTransport", "resolve_devices"]
 
 
-def __getattr__(name):
+def __getattr__(name):   # loaded on first use: the command line reads `runtime.spec` without JAX
+    if name in ("run", "resolve_devices"):
+        from staleness.runtime import local_run
+
+        return getattr(local_run, name)
+    if name in ("LocalTransport", "ServerLink", "WorkerLink"):
+        from staleness.runtime import transport
+
+        return getattr(transport, name)
     if name in ("run_process", "launch_local"):
         from staleness.runtime import multiprocess
 
@@ -46,3 +52,7 @@ def __getattr__(name):
 
         return replay_trace
     raise AttributeError(f"module 'staleness.runtime' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)
