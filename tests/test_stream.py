@@ -29,13 +29,14 @@ def digits4():
 
 @pytest.fixture
 def fills(monkeypatch):
-    """Counts the chunks a streamed plan fills (0: the run was not streamed)."""
+    """Counts the row ranges a streamed plan fills, one per chunk or part of the first chunk
+    (0: the run was not streamed)."""
     count = [0]
     real = engine_plan.PlanStream._fill
 
-    def spy(self, k):
+    def spy(self, lo, hi):
         count[0] += 1
-        return real(self, k)
+        return real(self, lo, hi)
 
     monkeypatch.setattr(engine_plan.PlanStream, "_fill", spy)
     return count
@@ -115,6 +116,35 @@ def test_a_ring_that_grows_mid_run_changes_no_bit(digits4, fills, monkeypatch):
     assert fills[0] == 25 and grown, "the ring never grew"
     assert grown[-1][0] > r.schedule.staleness.max()
     _same_run(r, st.engine.replay(r.schedule, digits4, lr=0.1, seed=2, eval_every=8))
+
+
+@pytest.mark.parametrize("n,every", [(700, 600), (300, 1000)])
+def test_a_first_chunk_longer_than_the_lookahead_runs_in_parts_bitwise(digits4, fills, monkeypatch, n, every):
+    """The first chunk has no chunk before it to overlap with: it runs in parts of
+    `LOOKAHEAD` updates (in its own compiled program), each simulated while the one before
+    runs; a run of one chunk shorter than its evaluation interval too. The same bits."""
+    calls = []
+    real = core.run_chunk
+    monkeypatch.setattr(core, "run_chunk", lambda *a, **k: calls.append(int(a[2][-1])) or real(*a, **k))
+    cluster = C.heterogeneous([1.0, 1.0, 2.6, 2.6]).jitter(0.2)
+    r = st.simulate(digits4, "asp", cluster, num_updates=n, lr=0.1, seed=3, eval_every=every)
+    parts = [256, 256, 88] if n == 700 else [256, 44]
+    assert calls == parts + ([100] if n == 700 else []) and fills[0] == len(calls)
+    assert np.isfinite(r.train_loss).all() and len(r.history) == (3 if n == 700 else 2)
+    _same_run(r, st.engine.replay(r.schedule, digits4, lr=0.1, seed=3, eval_every=every))
+
+
+def test_a_ring_that_grows_between_parts_of_the_first_chunk_changes_no_bit(digits4, monkeypatch):
+    grown = []
+    real = core.grow_ring
+    monkeypatch.setattr(core, "grow_ring", lambda carry, ring, done: grown.append((ring, done)) or real(carry, ring,
+                                                                                                         done))
+    monkeypatch.setattr(engine_plan, "LOOKAHEAD", 1)
+    monkeypatch.setattr(st.engine.run, "LOOKAHEAD", 16)
+    r = st.simulate(digits4, "asp", C.heterogeneous([1.0, 1.0, 1.0, 20.0]), num_updates=200, lr=0.1, seed=2,
+                    eval_every=150)
+    assert any(0 < done < 150 and done % 16 == 0 for _, done in grown), grown   # between two parts
+    _same_run(r, st.engine.replay(r.schedule, digits4, lr=0.1, seed=2, eval_every=150))
 
 
 @pytest.mark.parametrize("case", ["failures", "max_time", "no fixed size", "bsp"])

@@ -319,11 +319,13 @@ MIN_ROWS = 256
 intervals up to it share one compiled replay."""
 
 
-def pad_chunk(xs, n: int) -> tuple:
+def pad_chunk(xs, n: int, length: int | None = None) -> tuple:
     """Chunk inputs (update [K], packed [K, 5, C], index or None) padded to L = max(MIN_ROWS,
-    the next power of two >= K) rows, with the number of updates to run, `n` <= K."""
+    the next power of two >= K) rows, with the number of updates to run, `n` <= K.
+    `length` >= K: pad as for a chunk of that many updates (a part of a chunk runs in the
+    chunk's compiled program)."""
     k = xs[0].shape[0]
-    rows = max(MIN_ROWS, 1 << max(0, k - 1).bit_length())
+    rows = max(MIN_ROWS, 1 << max(0, (length or k) - 1).bit_length())
     pad = lambda a: None if a is None else np.concatenate(   # noqa: E731
         [a, np.zeros((rows - k,) + a.shape[1:], a.dtype)])
     return (*[pad(a) for a in xs], np.int32(n))

@@ -16,7 +16,8 @@ __all__ = ["Plan", "make_plan", "PlanStream", "ring_size", "chunk_inputs", "fing
            "segment_lists", "positions", "NO_SEGMENT"]
 
 LOOKAHEAD = 256
-"""Updates a streamed plan simulates before it sizes its ring (`PlanStream`)."""
+"""Updates a streamed plan simulates before it sizes its ring (`PlanStream`); a first chunk
+longer than this runs in parts of this many updates (`engine.run.simulate`)."""
 
 NO_SEGMENT = np.iinfo(np.int32).max
 """The start of a padding segment (in-flight rollouts): past every position."""
@@ -106,10 +107,11 @@ class Plan:
         that runs only those, `core.run_chunk`, needs the padding select only then)."""
         return not bool(self.mask[:self.num_updates].any(axis=1).all())
 
-    def xs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Scan inputs of chunk k: (update [K] int32, packed [K, 5, C] int32) with
-        rows worker, iteration, pull_version, staleness, mask (see engine.core)."""
-        lo, hi = k * self.chunk, (k + 1) * self.chunk
+    def xs(self, k: int, span: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Scan inputs of chunk k (or of the updates `span` = (lo, hi)): (update [K] int32,
+        packed [K, 5, C] int32) with rows worker, iteration, pull_version, staleness, mask
+        (see engine.core)."""
+        lo, hi = span if span is not None else (k * self.chunk, (k + 1) * self.chunk)
         packed = np.stack([self.worker[lo:hi], self.iteration[lo:hi], self.pull_version[lo:hi],
                            self.staleness[lo:hi], self.mask[lo:hi].astype(np.int32)], axis=1)
         return np.arange(lo, hi, dtype=np.int32), packed
@@ -175,21 +177,22 @@ def ring_size(max_staleness: int) -> int:
 
 
 class PlanStream:
-    """The `Plan` of a schedule while it is simulated (`sim.ScheduleStream`), filled chunk
-    by chunk: `fill(k)` simulates until chunk k's updates exist and writes their rows
-    into `plan` (whose arrays are allocated for the whole run), so the compiled replay of
-    chunk k - 1 runs meanwhile (`engine.run.simulate`). Every update of the policy holds
-    exactly `slots` gradients (`Policy.streamable`; checked), so the rows are those of
-    `make_plan` on the finished schedule.
+    """The `Plan` of a schedule while it is simulated (`sim.ScheduleStream`), filled as
+    the replay goes: `fill(k)` (or `fill_to(u)`) simulates until chunk k's updates (the
+    first u) exist and writes their rows into `plan` (whose arrays are allocated for the
+    whole run), so the compiled replay of the rows before runs meanwhile
+    (`engine.run.simulate`). Every update of the policy holds exactly `slots` gradients
+    (`Policy.streamable`; checked), so the rows are those of `make_plan` on the finished
+    schedule.
 
     The ring size cannot wait for the whole schedule: `ring` starts at 1.5x the largest
-    staleness of the first `lookahead` updates (default `LOOKAHEAD`, at least a chunk;
-    `ring_size`), and a chunk that needs more raises it before it runs (`grew`: the
-    replay then re-lays its ring, `core.grow_ring`, and compiles once more). A chunk
-    needs the versions of its own gradients and of every gradient still to be applied
-    after it (pushed since, or still computing: the driver's in-flight pulls), so no
-    version is overwritten before the gradient computed on it is applied. The ring's size changes no number: the results are bitwise those of a
-    replay of the finished schedule."""
+    staleness of the first `lookahead` updates (default `LOOKAHEAD`; `ring_size`), and rows
+    that need more raise it before they run (`grew`: the replay then re-lays its ring,
+    `core.grow_ring`, and compiles once more). Rows need the versions of their own
+    gradients and of every gradient still to be applied after them (pushed since, or
+    still computing: the driver's in-flight pulls), so no version is overwritten before
+    the gradient computed on it is applied. The ring's size changes no number: the
+    results are bitwise those of a replay of the finished schedule."""
 
     def __init__(self, stream, chunk: int, slots: int, lookahead: int | None = None):
         self.stream, self.slots = stream, int(slots)
@@ -200,9 +203,9 @@ class PlanStream:
                          pull_version=np.zeros(shape, np.int32), staleness=np.zeros(shape, np.int32),
                          mask=np.zeros(shape, bool), num_updates=u, chunk=int(chunk), ring=1,
                          update_time=np.zeros(u, np.float64))
-        self._cursor = 0    # rows before it are applied in filled chunks, dropped or lost
-        self._filled = 0    # chunks filled
-        stream.advance(min(u, max(chunk, LOOKAHEAD if lookahead is None else lookahead)))
+        self._cursor = 0    # records before it are applied in filled rows, dropped or lost
+        self.filled = 0     # updates whose rows are written
+        stream.advance(min(u, LOOKAHEAD if lookahead is None else lookahead))
         rec = stream.driver.rec
         av = np.asarray(rec.apply_version, np.int64)
         pv = np.asarray(rec.column("pull_version"), np.int64)
@@ -211,16 +214,19 @@ class PlanStream:
         self.grew = False
 
     def fill(self, k: int) -> None:
-        """Simulate and write chunks up to k (each once, in order)."""
-        while self._filled <= k:
-            self._fill(self._filled)
-            self._filled += 1
+        """Simulate and write the rows of chunks up to k (each once, in order)."""
+        self.fill_to((k + 1) * self.plan.chunk)
 
-    def _fill(self, k: int) -> None:
+    def fill_to(self, updates: int) -> None:
+        """Simulate and write the rows of the first `updates` updates (at most all)."""
+        plan = self.plan
+        while self.filled < min(updates, plan.num_updates):   # chunk by chunk, as the ring check needs
+            hi = min(updates, plan.num_updates, (self.filled // plan.chunk + 1) * plan.chunk)
+            self._fill(self.filled, hi)
+            self.filled = hi
+
+    def _fill(self, lo: int, hi: int) -> None:
         plan, stream = self.plan, self.stream
-        lo, hi = k * plan.chunk, min((k + 1) * plan.chunk, plan.num_updates)
-        if lo >= hi:
-            return
         if stream.advance(hi) < hi:
             raise ValueError(f"PlanStream: the simulation ended after {stream.driver.state.completed} of "
                              f"{plan.num_updates} updates (a streamed replay needs a run that reaches its budget)")
@@ -281,21 +287,22 @@ def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:
             out[row, 1, j:] = v
     return out
 
-def chunk_inputs(task, plan: Plan, k: int, data_key):
-    """Scan inputs of chunk k: (update [K], packed [K, 5, C], index [K, C, μ] or None).
+def chunk_inputs(task, plan: Plan, k: int, data_key, span: tuple[int, int] | None = None):
+    """Scan inputs of chunk k (or of the updates `span` = (lo, hi)): (update [K], packed
+    [K, 5, C], index [K, C, μ] or None).
     In-flight rollouts (a plan with `segments`): index is [K, C, 2, S], each segment's first
     completion position (its first decoded token less the task's `prefill`) and version.
     For `indexed` tasks the minibatch indices of every slot are computed here, on the
     host (`task.host_indices`), so the compiled replay only gathers, as a plain
     training loop over a precomputed table does."""
-    update, packed = plan.xs(k)
+    update, packed = plan.xs(k, span)
+    lo, hi = span if span is not None else (k * plan.chunk, (k + 1) * plan.chunk)
     if plan.segments is not None:   # in-flight rollouts: [K, C, 2, S], the starts as completion positions
-        seg = plan.segments[k * plan.chunk:(k + 1) * plan.chunk].copy()
+        seg = plan.segments[lo:hi].copy()
         seg[:, :, 0] = positions(seg[:, :, 0], task.prefill)
         return update, packed, seg
     if not task.indexed:
         return update, packed, None
-    lo, hi = k * plan.chunk, (k + 1) * plan.chunk
     return update, packed, task.host_indices(data_key, plan.worker[lo:hi], plan.iteration[lo:hi])
 
 

@@ -11,6 +11,7 @@ compiled program and pass what differs, as mctx passes its loop:
   Program.losses(out) -> [B, K, C]          each configuration's per-slot losses (NaN on padding)
   Program.metrics(carry) -> [B] dicts       each configuration's evaluation, on the host
   Program.params(carry) -> [B] pytrees      each configuration's parameters, on the host
+  Program.span(lo, hi) -> xs                optional: inputs of a part of a chunk (`single`)
 
 with one `Member` per configuration (its schedule, padded plan, seed, lr rule,
 rate) and the run's `Options`. Everything else happens here, the same way for
@@ -55,6 +56,7 @@ class Program(NamedTuple):
     losses: Callable    # out (NumPy) -> [B, K, C] float
     metrics: Callable   # carry -> B dicts {metric: value}
     params: Callable    # carry -> B host pytrees
+    span: Callable | None = None   # (lo, hi) -> xs of updates lo..hi < one chunk, run by `step` as a chunk
 
 
 class Member(NamedTuple):
@@ -113,9 +115,12 @@ def single(task, plan: Plan, consts: dict, static) -> Program:
         return core.pad_chunk(chunk_inputs(task, plan, k, key),
                               min(plan.chunk, plan.num_updates - k * plan.chunk))
 
+    def span(lo, hi):   # updates lo .. hi - 1 of one chunk, padded as the chunk's (one compiled program)
+        return core.pad_chunk(chunk_inputs(task, plan, lo // plan.chunk, key, (lo, hi)), hi - lo, plan.chunk)
+
     return Program(step=step, inputs=inputs, losses=lambda out: out[None, :plan.chunk],
                    metrics=lambda carry: [jax.device_get(core.evaluate(task, carry.params))],
-                   params=lambda carry: [jax.device_get(carry.params)])
+                   params=lambda carry: [jax.device_get(carry.params)], span=span)
 
 
 def learning_rate(opt, opt_state) -> float | None:
