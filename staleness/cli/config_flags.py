@@ -55,16 +55,28 @@ def number(text: str) -> float:
 _KINDS = {int: integer, float: number, str: str, bool: "flag"}
 
 
-def flags_of(cls) -> list[Flag]:
+def flags_of(cls, names=None, **overrides) -> list[Flag]:
     """The flags of dataclass `cls`'s fields that have one, in field order (a TypeError
-    for a field whose metadata says nothing about the command line)."""
-    out = []
-    for f in dataclasses.fields(cls):
+    for a field whose metadata says nothing about the command line). `names`: only
+    these fields, in this order (a command that offers some of them; a ValueError for
+    one without a flag). `overrides`: field name -> dict of 'help' and/or 'default', what
+    one command says or defaults to differently (e.g. `replay`: the recorded run's)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for f in fields.values():
         if "cli" not in f.metadata:
             raise TypeError(f"{cls.__name__}.{f.name}: its metadata has no 'cli' key (its flag, or None)")
+    unknown = set(overrides) - set(fields) | set(names or ()) - set(fields)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    out = []
+    for name in names if names is not None else fields:
+        f = fields[name]
         cli = f.metadata["cli"]
         if cli is None:
+            if names is not None:
+                raise ValueError(f"{cls.__name__}.{name} has no flag ({f.metadata.get('no_flag', '')})")
             continue
+        cli = {**cli, **overrides.get(name, {})}
         default = cli["default"] if "default" in cli else (None if f.default is dataclasses.MISSING else f.default)
         out.append(Flag(cli.get("flag", "--" + f.name.replace("_", "-")), f.name, _KINDS[cli["kind"]], default,
                         cli["help"]))

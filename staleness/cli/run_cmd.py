@@ -12,9 +12,10 @@ import time
 from staleness import policies
 from staleness.infra import files
 from staleness.cli.common import (UsageError, add_log, add_task_option, add_yes, build_task, check_out, check_pairing,
-                                   check_processes, count, declared_optimizer, log_callbacks, natural, nonnegative,
-                                   positive, print_table, task_options)
+                                   check_processes, count, declared_optimizer, log_callbacks, nonnegative,
+                                   print_table, task_options)
 from staleness.cli.config_flags import Flag, add_flags, flag_argv, flags_of, values_of
+from staleness.engine.settings import Settings as EngineSettings
 from staleness.runtime.spec import Settings, check_settings
 
 __all__ = ["add"]
@@ -42,6 +43,19 @@ _RUN_OPTIONS = [
     Flag("--overwrite", "overwrite", "flag", False, "replace staleness output already in --out"),
     Flag("--no-progress", "no_progress", "flag", False, "no live progress line"),
 ]
+
+
+# `replay`'s settings, generated from `engine.settings.Settings` (checked there, once); each
+# defaults to the recorded run's.
+_REPLAY = ["lr", "lr_rule", "optimizer", "batch_size", "seed"]
+_RECORDED = {
+    "lr": {"help": "learning rate (default: the recorded run's)"},
+    "lr_rule": {"help": "lr rule: constant, per_gradient, per_update, delay_adaptive:N (default: the recorded run's)",
+                "default": None},
+    "optimizer": {"help": "server optimizer spec (default: the recorded run's; a run recorded with an optax object "
+                          "is replayed from Python with it)"},
+    "batch_size": {"help": "per-worker minibatch (default: the recorded run's)"},
+    "seed": {"help": "seed of parameters and minibatches (default: the recorded run's)", "default": None}}
 
 
 def _run_argv(args) -> list[str]:
@@ -88,15 +102,7 @@ def add(sub) -> None:
     p.add_argument("trace", help="Result directory or schedule JSON file")
     p.add_argument("--task", default=None, help="task name or package.module:factory (default: the Result's, "
                    "as it was given to the run; required for a bare trace)")
-    p.add_argument("--lr", type=positive, default=None, help="learning rate (default: the recorded run's)")
-    p.add_argument("--lr-rule", default=None, help="lr rule: constant, per_gradient, per_update, delay_adaptive:N "
-                   "(default: the recorded run's)")
-    p.add_argument("--optimizer", default=None, help="server optimizer spec (default: the recorded run's; a run "
-                   "recorded with an optax object is replayed from Python with it)")
-    p.add_argument("--batch-size", type=count, default=None, help="per-worker minibatch (default: the recorded "
-                   "run's)")
-    p.add_argument("--seed", type=natural, default=None, help="seed of parameters and minibatches (default: the "
-                   "recorded run's)")
+    add_flags(p, flags_of(EngineSettings, _REPLAY, **_RECORDED))
     p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
     p.add_argument("--tolerance", type=nonnegative, default=None,
                    help="largest accepted |difference| of final parameters (default 0, bitwise; "
@@ -274,8 +280,10 @@ def _cmd_launch(args) -> int:
 
 # -- replay ----------------------------------------------------------------------------------
 def _cmd_replay(args) -> int:
+    from staleness.cli.simulate_cmd import check_settings
     from staleness.runtime.replay import replay_trace
 
+    check_settings(args, _REPLAY)
     out = check_out(args)
     t0 = time.perf_counter()
     rep, cmp = replay_trace(args.trace, args.task, lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,

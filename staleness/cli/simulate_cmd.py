@@ -7,9 +7,11 @@ import sys
 import time
 
 from staleness import policies
+from staleness.cli.config_flags import add_flags, flags_of
+from staleness.engine.settings import Settings
 from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_log, add_task_option, add_yes,
-                                   build_task, check_out, check_pairing, check_scale, count, is_rl_policy,
-                                   log_callbacks, natural, positive, print_table, rl_task_name)
+                                   build_task, check_out, check_pairing, check_scale, is_rl_policy,
+                                   log_callbacks, print_table, rl_task_name)
 
 __all__ = ["add_simulate", "add_compare"]
 
@@ -18,6 +20,11 @@ DEFAULT_MAX_TIME = 600.0   # simulated seconds: ~3,300 ASP updates and ~230 BSP 
 DEFAULT_RL_UPDATES = 40    # learner updates per run on an RL task (its simulated time is per generated token)
 DEFAULT_LR = 0.1
 DEFAULT_ACCURACY_TARGET = 0.95   # the default --target when the metric is accuracy (no default for others)
+
+# The run's settings both commands offer, generated from `engine.settings.Settings` (checked there, once);
+# `simulate` also offers _SIMULATE_ONLY (`compare` has --seeds and its own --resume).
+_TRAINING = ["max_time", "num_updates", "lr", "lr_rule", "optimizer", "inner_optimizer", "batch_size"]
+_SIMULATE_ONLY = ["seed", "checkpoint", "resume"]
 
 
 def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
@@ -28,25 +35,10 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--cluster", default=None,
                    help="cluster spec, e.g. '1*4,2.6*4+jitter=0.1' or 'gtx1080ti*4,gtx1060*4' "
                    "(default: 4 workers at 1.0 s + 4 at 2.6 s per iteration, 10%% jitter)")
-    p.add_argument("--max-time", type=positive, default=None, help=f"simulated seconds per run (default {DEFAULT_MAX_TIME:g}; "
-                   "RL tasks: --updates)")
-    p.add_argument("--updates", type=count, default=None, help="server updates per run (instead of --max-time; "
-                   f"default for RL tasks {DEFAULT_RL_UPDATES} learner updates)")
+    add_flags(p, flags_of(Settings, ["max_time", "num_updates"], **_BUDGET_HELP))
     add_yes(p)
     add_log(p)
-    p.add_argument("--lr", type=positive, default=None,
-                   help=f"learning rate (default {DEFAULT_LR:g}, or the lr= the --optimizer spec names)")
-    p.add_argument("--lr-rule", default="constant", help="constant, per_gradient, per_update, delay_adaptive:N")
-    p.add_argument("--optimizer", default=None,
-                   help="server optimizer spec: sgd, momentum[:0.9], nesterov[:0.9], adam, adamw, with KEY=VALUE "
-                   "options lr, wd, clip, warmup (b1, b2, eps for adam/adamw) and +cosine or +linear, e.g. "
-                   "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default: the task's, else sgd)")
-    p.add_argument("--inner-optimizer", default=None,
-                   help="local-update methods (local_sgd, diloco, async_diloco): the workers' inner optimizer spec "
-                   "(default: the task's, else sgd); --optimizer is then the outer one")
-    p.add_argument("--batch-size", type=count, default=None,
-                   help="per-worker minibatch μ (default 32, or the task factory's own); RL tasks: prompts per "
-                   "rollout B (default 8)")
+    add_flags(p, flags_of(Settings, ["lr", "lr_rule", "optimizer", "inner_optimizer", "batch_size"]))
     add_task_option(p)
     p.add_argument("--partition", default=None, help="iid (the default, or the task factory's own; every worker "
                    "samples all data), shard (disjoint "
@@ -62,6 +54,20 @@ def _training_args(p, *, task_default=DEFAULT_TASK) -> None:
     p.add_argument("--out", default=None, help="directory for CSV/PNG/Result files (checked before anything runs)")
     p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+_BUDGET_HELP = {"max_time": {"help": f"simulated seconds per run (default {DEFAULT_MAX_TIME:g}; RL tasks: --updates)"},
+                "num_updates": {"help": "server updates per run (instead of --max-time; default for RL tasks "
+                                        f"{DEFAULT_RL_UPDATES} learner updates)"}}
+
+
+def check_settings(args, names) -> None:
+    """The run's settings given as flags `names` (fields of `engine.settings.Settings`), each
+    checked by the library before JAX starts or a task is built (an ArgumentError, shown
+    with its flag: exit 2)."""
+    from staleness.engine import settings
+
+    settings.check(Settings(**{name: getattr(args, name) for name in names}))
 
 
 def _cluster(args):
@@ -112,11 +118,11 @@ def settle_lr(args, task) -> None:
 def _budget(args, rl: bool = False):
     """(updates, max_time): --updates or --max-time, else DEFAULT_MAX_TIME simulated
     seconds (DEFAULT_RL_UPDATES learner updates for RL: their time is per token)."""
-    if args.updates is not None and args.max_time is not None:
+    if args.num_updates is not None and args.max_time is not None:
         raise UsageError("give either --updates or --max-time, not both")
-    if args.updates is None and args.max_time is None:
+    if args.num_updates is None and args.max_time is None:
         return (DEFAULT_RL_UPDATES, None) if rl else (None, DEFAULT_MAX_TIME)
-    return args.updates, args.max_time
+    return args.num_updates, args.max_time
 
 
 def task_label(task) -> str:
@@ -141,9 +147,8 @@ def add_simulate(sub) -> None:
                        description="Simulate POLICY on a cluster and train a task along the schedule.")
     p.add_argument("--policy", default=None, help="policy spec (default ssp:3, and rl_async:2 on an RL task): "
                    f"{policies.spec_help()}")
-    p.add_argument("--seed", type=natural, default=0)
-    p.add_argument("--checkpoint", default=None, help="directory to checkpoint into after every evaluation")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
+    add_flags(p, flags_of(Settings, _SIMULATE_ONLY, seed={"help": "seed of parameters, minibatches and the "
+                                                          "cluster's draws (default 0)"}))
     _training_args(p)
     p.set_defaults(func=_cmd_simulate)
 
@@ -153,6 +158,7 @@ def _cmd_simulate(args) -> int:
     from staleness.results import plots
     from staleness.results.result import DivergenceError
 
+    check_settings(args, _TRAINING + _SIMULATE_ONLY)
     cluster = _cluster(args)
     rl = rl_task_name(args.task)
     policy = st.policies.parse(args.policy if args.policy is not None else ("rl_async:2" if rl else "ssp:3"))
@@ -285,6 +291,7 @@ def _cmd_compare(args) -> int:
     import staleness as st
     from staleness.results.compare import DEFAULT_POLICIES, check_tunable, compare
 
+    check_settings(args, _TRAINING)
     cluster = _cluster(args)
     rl = rl_task_name(args.task)
     task = None

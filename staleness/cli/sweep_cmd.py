@@ -33,7 +33,9 @@ from staleness import policies
 from staleness.cli.common import (is_rl_task, UsageError, add_log, add_task_option, add_yes, build_task, check_out,
                                    check_pairing, check_scale, count, declared_optimizer, log_callbacks, natural,
                                    positive, print_table, rl_task_name, task_options)
-from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES
+from staleness.cli.config_flags import add_flags, flags_of
+from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES, check_settings
+from staleness.engine.settings import Settings
 from staleness.infra.procs import kill_groups
 
 __all__ = ["add"]
@@ -42,6 +44,15 @@ DEFAULT_POLICIES = ("asp", "ssp:3")
 DEFAULT_RL_POLICIES = ("rl_sync", "rl_async:2")   # on an RL task (rl-bandit, rl-digits)
 DEFAULT_UPDATES = 1000
 DEFAULT_LAUNCH_TIMEOUT = 3600.0   # seconds before --launch-local kills its processes
+
+# The run's settings a sweep offers (its seeds, lr rules and rates are lists: its own flags),
+# generated from `engine.settings.Settings` and checked there, once.
+_SETTINGS = ["num_updates", "max_time", "optimizer", "inner_optimizer", "batch_size", "eval_every"]
+_HELP = {"num_updates": {"help": f"server updates per run (default {DEFAULT_UPDATES}; {DEFAULT_RL_UPDATES} learner "
+                                 "updates on an RL task)"},
+         "max_time": {"help": "simulated seconds per run (instead of --updates)"},
+         "optimizer": {"help": "server (outer) optimizer spec (default: the policy's, else the task's, else sgd)"},
+         "inner_optimizer": {"help": "local-update methods: the workers' optimizer spec"}}
 
 
 def add(sub) -> None:
@@ -64,22 +75,15 @@ def add(sub) -> None:
     p.add_argument("--task", default="digits-mlp", help="task name or package.module:factory (default digits-mlp)")
     p.add_argument("--cluster", default=None, help="cluster spec (default: 4 workers at 1.0 s + 4 at 2.6 s, "
                    "10%% jitter)")
-    p.add_argument("--updates", type=count, default=None, help=f"server updates per run (default {DEFAULT_UPDATES}; "
-                   f"{DEFAULT_RL_UPDATES} learner updates on an RL task)")
-    p.add_argument("--max-time", type=positive, default=None, help="simulated seconds per run (instead of --updates)")
+    add_flags(p, flags_of(Settings, ["num_updates", "max_time"], **_HELP))
     add_yes(p)
     add_log(p)
-    p.add_argument("--optimizer", default=None, help="server (outer) optimizer spec (default: the policy's, else "
-                   "the task's, else sgd)")
-    p.add_argument("--inner-optimizer", default=None, help="local-update methods: the workers' optimizer spec")
-    p.add_argument("--batch-size", type=count, default=None,
-                   help="per-worker minibatch (default 32, or the task factory's own); RL tasks: prompts per "
-                   "rollout (default 8)")
+    add_flags(p, flags_of(Settings, ["optimizer", "inner_optimizer", "batch_size"], **_HELP))
     add_task_option(p)
     p.add_argument("--partition", default=None, help="iid (the default, or the task factory's own), shard, "
                    "dirichlet:ALPHA or sizes:F1,...,Fn")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks)")
-    p.add_argument("--eval-every", type=count, default=None, help="updates between evaluations (default: 20 rows)")
+    add_flags(p, flags_of(Settings, ["eval_every"]))
     p.add_argument("--ring", type=count, default=None, help="parameter versions kept (>= largest staleness + 1); "
                    "pin it (and --slots) so grids share one compiled replay")
     p.add_argument("--slots", type=count, default=None, help="gradient slots per update (>= the largest update)")
@@ -156,6 +160,7 @@ def _check(args):
     from staleness.engine import optim
     from staleness.tasks import registry
 
+    check_settings(args, _SETTINGS)
     task_options(args)   # malformed KEY=VALUE: one line before anything runs
     pols = _policies(args)
     seeds = _list(args.seeds, "--seeds", int)
@@ -184,10 +189,10 @@ def _check(args):
     cluster = C.default().jitter(0.1) if args.cluster is None else C.parse(args.cluster)
     for p in pols:
         p.init(cluster.num_workers)
-    if args.updates is not None and args.max_time is not None:
+    if args.num_updates is not None and args.max_time is not None:
         raise UsageError("give either --updates or --max-time, not both")
-    if args.updates is not None or args.max_time is not None:
-        updates = args.updates
+    if args.num_updates is not None or args.max_time is not None:
+        updates = args.num_updates
     else:
         updates = DEFAULT_RL_UPDATES if rl_task_name(args.task) else DEFAULT_UPDATES
     check_scale(args, cluster, updates, args.max_time, runs=len(pols) * len(seeds))
@@ -365,7 +370,7 @@ def _rebuild(args, out) -> list[str]:
         argv.append(f"--task-option={option}")
     for flag, dest in (("--seeds", "seeds"), ("--lr-rules", "lr_rules"), ("--lrs", "lrs"),
                        ("--local-steps", "local_steps"), ("--task", "task"), ("--cluster", "cluster"),
-                       ("--updates", "updates"), ("--max-time", "max_time"), ("--optimizer", "optimizer"),
+                       ("--updates", "num_updates"), ("--max-time", "max_time"), ("--optimizer", "optimizer"),
                        ("--inner-optimizer", "inner_optimizer"), ("--batch-size", "batch_size"),
                        ("--partition", "partition"), ("--data-dir", "data_dir"), ("--eval-every", "eval_every"),
                        ("--ring", "ring"), ("--slots", "slots"), ("--devices", "devices"), ("--block", "block"),

@@ -2,14 +2,34 @@
 
     result = staleness.engine.simulate(task, policy, cluster, num_updates=2000, seed=0)
     results = staleness.engine.sweep(task, [bsp(), asp()], cluster, seeds=range(4), num_updates=2000)
+
+The names below and the submodules load on first use: the command line reads
+`engine.settings` (its flags and their checks) without starting JAX.
 """
 
-from staleness.engine.core import keys
-from staleness.engine.optim import Optimizer, OptimizerSpec
-from staleness.engine.optim import resolve as optimizer
-from staleness.engine.plan import Plan, make_plan
-from staleness.engine.run import replay, resolve_task, simulate, sweep
-from staleness.engine.update import scale_by_staleness, server_update
+import importlib
 
 __all__ = ["simulate", "sweep", "replay", "keys", "optimizer", "Optimizer", "OptimizerSpec", "Plan", "make_plan",
-           "resolve_task", "scale_by_staleness", "server_update"]
+           "resolve_task", "scale_by_staleness", "server_update", "Settings"]
+
+_NAMES = {"keys": ("core", "keys"), "Optimizer": ("optim", "Optimizer"), "OptimizerSpec": ("optim", "OptimizerSpec"),
+          "optimizer": ("optim", "resolve"), "Plan": ("plan", "Plan"), "make_plan": ("plan", "make_plan"),
+          "replay": ("run", "replay"), "resolve_task": ("run", "resolve_task"), "simulate": ("run", "simulate"),
+          "sweep": ("run", "sweep"), "scale_by_staleness": ("update", "scale_by_staleness"),
+          "server_update": ("update", "server_update"), "Settings": ("settings", "Settings")}
+
+_MODULES = ("chunks", "core", "distributed", "grid", "local", "optim", "payload", "plan", "rollout", "run", "runner",
+            "settings", "sweeps", "update")
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        module, attr = _NAMES[name]
+        return getattr(importlib.import_module(f"staleness.engine.{module}"), attr)
+    if name in _MODULES:
+        return importlib.import_module(f"staleness.engine.{name}")
+    raise AttributeError(f"module 'staleness.engine' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(__all__) | set(_MODULES))

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import itertools
-import math
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,10 +30,11 @@ from staleness.engine import grid as _grid
 from staleness.engine import local as _local_mod
 from staleness.engine import optim as _optim
 from staleness.engine import runner as _runner
-from staleness.engine.plan import PlanStream, chunk_inputs, make_plan, segment_count
+from staleness.engine import settings as _settings
+from staleness.engine.plan import LOOKAHEAD, PlanStream, chunk_inputs, make_plan, segment_count
 from staleness.results.result import Result
 from staleness.schedule import Schedule
-from staleness.sim.scheduler import ScheduleStream, simulate_schedule, stream_schedule
+from staleness.sim.scheduler import ScheduleStream, stream_schedule
 from staleness.sim.pool import simulate_schedules
 
 __all__ = ["replay", "simulate", "sweep", "prepare", "resolve_task", "chunk_inputs"]
@@ -63,15 +61,6 @@ def work_sizes(task, policy, seed: int):
         raise ValueError(f"task {task.name!r} is an RL task: its policy must generate rollouts (rl_sync, "
                          f"rl_one_step_off, rl_async[:ETA], rl_inflight[:ETA], rl_partial[:ETA]); got {policy.describe()!r}")
     return task.rollout_sizes(core.keys(int(seed))[1]) if rl_task else None
-
-
-def _check_lr(value, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value)
-            or value <= 0):
-        raise ValueError(f"lr = {value!r} must be a finite number > 0 (the learning rate)")
-    return float(value)
 
 
 def resolve_optimizer(optimizer, lr, horizon: int, task) -> _optim.Optimizer:
@@ -221,45 +210,20 @@ def replay(
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
     schedule.validate()
-    return _replay(schedule, task, _Settings(lr, lr_rule, optimizer, inner_optimizer, seed, eval_every, num_evals,
-                                             batch_size, progress, checkpoint, resume, stop_after, slot_mode,
-                                             config, callbacks))
+    return _replay(schedule, task, _settings.check(_settings.Settings(
+        lr=lr, lr_rule=lr_rule, optimizer=optimizer, inner_optimizer=inner_optimizer, seed=seed,
+        eval_every=eval_every, num_evals=num_evals, batch_size=batch_size, progress=progress, checkpoint=checkpoint,
+        resume=resume, stop_after=stop_after, slot_mode=slot_mode, config=config, callbacks=callbacks)))
 
 
-class _Settings(NamedTuple):
-    """`replay`'s keyword arguments (see there), as given."""
-
-    lr: Any
-    lr_rule: Any
-    optimizer: Any
-    inner_optimizer: Any
-    seed: Any
-    eval_every: Any
-    num_evals: Any
-    batch_size: Any
-    progress: Any
-    checkpoint: Any
-    resume: Any
-    stop_after: Any
-    slot_mode: Any
-    config: Any
-    callbacks: Any
-
-
-_REPLAY_DEFAULTS = {k: p.default for k, p in inspect.signature(replay).parameters.items()
-                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
-def _replay(source, task, s: _Settings) -> Result:
-    """`replay` of `source`: a `Schedule`, or a `sim.ScheduleStream` replayed while it is
-    simulated (`simulate`: the plan is filled chunk by chunk, `plan.PlanStream`)."""
+def _replay(source, task, s: _settings.Settings) -> Result:
+    """`replay` of `source` with checked settings `s` (`settings.check`): a `Schedule`, or a
+    `sim.ScheduleStream` replayed while it is simulated (`simulate`: the plan is filled
+    chunk by chunk, `plan.PlanStream`)."""
     streamed = isinstance(source, ScheduleStream)
     lr, lr_rule, optimizer, inner_optimizer, seed, slot_mode = (s.lr, s.lr_rule, s.optimizer, s.inner_optimizer,
                                                                s.seed, s.slot_mode)
-    lr = _check_lr(lr, allow_none=True)
     callbacks = _tracking.as_callbacks(s.callbacks)
-    if slot_mode not in ("vmap", "map"):
-        raise ValueError(f"slot_mode = {slot_mode!r} must be 'vmap' or 'map'")
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     seed = int(source.seed if seed is None and source.seed is not None else (seed or 0))
     task = resolve_task(task, source.num_workers, s.batch_size)
@@ -295,27 +259,62 @@ def _replay(source, task, s: _Settings) -> Result:
 def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
     """Run `program` on a plan filled as it is simulated: chunk k's rows are simulated while
     chunk k - 1 runs (the runner builds the next inputs then), and a ring that became too
-    small is re-laid before the next chunk (`core.grow_ring`). The Results (also those a
-    `DivergenceError` or a `CallbackError` carries) get the finished schedule."""
-    def inputs(k):
-        feed.fill(k)
-        return program.inputs(k)
+    small is re-laid before the next chunk (`core.grow_ring`). The first chunk, which has
+    no chunk before it, runs in parts of `plan.LOOKAHEAD` updates, each simulated while the
+    one before runs; the rest of the simulation and the `Schedule` are done while the last
+    chunk but one runs. The Results (also those a `DivergenceError` or a `CallbackError`
+    carries) get the finished schedule."""
+    plan = feed.plan
+    first = min(plan.chunk, plan.num_updates)
+    parts = [(lo, min(lo + LOOKAHEAD, first)) for lo in range(0, first, LOOKAHEAD)]
+    finished = []
 
-    def step(carry, xs):
+    def schedule():
+        if not finished:
+            finished.append(feed.stream.finish())
+        return finished[0]
+
+    def call(carry, xs):
         if feed.grew:
             carry = core.grow_ring(carry, feed.ring, int(xs[0][0]))
             feed.grew = False
         return program.step(carry, xs)
 
+    def inputs(k):
+        if k == 0 and len(parts) > 1:
+            return None   # `step` runs it in parts
+        feed.fill(k)
+        xs = program.inputs(k)
+        if k == plan.num_chunks - 1 and k > 0:
+            schedule()    # while chunk k - 1 runs
+        return xs
+
+    def step(carry, xs):
+        if xs is not None:
+            return call(carry, xs)
+        outs = []
+        for lo, hi in parts:   # part j + 1 is simulated while part j runs
+            feed.fill_to(hi)
+            carry, out = call(carry, program.span(lo, hi))
+            outs.append((hi - lo, out))
+        if plan.num_chunks == 1:
+            schedule()
+        return carry, outs
+
+    def losses(out):   # a chunk run in parts: their losses in one [chunk, C] (NaN past the run)
+        if isinstance(out, list):
+            rows = np.concatenate([o[:n] for n, o in out])
+            out = np.concatenate([rows, np.full((plan.chunk - len(rows),) + rows.shape[1:], np.nan, rows.dtype)])
+        return program.losses(out)
+
     try:
-        result = _runner.run(program._replace(step=step, inputs=inputs), carry, [member], options)[0]
+        result = _runner.run(program._replace(step=step, inputs=inputs, losses=losses), carry, [member], options)[0]
     except (_chunks.DivergenceError, _tracking.CallbackError) as e:
-        schedule = feed.stream.finish()
         for r in [getattr(e, "result", None), *(getattr(e, "results", None) or [])]:
             if r is not None:
-                r.schedule = schedule
+                r.schedule = schedule()
         raise
-    result.schedule = feed.stream.finish()
+    result.schedule = schedule()
     return result
 
 
@@ -330,23 +329,23 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     Transfers carry the bytes of the task's parameter pytree (and of the method's
     compressed deltas: `staleness.engine.payload`), timed by the cluster's network.
     """
-    from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
+    s = _settings.check(_settings.Settings(num_updates=num_updates, max_time=max_time, seed=seed, **kwargs))
     policy, cluster = _policy_and_cluster(policy, cluster)
-    task = resolve_task(task, cluster.num_workers, kwargs.get("batch_size"))
+    task = resolve_task(task, cluster.num_workers, s.batch_size)
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
     stream = stream_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
                              payload_bytes=pull_bytes, push_bytes=push_bytes, sizes=work_sizes(task, policy, seed))
     if (stream.bounded and stream.steady and policy.streamable(cluster.num_workers) is not None
-            and kwargs.get("checkpoint") is None):
+            and s.checkpoint is None):
         # the replay of chunk k overlaps the simulation of chunk k + 1 (bitwise the same Result)
-        inspect.signature(replay).bind(None, task, seed=seed, **kwargs)   # replay's TypeError for a wrong name
-        result = _replay(stream, task, _Settings(**{**_REPLAY_DEFAULTS, **kwargs, "seed": seed}))
+        result = _replay(stream, task, s)
         sched = result.schedule
     else:
         sched = stream.finish()
-        result = replay(sched, task, seed=seed, **kwargs)
+        sched.validate()
+        result = _replay(sched, task, s)
     if ((num_updates is None or sched.num_updates < num_updates) and (max_time is None or sched.end_time < max_time)
             and result.status == "complete"):   # the events ran out before the budget: every worker was lost
         result.status = "failed"
@@ -427,7 +426,7 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     s = _grid.Settings(**settings)
     pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
     rules = [_lr.get(r) if isinstance(r, str) else r for r in s.lr_rules]
-    lrs = [_check_lr(v, allow_none=True) for v in s.lrs]
+    lrs = [checks.learning_rate(v, allow_none=True) for v in s.lrs]
     seeds = [int(x) for x in s.seeds]
     if not pols or not seeds or not rules or not lrs:
         raise ValueError("sweep: policies, seeds, lr_rules and lrs must each be non-empty")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from staleness.infra import checks
+from staleness.infra.settings import flag, no_flag
 from staleness import lr as _lr
 from staleness import policies as _policies
 
@@ -132,21 +133,6 @@ def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int 
     return sync, on_worker_failure or "continue"
 
 
-def _flag(help_: str, kind=str, **more) -> dict:
-    """A setting's command-line description (`staleness run`, `launch`), as field
-    metadata: `help_`, `kind` (the text-to-value conversion: int, float, str, or bool for
-    a flag that takes no value), and in `more` the flag where it is not '--' + the name
-    with dashes, and the default where the command line's differs from the library's.
-    The flags are generated from these (`staleness.cli.config_flags`); the values are
-    checked here only (`check_settings`)."""
-    return {"cli": dict(help=help_, kind=kind, **more)}
-
-
-def _no_flag(why: str) -> dict:
-    """Metadata of a setting the command line does not offer (`why`: what sets it)."""
-    return {"cli": None, "no_flag": why}
-
-
 _field = dataclasses.field
 
 
@@ -155,47 +141,47 @@ class Settings:
     """A real run's settings as given (`runtime.run`'s keyword arguments; see there), which
     `check_settings` and `make_spec` check once. processes: the job's process count
     (several: sync='collective' only when asked for, see `resolve_sync`). Each field's
-    metadata describes its command-line flag, or says it has none (see `_flag`)."""
+    metadata describes its command-line flag, or says it has none (`staleness.infra.settings`)."""
 
-    num_updates: Any = _field(metadata=_flag(f"server updates (default {DEFAULT_UPDATES})", int, flag="--updates",
+    num_updates: Any = _field(metadata=flag(f"server updates (default {DEFAULT_UPDATES})", int, flag="--updates",
                                              default=DEFAULT_UPDATES))
-    num_workers: Any = _field(default=None, metadata=_flag(
+    num_workers: Any = _field(default=None, metadata=flag(
         "number of workers (default: the cluster's, else one per device)", int, flag="--workers"))
-    seed: Any = _field(default=0, metadata=_flag(
+    seed: Any = _field(default=0, metadata=flag(
         "seed of parameters, minibatches and the cluster's draws (default 0)", int))
-    lr: Any = _field(default=None, metadata=_flag(
+    lr: Any = _field(default=None, metadata=flag(
         "learning rate (default 0.1, or the lr= the --optimizer spec names)", float))
-    lr_rule: Any = _field(default="constant", metadata=_flag(
+    lr_rule: Any = _field(default="constant", metadata=flag(
         "constant, per_gradient, per_update, delay_adaptive:N"))
-    optimizer: Any = _field(default=None, metadata=_flag(
+    optimizer: Any = _field(default=None, metadata=flag(
         "server optimizer spec, e.g. sgd, momentum:0.9, 'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (see "
         "staleness simulate --help)"))
-    batch_size: Any = _field(default=None, metadata=_flag(
+    batch_size: Any = _field(default=None, metadata=flag(
         "per-worker minibatch μ (default 32, or the task factory's own)", int))
-    data_dir: Any = _field(default=None, metadata=_flag("local data directory (CIFAR tasks)"))
-    max_time: Any = _field(default=None, metadata=_flag("wall-clock budget in seconds (optional)", float))
-    eval_every: Any = _field(default=None, metadata=_flag("updates between history rows (default: 20 rows)", int))
-    num_evals: Any = _field(default=20, metadata=_no_flag("the command line keeps 20 rows; --eval-every sets "
+    data_dir: Any = _field(default=None, metadata=flag("local data directory (CIFAR tasks)"))
+    max_time: Any = _field(default=None, metadata=flag("wall-clock budget in seconds (optional)", float))
+    eval_every: Any = _field(default=None, metadata=flag("updates between history rows (default: 20 rows)", int))
+    num_evals: Any = _field(default=20, metadata=no_flag("the command line keeps 20 rows; --eval-every sets "
                                                            "their spacing"))
-    time_scale: Any = _field(default=0.01, metadata=_flag(
+    time_scale: Any = _field(default=0.01, metadata=flag(
         "real seconds per simulated second of the cluster (default 0.01)", float))
-    worker_timeout: Any = _field(default=30.0, metadata=_flag(
+    worker_timeout: Any = _field(default=30.0, metadata=flag(
         "seconds after which a silent worker (or a dead process) is declared lost (default 30)", float))
-    on_worker_failure: Any = _field(default=None, metadata=_flag(
+    on_worker_failure: Any = _field(default=None, metadata=flag(
         "continue (gates count live workers) or stop (default: stop under --sync collective, continue under "
         "--sync server)"))
-    checkpoint: Any = _field(default=None, metadata=_flag("checkpoint directory (the server's state)"))
-    checkpoint_every: Any = _field(default=None, metadata=_flag("checkpoint every K updates", int))
-    resume: Any = _field(default=False, metadata=_flag("continue from the checkpoint in --checkpoint", bool))
-    inner_optimizer: Any = _field(default=None, metadata=_flag(
+    checkpoint: Any = _field(default=None, metadata=flag("checkpoint directory (the server's state)"))
+    checkpoint_every: Any = _field(default=None, metadata=flag("checkpoint every K updates", int))
+    resume: Any = _field(default=False, metadata=flag("continue from the checkpoint in --checkpoint", bool))
+    inner_optimizer: Any = _field(default=None, metadata=flag(
         "local-update methods: the workers' inner optimizer spec (default: the task's, else sgd); --optimizer is "
         "then the outer one"))
-    sync: Any = _field(default=None, metadata=_flag(
+    sync: Any = _field(default=None, metadata=flag(
         "collective (each round one jitted pmean step over the devices; bsp; a lost worker stops the run) or "
         "server (the parameter server; worker-level fault tolerance). Default: collective for bsp without "
         "--cluster or --on-worker-failure continue in one process, else server (several processes: collective "
         "when asked for)"))
-    processes: Any = _field(default=1, metadata=_no_flag("the job: --num-processes of `staleness run`, --local of "
+    processes: Any = _field(default=1, metadata=no_flag("the job: --num-processes of `staleness run`, --local of "
                                                           "`staleness launch`"))
 
 

@@ -70,6 +70,7 @@ import operator
 
 import numpy as np
 
+from staleness.infra import checks
 from staleness import policies as _policies
 from staleness.cluster.network import SharedLink, allreduce_parts
 from staleness.driver import Driver
@@ -156,10 +157,8 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
         cluster = _cluster.parse(cluster)
     if num_updates is None and max_time is None and max_gradients is None:
         raise ValueError("simulate_schedule: give a budget: num_updates, max_time or max_gradients")
-    if num_updates is not None and (not isinstance(num_updates, (int, np.integer)) or num_updates < 1):
-        raise ValueError(f"num_updates = {num_updates!r} must be an integer >= 1")
-    if max_time is not None and not (isinstance(max_time, (int, float)) and math.isfinite(max_time) and max_time > 0):
-        raise ValueError(f"max_time = {max_time!r} must be a finite number of seconds > 0")
+    checks.at_least("num_updates", num_updates, 1, allow_none=True)
+    checks.seconds("max_time", max_time, allow_none=True)
     if max_gradients is not None and (not isinstance(max_gradients, (int, np.integer)) or max_gradients < 1):
         raise ValueError(f"max_gradients = {max_gradients!r} must be an integer >= 1")
     if not isinstance(seed, (int, np.integer)):

@@ -1,0 +1,116 @@
+"""One settings value for a simulated run (`engine.settings.Settings`): `simulate` and
+`replay` build and check it once; `staleness simulate`, `compare`, `sweep` and `replay`
+generate their shared flags from it and check them with it, before anything runs."""
+
+import dataclasses
+
+import pytest
+
+import staleness as st
+from staleness.cli import build_parser, main
+from staleness.cli.config_flags import flags_of
+from staleness.engine import settings
+from staleness.engine.settings import Settings
+from staleness.infra.checks import ArgumentError
+
+# the flags each command generates from Settings
+OFFERED = {
+    "simulate": ["max_time", "num_updates", "lr", "lr_rule", "optimizer", "inner_optimizer", "batch_size", "seed",
+                 "checkpoint", "resume"],
+    "compare": ["max_time", "num_updates", "lr", "lr_rule", "optimizer", "inner_optimizer", "batch_size"],
+    "sweep": ["num_updates", "max_time", "optimizer", "inner_optimizer", "batch_size", "eval_every"],
+    "replay": ["lr", "lr_rule", "optimizer", "batch_size", "seed"],
+}
+
+
+def test_every_field_says_whether_it_has_a_flag():
+    fields = dataclasses.fields(Settings)
+    assert all("cli" in f.metadata for f in fields)
+    assert {f.name for f in fields if f.metadata["cli"] is None} == {"num_evals", "progress", "stop_after",
+                                                                     "slot_mode", "config", "callbacks"}
+    with pytest.raises(ValueError, match="has no flag"):
+        flags_of(Settings, ["progress"])
+    with pytest.raises(ValueError, match="no field 'speed'"):
+        flags_of(Settings, ["lr"], speed={"help": "x"})
+
+
+@pytest.mark.parametrize("command", sorted(OFFERED))
+def test_each_command_offers_its_settings_flags_named_for_their_field(command):
+    sub = build_parser().commands[command]
+    text = sub.format_help()
+    for name in OFFERED[command]:
+        flag = sub.flag_of(name)
+        assert flag.startswith("--") and flag in text, (command, name)
+    assert "NUM_UPDATES" not in text and "MAX_TIME" in text or command == "replay"
+
+
+def test_replay_defaults_to_the_recorded_run():
+    args = build_parser().parse_args(["replay", "trace.json"])
+    assert [getattr(args, n) for n in OFFERED["replay"]] == [None] * 5
+    args = build_parser().parse_args(["simulate"])
+    assert (args.seed, args.lr_rule, args.num_updates, args.max_time) == (0, "constant", None, None)
+
+
+@pytest.mark.parametrize("field, value, line", [
+    ("lr", 0, "lr = 0 must be a finite number > 0 (the learning rate)"),
+    ("lr", float("nan"), "lr = nan must be a finite number > 0 (the learning rate)"),
+    ("seed", -1, "seed = -1 must be an integer >= 0"),
+    ("eval_every", 0, "eval_every = 0 must be an integer >= 1 (updates)"),
+    ("num_evals", 0, "num_evals = 0 must be an integer >= 1"),
+    ("batch_size", 0, "batch_size = 0 must be an integer >= 1"),
+    ("num_updates", 0, "num_updates = 0 must be an integer >= 1"),
+    ("max_time", -1.0, "max_time = -1.0 must be a finite number of seconds > 0"),
+    ("stop_after", 0, "stop_after = 0 must be an integer >= 1 (updates)"),
+    ("slot_mode", "scan", "slot_mode = 'scan' must be 'vmap' or 'map'"),
+])
+def test_check_names_the_field_the_value_and_what_is_valid(field, value, line):
+    with pytest.raises(ArgumentError) as e:
+        settings.check(Settings(**{field: value}))
+    assert str(e.value) == line and e.value.name == field
+
+
+def test_simulate_and_replay_check_their_settings_once_before_any_work(monkeypatch):
+    calls = []
+    real = settings.check
+    monkeypatch.setattr(settings, "check", lambda s: calls.append(s) or real(s))
+    task = st.tasks.get("quadratic", num_workers=2)
+    r = st.simulate(task, "asp", "1,2", num_updates=6, seed=1, lr=0.05, eval_every=3)
+    assert len(calls) == 1 and calls[0].num_updates == 6 and calls[0].seed == 1
+    st.engine.replay(r.schedule, task, lr=0.05, eval_every=3)
+    assert len(calls) == 2
+    with pytest.raises(TypeError, match="speed"):
+        st.simulate(task, "asp", "1,2", num_updates=6, speed=2)
+    with pytest.raises(ValueError, match="eval_every = 0"):
+        st.simulate(task, "asp", "1,2", num_updates=6, eval_every=0)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Fail the test if a task were built or a simulation started."""
+    def boom(*args, **kwargs):
+        raise AssertionError("computed before the flags were checked")
+
+    monkeypatch.setattr(st.tasks.registry, "resolve", boom)
+    monkeypatch.setattr(st.engine.run, "stream_schedule", boom)
+    monkeypatch.setattr(st.sim.scheduler, "simulate_schedule", boom)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["simulate", "--lr", "-1"], "--lr = -1.0 must be a finite number > 0 (the learning rate)"),
+    (["simulate", "--updates", "0"], "--updates = 0 must be an integer >= 1"),
+    (["simulate", "--max-time", "inf"], "--max-time = inf must be a finite number of seconds > 0"),
+    (["simulate", "--seed", "-1"], "--seed = -1 must be an integer >= 0"),
+    (["simulate", "--batch-size", "0"], "--batch-size = 0 must be an integer >= 1"),
+    (["compare", "--lr", "0"], "--lr = 0.0 must be a finite number > 0"),
+    (["compare", "--max-time", "-2"], "--max-time = -2.0 must be a finite number of seconds > 0"),
+    (["sweep", "--eval-every", "0"], "--eval-every = 0 must be an integer >= 1 (updates)"),
+    (["sweep", "--updates", "-3"], "--updates = -3 must be an integer >= 1"),
+    (["replay", "nowhere.json", "--seed", "-2"], "--seed = -2 must be an integer >= 0"),
+    (["replay", "nowhere.json", "--lr", "nan"], "--lr = nan must be a finite number > 0"),
+    (["simulate", "--updates", "x"], "argument --updates: 'x' is not an integer"),
+])
+def test_bad_flags_fail_once_naming_the_flag_before_anything_runs(argv, line, nothing_runs, capsys):
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("staleness: error: ") and line in lines[0], err
