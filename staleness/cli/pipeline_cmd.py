@@ -24,8 +24,9 @@ import os
 import sys
 import time
 
-from staleness.cli.common import (UsageError, add_log, check_out, count, log_callbacks, natural, nonnegative, positive,
-                                   print_table)
+from staleness.cli.common import UsageError, add_log, check_out, count, log_callbacks, natural, positive, print_table
+from staleness.cli.config_flags import add_flags, flags_of
+from staleness.pipeline.settings import RunArgs, check
 
 __all__ = ["add"]
 
@@ -33,6 +34,9 @@ DEFAULT_TASK = "digits-resmlp"
 DEFAULT_STAGES = 4
 DEFAULT_BATCHES = 300
 DEFAULT_LR = 0.005
+
+# The run's settings, generated from `pipeline.settings.RunArgs` (checked there, once).
+_SETTINGS = ["num_batches", "lr", "optimizer", "cluster", "backward_ratio", "recompute_cost", "seed", "eval_every"]
 
 
 def add(sub) -> None:
@@ -55,16 +59,11 @@ def add(sub) -> None:
                    help=f"number of stages K (default: the number of --delays, else {DEFAULT_STAGES})")
     p.add_argument("--blocks", type=count, default=None,
                    help="residual blocks of the MLP tasks (default K); basic blocks per ResNet stage (default 3)")
-    p.add_argument("--batches", type=count, default=DEFAULT_BATCHES, help=f"batches to train (default {DEFAULT_BATCHES})")
+    add_flags(p, flags_of(RunArgs, ["num_batches"], num_batches={
+        "default": DEFAULT_BATCHES, "help": f"batches to train (default {DEFAULT_BATCHES})"}))
     p.add_argument("--batch-size", type=count, default=32, help="examples per batch (default 32)")
-    p.add_argument("--lr", type=positive, default=DEFAULT_LR, help=f"base learning rate (default {DEFAULT_LR:g})")
-    p.add_argument("--optimizer", default="momentum:0.9", help="per-stage optimizer (default momentum:0.9)")
-    p.add_argument("--cluster", default=None,
-                   help="per-stage speeds, one worker per stage, e.g. '1,1,2,1' or '4+stragglers=0.05:4:3' "
-                   "(default: K stages at 1 s per batch)")
-    p.add_argument("--backward-ratio", type=positive, default=2.0, help="backward / forward cost (default 2)")
-    p.add_argument("--recompute-cost", type=nonnegative, default=1.0,
-                   help="cost of a stale backward's recomputed forward, in forwards (default 1; 0 = overlapped)")
+    add_flags(p, flags_of(RunArgs, ["lr", "optimizer", "cluster", "backward_ratio", "recompute_cost"], lr={
+        "default": DEFAULT_LR, "help": f"base learning rate (default {DEFAULT_LR:g})"}))
     p.add_argument("--devices", action="store_true", help="run stage k on device k (shard_map + ppermute)")
     p.add_argument("--launch-local", type=count, default=None, metavar="K",
                    help="run the K stages in K local processes (jax.distributed on 127.0.0.1; CPU transfers via "
@@ -77,8 +76,7 @@ def add(sub) -> None:
                    help="seconds without a heartbeat after which a stage process counts as dead (default 10)")
     p.add_argument("--launch-timeout", type=positive, default=None,
                    help="--launch-local: seconds before every stage process is killed (default: no limit)")
-    p.add_argument("--seed", type=natural, default=0)
-    p.add_argument("--eval-every", type=count, default=None, help="batches between evaluations (default batches/10)")
+    add_flags(p, flags_of(RunArgs, ["seed", "eval_every"]))
     p.add_argument("--data-dir", default=None, help="CIFAR-10 directory (cifar10-resnet20)")
     p.add_argument("--out", default=None, help="directory for the Result files (checked before anything runs)")
     p.add_argument("--overwrite", action="store_true", help="replace staleness output already in --out")
@@ -111,7 +109,7 @@ def _want_cpu_devices(k: int) -> None:
 
 # options every stage process of --launch-local gets, as given (dest -> flag)
 _FORWARDED = {"schedule": "--schedule", "delays": "--delays", "microbatches": "--microbatches", "task": "--task",
-              "stages": "--stages", "blocks": "--blocks", "batches": "--batches", "batch_size": "--batch-size",
+              "stages": "--stages", "blocks": "--blocks", "num_batches": "--batches", "batch_size": "--batch-size",
               "lr": "--lr", "optimizer": "--optimizer", "cluster": "--cluster", "backward_ratio": "--backward-ratio",
               "recompute_cost": "--recompute-cost", "seed": "--seed", "eval_every": "--eval-every",
               "data_dir": "--data-dir", "out": "--out"}
@@ -142,7 +140,14 @@ def _launch(args, k: int) -> int:
                            heartbeat_timeout=args.heartbeat_timeout or mp.DEFAULT_HEARTBEAT_S)
 
 
+def _check_settings(args) -> None:
+    """The run's settings (`pipeline.settings.RunArgs`), each checked on its own by the library
+    before JAX starts or a task is built (an ArgumentError, shown with its flag: exit 2)."""
+    check(RunArgs(args.schedule, **{name: getattr(args, name) for name in _SETTINGS}))
+
+
 def _cmd(args) -> int:
+    _check_settings(args)
     if args.launch_local is not None and args.stages is None and not args.delays:
         args.stages = args.launch_local
     k = _num_stages(args)
@@ -186,11 +191,11 @@ def _cmd(args) -> int:
         if staged:
             from staleness.pipeline import multiprocess as mp
 
-            result = mp.train_distributed(ptask, sched, args.batches, **kw,
+            result = mp.train_distributed(ptask, sched, args.num_batches, **kw,
                                           log=lambda line: print(line, file=sys.stderr, flush=True),
                                           callbacks=callbacks if args.process_id == 0 else None)
         else:
-            result = pp.train(ptask, sched, args.batches, devices=args.devices, progress=not args.no_progress,
+            result = pp.train(ptask, sched, args.num_batches, devices=args.devices, progress=not args.no_progress,
                               callbacks=callbacks, **kw)
     except DivergenceError as e:
         result = e.result
@@ -206,7 +211,7 @@ def _cmd(args) -> int:
     cfg = result.config
     where = (f"{k} processes (one stage each)" if staged else f"{k} devices" if args.devices
              else "1 device (simulated)")
-    print(f"{sched.describe()} on {k} stages (lags m = {cfg['lags']}), {args.task}, {args.batches} batches of "
+    print(f"{sched.describe()} on {k} stages (lags m = {cfg['lags']}), {args.task}, {args.num_batches} batches of "
           f"{args.batch_size}, {where}: {time.perf_counter() - t0:.1f} s wall ({cfg['compile_s']:.1f} s compile)")
     print_table(result.history.to_dict("records"))
     s = result.schedule.summary()

@@ -44,6 +44,7 @@ __all__ = [
     "integer",
     "learning_rate",
     "number",
+    "number_at_least",
     "positive",
     "positive_int",
     "seconds",
@@ -133,6 +134,15 @@ def at_least(name: str, value, low: int, *, allow_none: bool = False, what: str 
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ArgumentError(name, value, f"must be an integer >= {low}{what}")
     return int(value)
+
+
+def number_at_least(name: str, value, low: float, *, strict: bool = False) -> float:
+    """``value`` as a finite float >= ``low`` (> ``low`` when ``strict``): a Python or
+    NumPy int or float, not a bool (``backward_ratio = 0 must be a finite number > 0``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or (value <= low if strict else value < low):
+        raise ArgumentError(name, value, f"must be a finite number {'>' if strict else '>='} {format_number(low)}")
+    return float(value)
 
 
 def seconds(name: str, value, *, allow_none: bool = False) -> float | None:

@@ -23,12 +23,7 @@ process: `train_distributed`, `launch_local`), sweep (a grid of lr × seed runs
 in one program: `sweep.sweep`, `sweep.tune_lr`).
 """
 
-from staleness.pipeline import model, multiprocess, sweep, tasks
-from staleness.pipeline.model import Staged, join_params, split, stage_params
-from staleness.pipeline.plan import IDLE, TickPlan, make_plan
-from staleness.pipeline.run import run_devices, simulate, train
-from staleness.pipeline.schedules import PipelineSchedule, backprop, ddg, dsp, gpipe, parse
-from staleness.pipeline.timing import Timeline, simulate_timing
+import importlib
 
 __all__ = [
     "IDLE", "PipelineSchedule", "Staged", "TickPlan", "Timeline", "backprop", "ddg", "dsp", "gpipe",
@@ -36,8 +31,22 @@ __all__ = [
     "split", "stage_params", "sweep", "tasks", "train",
 ]
 
+# The names load on first use: the command line reads `pipeline.settings` (its flags and
+# their checks) without starting JAX.
+_NAMES = {"Staged": "model", "join_params": "model", "split": "model", "stage_params": "model", "IDLE": "plan",
+          "TickPlan": "plan", "make_plan": "plan", "run_devices": "run", "simulate": "run", "train": "run",
+          "PipelineSchedule": "schedules", "backprop": "schedules", "ddg": "schedules", "dsp": "schedules",
+          "gpipe": "schedules", "parse": "schedules", "Timeline": "timing", "simulate_timing": "timing"}
+
+_MODULES = ("devices", "model", "multiprocess", "packing", "plan", "run", "schedules", "settings", "sim", "stage",
+            "sweep", "tasks", "timing", "training")
+
 
 def __getattr__(name):
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"staleness.pipeline.{_NAMES[name]}"), name)
+    if name in _MODULES:
+        return importlib.import_module(f"staleness.pipeline.{name}")
     # `Plan`, this package's name for `TickPlan` until the engine's `Plan` (a schedule's
     # per-update gradient slots) took it: one name per meaning.
     if name == "Plan":
@@ -45,5 +54,9 @@ def __getattr__(name):
 
         warnings.warn("staleness.pipeline.Plan is now staleness.pipeline.TickPlan (staleness.engine.Plan is the "
                       "replay's plan of a schedule)", DeprecationWarning, stacklevel=2)
-        return TickPlan
+        return __getattr__("TickPlan")
     raise AttributeError(f"module 'staleness.pipeline' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(__all__) | set(_MODULES))

@@ -57,6 +57,7 @@ import math
 
 import numpy as np
 
+from staleness.infra import checks
 from staleness.cluster import Cluster
 from staleness.pipeline.plan import IDLE, TickPlan
 from staleness.schedule import Schedule
@@ -234,9 +235,8 @@ def simulate_timing(plan: TickPlan, cluster: Cluster, seed: int = 0, *, backward
     if cluster.num_workers != k_all:
         raise ValueError(f"cluster has {cluster.num_workers} workers but the pipeline has {k_all} stages; "
                          f"give one worker per stage (e.g. '1*{k_all}' or 1,1,2,1 for a 2x slower stage 2)")
-    for name, v, lo in (("backward_ratio", backward_ratio, 0.0), ("recompute_cost", recompute_cost, -1e-300)):
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= lo:
-            raise ValueError(f"{name} = {v!r} must be a finite number {'> 0' if lo == 0.0 else '>= 0'}")
+    checks.number_at_least("backward_ratio", backward_ratio, 0, strict=True)
+    checks.number_at_least("recompute_cost", recompute_cost, 0)
     sampler = cluster.sampler(seed)
     if sampler.membership_events():
         raise ValueError(f"cluster = {cluster.describe()!r}: worker failures are not modelled for pipelines "

@@ -37,13 +37,13 @@ from staleness.engine import optim as _optim
 from staleness.pipeline.model import join_params
 from staleness.pipeline.plan import IDLE, TickPlan, make_plan
 from staleness.pipeline.schedules import PipelineSchedule, parse
+from staleness.pipeline.settings import DEFAULT_OPTIMIZER, RunArgs, check
 from staleness.pipeline.timing import simulate_timing
 from staleness.results.result import DivergenceError, Result
 
 __all__ = ["DEFAULT_OPTIMIZER", "Engine", "Host", "RunArgs", "Setup", "drive", "eval_chunk", "resolve_schedule",
            "set_up"]
 
-DEFAULT_OPTIMIZER = "momentum:0.9"
 
 # the config entries a checkpoint must match to be resumed
 _IDENTITY = ("task", "schedule", "stages", "batches", "microbatches", "batch_size", "lr", "optimizer", "seed",
@@ -68,23 +68,6 @@ def eval_chunk(plan: TickPlan, eval_every: int | None, num_evals) -> tuple[int, 
     return eval_every, min(eval_every * ticks_per_batch, plan.num_ticks)
 
 
-@dataclasses.dataclass(frozen=True)
-class RunArgs:
-    """What to run: the arguments of `staleness.pipeline.train` that every driver shares
-    (meanings as there), unchecked until `set_up`."""
-
-    schedule: Any                  # a PipelineSchedule or a spec ('gpipe:4', 'dsp:1,1,0', ...)
-    num_batches: int
-    cluster: Any = None            # a cluster model, a spec, or None: K workers at 1 s per batch
-    seed: int = 0
-    lr: float | None = None
-    optimizer: Any = DEFAULT_OPTIMIZER
-    eval_every: int | None = None
-    num_evals: int = 10
-    backward_ratio: float = 2.0
-    recompute_cost: float = 1.0
-
-
 class Setup(NamedTuple):
     """What a pipeline run is, before any engine: the resolved schedule, its tick tables,
     the simulated timeline, the optimizer and the evaluation chunk."""
@@ -105,8 +88,8 @@ class Setup(NamedTuple):
 def set_up(ptask, args: RunArgs) -> Setup:
     """Check `args` and build the `Setup` of running them on `ptask`; every driver
     (one device, K devices, K processes) starts here."""
-    num_batches = checks.positive_int("num_batches", args.num_batches)
-    lr = checks.learning_rate(args.lr, allow_none=True)
+    args = check(args)
+    num_batches, lr = args.num_batches, args.lr
     k = ptask.num_stages
     sched = resolve_schedule(args.schedule, k)
     plan = make_plan(sched, k, num_batches)

@@ -1,6 +1,8 @@
-"""One settings value for a simulated run (`engine.settings.Settings`): `simulate` and
+"""One settings value per kind of run. A simulated run (`engine.settings.Settings`): `simulate` and
 `replay` build and check it once; `staleness simulate`, `compare`, `sweep` and `replay`
-generate their shared flags from it and check them with it, before anything runs."""
+generate their shared flags from it and check them with it, before anything runs. A pipeline
+run (`pipeline.settings.RunArgs`): `training.set_up` checks it, `staleness pipeline` generates
+its flags from it (`runtime.spec.Settings`, the real run's, is tested in test_cli_config)."""
 
 import dataclasses
 
@@ -114,3 +116,52 @@ def test_bad_flags_fail_once_naming_the_flag_before_anything_runs(argv, line, no
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("staleness: error: ") and line in lines[0], err
+
+
+# -- the pipeline's run: pipeline.settings.RunArgs ----------------------------------------------
+def test_every_pipeline_field_says_whether_it_has_a_flag_and_the_help_lists_them():
+    from staleness.pipeline.settings import RunArgs
+
+    fields = dataclasses.fields(RunArgs)
+    assert {f.name for f in fields if f.metadata["cli"] is None} == {"schedule", "num_evals"}
+    sub = build_parser().commands["pipeline"]
+    text = sub.format_help()
+    for flag in flags_of(RunArgs):
+        assert flag.flag in text and sub.flag_of(flag.dest) == flag.flag, flag
+    args = build_parser().parse_args(["pipeline"])
+    assert (args.num_batches, args.lr, args.optimizer, args.seed) == (300, 0.005, "momentum:0.9", 0)
+
+
+def test_the_pipeline_checks_its_settings_before_it_builds_anything(monkeypatch):
+    import staleness.pipeline as pp
+    from staleness.pipeline import training
+
+    def boom(*args, **kwargs):
+        raise AssertionError("built before the settings were checked")
+
+    monkeypatch.setattr(training, "make_plan", boom)
+    for kw, line in ((dict(num_batches=0), "num_batches = 0 must be an integer >= 1"),
+                     (dict(num_batches=5, backward_ratio=0), "backward_ratio = 0 must be a finite number > 0"),
+                     (dict(num_batches=5, recompute_cost=-1), "recompute_cost = -1 must be a finite number >= 0"),
+                     (dict(num_batches=5, seed=-1), "seed = -1 must be an integer >= 0")):
+        with pytest.raises(ArgumentError, match=line):
+            training.set_up(None, training.RunArgs("dsp", **kw))
+    assert pp.settings.check(pp.settings.RunArgs("dsp", 5, seed=2)).seed == 2
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["pipeline", "--batches", "0"], "--batches = 0 must be an integer >= 1"),
+    (["pipeline", "--lr", "0"], "--lr = 0.0 must be a finite number > 0 (the learning rate)"),
+    (["pipeline", "--backward-ratio", "0"], "--backward-ratio = 0.0 must be a finite number > 0"),
+    (["pipeline", "--recompute-cost", "-1"], "--recompute-cost = -1.0 must be a finite number >= 0"),
+    (["pipeline", "--seed", "-1"], "--seed = -1 must be an integer >= 0"),
+    (["pipeline", "--eval-every", "0"], "--eval-every = 0 must be an integer >= 1"),
+])
+def test_bad_pipeline_flags_fail_once_naming_the_flag_before_anything_runs(argv, line, monkeypatch, capsys):
+    import staleness.pipeline as pp
+
+    monkeypatch.setattr(pp.tasks, "get", lambda *a, **k: (_ for _ in ()).throw(AssertionError("task built")))
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and line in lines[0], err
