@@ -165,3 +165,19 @@ def test_bad_pipeline_flags_fail_once_naming_the_flag_before_anything_runs(argv,
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and line in lines[0], err
+
+
+# -- a policy and a cluster given as values or specs: resolved by their own concept ------------
+def test_every_entry_point_resolves_a_policy_and_a_cluster_the_same_way():
+    from staleness.runtime.spec import make_spec
+
+    calls = [lambda p, c: st.simulate("quadratic", p, c, num_updates=3),
+             lambda p, c: st.simulate_schedule(p, c, num_updates=3),
+             lambda p, c: make_spec("quadratic", p, c, num_updates=3)]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"^policy = 123 must be a staleness.policies.Policy or a spec string"):
+            call(123, "1,1")
+        with pytest.raises(TypeError, match=r"cluster = 2.5 must be .*a staleness.cluster.Cluster or a spec string"):
+            call("asp", 2.5)
+    assert st.policies.resolve("ssp:3") == st.policies.ssp(3) and st.cluster.resolve(None, allow_none=True) is None
+    assert st.cluster.resolve("1,2").describe() == st.cluster.parse("1,2").describe()

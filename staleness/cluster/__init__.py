@@ -125,7 +125,7 @@ from staleness.cluster.network import (
 )
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import CHUNK, GROUP, ClusterSampler
-from staleness.cluster.spec import parse
+from staleness.cluster.spec import parse, resolve
 from staleness.cluster.trace import from_trace_csv
 
 __all__ = [
@@ -138,6 +138,7 @@ __all__ = [
     "gpus",
     "heterogeneous",
     "parse",
+    "resolve",
     "PRESETS",
     "CHUNK",
     "GROUP",

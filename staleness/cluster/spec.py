@@ -172,6 +172,19 @@ def _parse_modifier(spec: str, c: Cluster, text: str) -> Cluster:
                      f"network, net, server, allreduce, fail")
 
 
+def resolve(cluster, *, allow_none: bool = False) -> Cluster | None:
+    """A Cluster given as a value or a spec string (parsed here, once, at an entry point);
+    None passes with `allow_none` (a real run without injected delays). A TypeError
+    names the argument for anything else."""
+    if isinstance(cluster, str):
+        return parse(cluster)
+    if isinstance(cluster, Cluster) or (cluster is None and allow_none):
+        return cluster
+    none = "None (no injected delays), " if allow_none else ""
+    raise TypeError(f"cluster = {cluster!r} must be {none}a staleness.cluster.Cluster or a spec string such as "
+                    "'1*4,2.6*4' (see staleness.cluster)")
+
+
 def parse(spec: str) -> Cluster:
     """Build a Cluster from the CLI grammar documented in this module's docstring.
 

@@ -329,10 +329,11 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     Transfers carry the bytes of the task's parameter pytree (and of the method's
     compressed deltas: `staleness.engine.payload`), timed by the cluster's network.
     """
+    from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
     s = _settings.check(_settings.Settings(num_updates=num_updates, max_time=max_time, seed=seed, **kwargs))
-    policy, cluster = _policy_and_cluster(policy, cluster)
+    policy, cluster = _policies.resolve(policy), _cluster.resolve(cluster)
     task = resolve_task(task, cluster.num_workers, s.batch_size)
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
     stream = stream_schedule(policy, cluster, num_updates=num_updates, max_time=max_time, seed=seed,
@@ -354,24 +355,6 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
         result.config["ended"] = (f"every worker was lost: the run ended at {sched.end_time:.6g} simulated s after "
                                   f"{sched.num_updates} updates (budget {budget})")
     return result
-
-
-def _policy_and_cluster(policy, cluster):
-    """(Policy, Cluster) of a policy and a cluster given as values or spec strings; a
-    TypeError naming the argument for anything else."""
-    from staleness import cluster as _cluster
-
-    if isinstance(policy, str):
-        policy = _policies.parse(policy)
-    if not isinstance(policy, _policies.Policy):
-        raise TypeError(f"policy = {policy!r} must be a staleness.policies.Policy or a spec string such as 'ssp:3' "
-                        f"(valid: {_policies.spec_help()})")
-    if isinstance(cluster, str):
-        cluster = _cluster.parse(cluster)
-    if not isinstance(cluster, _cluster.Cluster):
-        raise TypeError(f"cluster = {cluster!r} must be a staleness.cluster.Cluster or a spec string such as "
-                        "'1*4,2.6*4' (see staleness.cluster)")
-    return policy, cluster
 
 
 def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
@@ -434,8 +417,7 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
                          ("lr_rules", [r.describe() for r in rules]), ("lrs", lrs)):
         checks.distinct("sweep", name, values)
     optimizer, lrs = _policy_rates(pols, s.optimizer, lrs)
-    if isinstance(cluster, str):
-        cluster = _cluster.parse(cluster)
+    cluster = _cluster.resolve(cluster)
     task = resolve_task(task, cluster.num_workers, s.batch_size)
     # as `simulate` does: transfers carry the bytes of the task's pytree (the method's payload)
     payload = {p: _payload.payload_bytes(task, p) for p in pols}

@@ -24,7 +24,7 @@ from staleness.infra import specs
 from staleness.policies import factories as F
 from staleness.policies.policy import Policy
 
-__all__ = ["parse", "register", "names", "spec_help", "recorded"]
+__all__ = ["parse", "resolve", "register", "names", "spec_help", "recorded"]
 
 # spec name -> (factory, the parameters positional values bind to); aliases map to the same factory.
 _BUILTIN: dict[str, tuple[Callable[..., Policy], tuple[str, ...]]] = {
@@ -142,6 +142,17 @@ def _checked(policy, text: str, spec: str | None) -> Policy:
     if not isinstance(policy, Policy):
         raise specs.SpecError(f"policy = {text!r}: its factory returned {policy!r}, not a staleness.policies.Policy")
     return policy if spec is None or policy.spec == spec else dataclasses.replace(policy, spec=spec)
+
+
+def resolve(policy) -> Policy:
+    """A Policy given as a value or a spec string (parsed here, once, at an entry point); a
+    TypeError names the argument for anything else."""
+    if isinstance(policy, str):
+        return parse(policy)
+    if isinstance(policy, Policy):
+        return policy
+    raise TypeError(f"policy = {policy!r} must be a staleness.policies.Policy or a spec string such as 'ssp:3' "
+                    f"(valid: {spec_help()})")
 
 
 def parse(spec) -> Policy:

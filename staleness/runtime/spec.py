@@ -209,7 +209,9 @@ def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
     """Validate a real run: `task`, `policy` and `cluster` (objects or specs) and `settings`,
     the fields of `Settings` (an unknown one is a TypeError); see `runtime.run`."""
     s = Settings(**settings)
-    policy, cluster = _policy_and_cluster(policy, cluster)
+    from staleness import cluster as _cluster
+
+    policy, cluster = _policies.resolve(policy), _cluster.resolve(cluster, allow_none=True)
     s = check_settings(s)
     num_workers = s.num_workers
     if cluster is not None:
@@ -235,22 +237,6 @@ def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
                    time_scale=s.time_scale, worker_timeout=s.worker_timeout, on_worker_failure=on_worker_failure,
                    sync=sync, checkpoint=s.checkpoint, checkpoint_every=s.checkpoint_every, resume=bool(s.resume),
                    local=local, inner=inner, local_steps=steps)
-
-
-def _policy_and_cluster(policy, cluster):
-    """(Policy, Cluster or None) from objects or spec strings (ValueError naming the argument)."""
-    from staleness import cluster as _cluster
-
-    if isinstance(policy, str):
-        policy = _policies.parse(policy)
-    if not isinstance(policy, _policies.Policy):
-        raise ValueError(f"policy = {policy!r} must be a staleness.policies policy or a spec string like 'ssp:3'")
-    if isinstance(cluster, str):
-        cluster = _cluster.parse(cluster)
-    if cluster is not None and not isinstance(cluster, _cluster.Cluster):
-        raise ValueError(f"cluster = {cluster!r} must be None (no injected delays), a staleness.cluster.Cluster "
-                         "or a spec string like '1*4,2.6*4'")
-    return policy, cluster
 
 
 def _check_real(policy, cluster, num_workers: int) -> None:

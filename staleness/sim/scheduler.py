@@ -147,14 +147,9 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
                     push_bytes: int | None = None, overlap: bool = False, sizes=None) -> "ScheduleStream":
     """`simulate_schedule` (same arguments, checked here) as a `ScheduleStream`: nothing
     is simulated until it is advanced."""
-    if isinstance(policy, str):
-        policy = _policies.parse(policy)
-    if not isinstance(policy, _policies.Policy):
-        raise TypeError(f"policy = {policy!r} must be a staleness.policies policy or a spec string")
-    if isinstance(cluster, str):
-        from staleness import cluster as _cluster
+    from staleness import cluster as _cluster
 
-        cluster = _cluster.parse(cluster)
+    policy, cluster = _policies.resolve(policy), _cluster.resolve(cluster)
     if num_updates is None and max_time is None and max_gradients is None:
         raise ValueError("simulate_schedule: give a budget: num_updates, max_time or max_gradients")
     checks.at_least("num_updates", num_updates, 1, allow_none=True)
