@@ -120,4 +120,4 @@ def test_the_console_script_exits_at_once_after_a_failure(tmp_path):
             "cli.entry()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     last = out.stderr.strip().splitlines()[-1]
-    assert out.returncode == 2 and last.startswith("staleness: error: argument --updates"), out.stderr
+    assert out.returncode == 2 and last.startswith("staleness: error: --updates = -3"), out.stderr

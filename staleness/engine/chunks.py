@@ -166,7 +166,8 @@ class History:
 
 def run(step: Callable, carry: Any, *, num_chunks: int, inputs: Callable[[int], Any],
         record: Callable[[int, Any, Any, float], bool], start: int = 0, save: Callable | None = None,
-        histories: list[History] = (), bar=None, bar_step: Callable[[int], int] | None = None):
+        histories: list[History] = (), bar=None, bar_step: Callable[[int], int] | None = None,
+        capture: Callable | None = None):
     """Run chunks `start` .. `num_chunks - 1` of a compiled replay.
 
     Args:
@@ -177,24 +178,38 @@ def run(step: Callable, carry: Any, *, num_chunks: int, inputs: Callable[[int], 
       save: (k, carry) after `record`, e.g. a checkpoint.
       histories: marked 'stopped' on Ctrl-C, and by a False from `record`.
       bar: a tqdm bar (closed at the end); bar_step(k): its increment for chunk k.
+      capture: carry -> what `record` gets instead of the carry, taken as soon as chunk k
+        ended (e.g. its evaluation dispatched, its parameters fetched); chunk k + 1 is then
+        dispatched before chunk k is recorded, so the device does not wait for the host's
+        record. Not with `save`, which needs the carry itself.
     Returns (carry, status, wall seconds): status 'complete' or 'stopped'.
     """
     import jax
 
+    if capture is not None and save is not None:
+        raise ValueError("chunks.run: capture= dispatches the next chunk before `save` could see the carry")
+    ahead = capture is not None
     status = "complete"
     wall = 0.0
     nxt = inputs(start) if start < num_chunks else None
+    out = None
     try:
         for k in range(start, num_chunks):
             interrupts.check()   # a Ctrl-C that a callback swallowed stops here
-            t0 = time.perf_counter()
-            carry, out = step(carry, nxt)
+            if out is None:      # (else dispatched ahead, at t0)
+                t0 = time.perf_counter()
+                carry, out = step(carry, nxt)
             if k + 1 < num_chunks:   # host work for the next chunk while this one runs
                 nxt = inputs(k + 1)
-            out = jax.tree.map(np.asarray, jax.device_get(out))   # waits for the chunk
-            dt = time.perf_counter() - t0
+            host = jax.tree.map(np.asarray, jax.device_get(out))   # waits for the chunk
+            t1 = time.perf_counter()
+            dt, out = t1 - t0, None
             wall += dt
-            go = record(k, carry, out, dt)
+            seen = capture(carry) if ahead else carry
+            if ahead and k + 1 < num_chunks:
+                t0 = t1
+                carry, out = step(carry, nxt)
+            go = record(k, seen, host, dt)
             if save is not None:
                 save(k, carry)
             if bar is not None:

@@ -12,6 +12,8 @@ compiled program and pass what differs, as mctx passes its loop:
   Program.metrics(carry) -> [B] dicts       each configuration's evaluation, on the host
   Program.params(carry) -> [B] pytrees      each configuration's parameters, on the host
   Program.span(lo, hi) -> xs                optional: inputs of a part of a chunk (`single`)
+  Program.capture(carry) -> fetch           optional: start `metrics` and `params` of a carry and
+                                            fetch them later, so the next chunk is dispatched first
 
 with one `Member` per configuration (its schedule, padded plan, seed, lr rule,
 rate) and the run's `Options`. Everything else happens here, the same way for
@@ -57,6 +59,8 @@ class Program(NamedTuple):
     metrics: Callable   # carry -> B dicts {metric: value}
     params: Callable    # carry -> B host pytrees
     span: Callable | None = None   # (lo, hi) -> xs of updates lo..hi < one chunk, run by `step` as a chunk
+    capture: Callable | None = None   # carry -> (() -> (metrics, params)): `metrics` and `params` taken
+    #                                   before the next chunk runs (`chunks.run`'s capture)
 
 
 class Member(NamedTuple):
@@ -118,9 +122,13 @@ def single(task, plan: Plan, consts: dict, static) -> Program:
     def span(lo, hi):   # updates lo .. hi - 1 of one chunk, padded as the chunk's (one compiled program)
         return core.pad_chunk(chunk_inputs(task, plan, lo // plan.chunk, key, (lo, hi)), hi - lo, plan.chunk)
 
+    def capture(carry):   # the evaluation runs before the next chunk, fetched when recorded
+        metrics, params = core.evaluate(task, carry.params), jax.device_get(carry.params)
+        return lambda: ([jax.device_get(metrics)], [params])
+
     return Program(step=step, inputs=inputs, losses=lambda out: out[None, :plan.chunk],
                    metrics=lambda carry: [jax.device_get(core.evaluate(task, carry.params))],
-                   params=lambda carry: [jax.device_get(carry.params)], span=span)
+                   params=lambda carry: [jax.device_get(carry.params)], span=span, capture=capture)
 
 
 def learning_rate(opt, opt_state) -> float | None:
@@ -192,6 +200,9 @@ class _Run:
         self.tracker = _tracking.Tracker(callbacks, [run_info(m, c, i) for i, (m, c) in
                                                      enumerate(zip(members, self.configs))])
         self.wall = 0.0   # wall seconds in compiled chunks (the callbacks' wall_time)
+        # what chunk k's record gets of its carry (`chunks.run`): taken early, so chunk k + 1 runs
+        # meanwhile; a checkpoint saves the carry itself
+        self.capture = program.capture if options.checkpoint is None else None
         self.identity = None
         if options.checkpoint is not None:   # what a checkpoint must agree with: schedule and settings
             self.identity = {"fingerprint": fingerprint(members[0].schedule),
@@ -211,7 +222,8 @@ class _Run:
                        desc=options.desc, leave=False)
             _chunks.run(self.program.step, carry, num_chunks=members[0].plan.num_chunks, inputs=self.program.inputs,
                         record=self.record, start=start, save=self.save if options.checkpoint is not None else None,
-                        histories=self.hists, bar=bar, bar_step=lambda k: min((k + 1) * chunk, total) - k * chunk)
+                        histories=self.hists, bar=bar, bar_step=lambda k: min((k + 1) * chunk, total) - k * chunk,
+                        capture=self.capture)
         except BaseException as e:
             if isinstance(e, _tracking.CallbackError):   # keep what was recorded, as Ctrl-C does
                 e.results = self.results(stop=True)
@@ -270,8 +282,9 @@ class _Run:
                 _chunks.raise_divergence(h, d, m.schedule, cfg, cfg["lr"], cut=d.update)
             else:
                 h.diverge(d, cfg["lr"])
-        if live:
-            metrics, params = self.program.metrics(carry), self.program.params(carry)
+        if live:   # `carry`: the carry, or what `Program.capture` took of it
+            metrics, params = (carry() if self.capture is not None
+                               else (self.program.metrics(carry), self.program.params(carry)))
             for i, hi, loss in live:
                 self.hists[i].add(_history_row(hi, self.members[i].plan, loss, metrics[i]), params[i])
             for i, _, _ in live:   # after every row is in: a failing callback loses none
