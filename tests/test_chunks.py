@@ -109,6 +109,44 @@ def test_run_stops_on_false_and_marks_histories():
     assert calls == [(0, 0), (1, 10)] and carry == 2 and status == "stopped" and h.status == "stopped"
 
 
+def test_with_capture_the_next_chunk_is_dispatched_before_the_record():
+    """capture=: `record` gets what was captured of chunk k's carry, and chunk k + 1 is
+    already dispatched when it runs; a stop wastes that chunk, records nothing of it."""
+    events = []
+
+    def step(c, x):
+        events.append(("step", x))
+        return c + 1, x * 10
+
+    def record(k, seen, out, wall):
+        events.append(("record", k, seen, int(out)))
+        return k < 1
+
+    carry, status, _ = chunks.run(step, 0, num_chunks=4, inputs=lambda k: k, record=record,
+                                  capture=lambda c: ("seen", c))
+    assert events == [("step", 0), ("step", 1), ("record", 0, ("seen", 1), 0), ("step", 2),
+                      ("record", 1, ("seen", 2), 10)]
+    assert status == "stopped" and carry == 3   # chunk 2 ran ahead, unrecorded
+    with pytest.raises(ValueError, match="capture"):
+        chunks.run(step, 0, num_chunks=2, inputs=lambda k: k, record=record, capture=lambda c: c,
+                   save=lambda k, c: None)
+
+
+@pytest.mark.parametrize("stop_after", [None, 9])
+def test_a_replay_recorded_ahead_is_the_replay_recorded_after(quadratic4, monkeypatch, stop_after):
+    from staleness.engine import runner
+
+    sched = st.simulate_schedule("asp", "1,1,2,2", num_updates=20, seed=0)
+    ahead = st.engine.replay(sched, quadratic4, lr=0.05, eval_every=4, stop_after=stop_after)
+    real = runner.single
+    monkeypatch.setattr(runner, "single", lambda *a, **k: real(*a, **k)._replace(capture=None))
+    after = st.engine.replay(sched, quadratic4, lr=0.05, eval_every=4, stop_after=stop_after)
+    assert ahead.history.equals(after.history) and ahead.status == after.status
+    np.testing.assert_array_equal(ahead.train_loss, after.train_loss)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ahead.params), jax.tree.leaves(after.params)))
+    assert len(ahead.history) == (4 if stop_after else 6)
+
+
 def test_divergence_message_names_update_worker_and_staleness():
     d = chunks.Divergence(17, 3, 5, "iteration 4")
     assert d.message(0.5) == ("non-finite loss at update 17 (gradient of worker 3, iteration 4, staleness 5); "
