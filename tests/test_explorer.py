@@ -45,7 +45,7 @@ def test_cli_line_parses_into_the_same_settings(s):
     assert _seeds(args.seeds) == list(s.seeds)
     assert args.lr == s.lr            # a fixed lr: compare does not tune it
     assert st.lr.get(args.lr_rule).describe() == s.lr_rule
-    assert args.max_time == s.max_time and args.updates is None
+    assert args.max_time == s.max_time and args.num_updates is None
     # what the explorer leaves at the task's defaults, the command line does too
     assert args.optimizer is None and args.inner_optimizer is None
     get = inspect.signature(st.tasks.get).parameters
