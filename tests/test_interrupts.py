@@ -121,3 +121,36 @@ def test_the_console_script_exits_at_once_after_a_failure(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 2 and last.startswith("staleness: error: --updates = -3"), out.stderr
+
+
+@pytest.mark.parametrize("under", ["handler", "default"])
+def test_ctrl_c_during_a_results_orbax_save_waits_for_its_commit(installed, tmp_path, monkeypatch, caplog, under):
+    """Seen by hand: Ctrl-C while a Result's orbax checkpoint was committing (on orbax's
+    thread) raised at once; the atomic write's cleanup then removed the directory under the
+    commit, which failed with absl's "Failed to run ... Commit operations" traceback. The
+    save now runs to its end and the interrupt follows it: nothing half-written stays behind."""
+    import os
+
+    import orbax.checkpoint as ocp
+
+    if under == "default":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    real = ocp.StandardCheckpointer.save
+    finished = []
+
+    def save(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C as the save starts
+        out = real(self, *args, **kwargs)
+        self.wait_until_finished()
+        finished.append(True)
+        return out
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", save)
+    r = st.simulate(st.tasks.get("quadratic", num_workers=2), "asp", "1,1", num_updates=4, lr=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        r.save(tmp_path / "res")
+    assert finished == [True], "the interrupt did not wait for the save"
+    assert list(tmp_path.iterdir()) == []     # the atomic write left nothing behind
+    assert "Failed to run" not in caplog.text
+    assert (interrupts._pending.is_set()) == (under == "handler")
+    assert signal.getsignal(signal.SIGINT) is (interrupts.handler if under == "handler" else signal.default_int_handler)

@@ -10,15 +10,20 @@ checkpoints (before each chunk, before each run), which raises the KeyboardInter
 again if it was swallowed. The swallowed one is not printed (Python reports it through
 `sys.unraisablehook`, which `install` wraps): a command's Ctrl-C stays one line.
 Without `install()` (the Python API) nothing changes.
+
+`deferred()` holds a Ctrl-C that arrives inside a block until the block ends (work that
+must not stop halfway: a checkpoint library's save whose background commit would find
+its directory removed by the cleanup an interrupt starts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 
-__all__ = ["install", "check", "clear", "handler"]
+__all__ = ["install", "check", "clear", "handler", "deferred"]
 
 _pending = threading.Event()
 
@@ -58,6 +63,31 @@ def check() -> None:
 
 def clear() -> None:
     _pending.clear()
+
+
+@contextlib.contextmanager
+def deferred():
+    """Run the block to its end even if Ctrl-C arrives: the interrupt is held, then raised
+    as KeyboardInterrupt when the block ends (recorded for `check` under `handler`). In the
+    main thread under `handler` or Python's default handler; elsewhere nothing changes."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous not in (handler, signal.default_int_handler):
+        yield
+        return
+    held = []
+
+    def hold(signum, frame) -> None:
+        if previous is handler:
+            _pending.set()
+        held.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def __dir__():

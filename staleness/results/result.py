@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from staleness.infra import files
+from staleness.infra import files, interrupts
 from staleness.results import metrics as _metrics
 from staleness.results.metrics import Metric
 from staleness.schedule import FileFormatError, Schedule
@@ -48,7 +48,9 @@ def _save_orbax(path: Path, params) -> bool:
         import orbax.checkpoint as ocp
     except ImportError:   # pragma: no cover - flax depends on it
         return False
-    with ocp.StandardCheckpointer() as ckpt:
+    # its commit runs on a thread: a Ctrl-C waits for it (else the interrupted caller's cleanup
+    # removes the directory under the commit, which then fails with a traceback)
+    with interrupts.deferred(), ocp.StandardCheckpointer() as ckpt:
         ckpt.save(Path(path).absolute(), jax.tree.map(np.asarray, params))
         ckpt.wait_until_finished()
     return True
