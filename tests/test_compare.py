@@ -151,7 +151,7 @@ def test_ctrl_c_on_the_cli_exits_130_with_one_line_and_resume_finishes(tmp_path)
     argv = [sys.executable, "-m", "staleness", "compare", "--task", "quadratic", "--policy", "asp",
             "--policy", "ssp:1", "--seeds", "0,1,2,3", "--updates", "3000", "--cluster", "1,1,2,2",
             "--no-progress", "--out", str(out)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu", PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -162,7 +162,11 @@ def test_ctrl_c_on_the_cli_exits_130_with_one_line_and_resume_finishes(tmp_path)
             assert time.monotonic() < deadline, "the first run did not finish within 150 s"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:   # show where it hangs: faulthandler prints every thread on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            pytest.fail("no exit within 120 s of Ctrl-C; its threads:\n" + proc.communicate(timeout=30)[1][-6000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -3,6 +3,8 @@ hold a fixed number of gradients): bitwise the replay of the finished schedule, 
 ring must grow; the cases it cannot stream fall back to the whole schedule."""
 
 import dataclasses
+import itertools
+import signal
 import sys
 from pathlib import Path
 
@@ -186,3 +188,57 @@ def test_an_aggregation_whose_fixed_size_is_wrong_is_named(digits4):
     policy = P.Policy(P.ClockBound(0), _Claims1(), "claims1")
     with pytest.raises(ValueError, match=r"update 0 holds 4 gradients.*'claims1' declares 1"):
         st.simulate(digits4, policy, C.heterogeneous([1.0, 1.0, 2.6, 2.6]), num_updates=20, lr=0.1, seed=0)
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_while_the_schedule_is_simulated_stops_the_run_and_keeps_the_finished_schedule(digits4, fills,
+                                                                                                 monkeypatch):
+    """Ctrl-C lands while the rows of a later chunk are simulated (inside the simulator's event
+    generator): the run stops after its last completed chunk and still gets the finished
+    schedule. Before, the interrupt ended the generator halfway, and finishing the schedule
+    then looped forever (`staleness compare` hung after Ctrl-C)."""
+    real = st.engine.run.stream_schedule
+
+    def interrupted(*args, **kwargs):
+        stream = real(*args, **kwargs)
+        events = stream._events
+
+        def ctrl_c_at_event_450():
+            for i in itertools.count():
+                try:
+                    next(events)
+                except StopIteration as stop:
+                    return stop.value
+                if i == 450:
+                    signal.raise_signal(signal.SIGINT)
+                yield
+
+        stream._events = ctrl_c_at_event_450()
+        return stream
+
+    monkeypatch.setattr(st.engine.run, "stream_schedule", interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a plain Python session
+    try:
+        cluster = C.heterogeneous([1.0, 1.0, 2.6, 2.6])
+        r = st.simulate(digits4, "asp", cluster, num_updates=600, lr=0.1, seed=1, eval_every=50)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert fills[0] >= 2 and r.status == "stopped" and 0 < np.isfinite(r.train_loss).sum() < 600
+    nbytes = st.engine.payload.payload_bytes(digits4, P.parse("asp"))
+    _same_schedule(r.schedule, st.simulate_schedule("asp", cluster, num_updates=600, seed=1, payload_bytes=nbytes[0],
+                                                    push_bytes=nbytes[1]))
+
+
+@pytest.mark.timeout(60)
+def test_a_schedule_stream_whose_simulation_failed_says_so_instead_of_looping():
+    stream = stream_schedule("asp", C.heterogeneous([1.0, 2.0]), num_updates=50, seed=0)
+
+    def failing():
+        yield
+        raise ValueError("boom")
+
+    stream._events = failing()
+    with pytest.raises(ValueError, match="boom"):
+        stream.advance(10)
+    with pytest.raises(RuntimeError, match="simulation.*ended"):
+        stream.finish()

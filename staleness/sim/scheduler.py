@@ -70,7 +70,7 @@ import operator
 
 import numpy as np
 
-from staleness.infra import checks
+from staleness.infra import checks, interrupts
 from staleness import policies as _policies
 from staleness.cluster.network import SharedLink, allreduce_parts
 from staleness.driver import Driver
@@ -78,6 +78,10 @@ from staleness.sim.inflight import Decode
 from staleness.schedule import Schedule
 
 __all__ = ["simulate_schedule", "stream_schedule", "ScheduleStream"]
+
+EVENTS_PER_BLOCK = 2048
+"""Events a `ScheduleStream` runs with Ctrl-C held (about 10 ms): an interrupt is raised
+between two blocks, so the simulation it stops can still be finished."""
 
 _PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE = range(9)
 
@@ -226,7 +230,9 @@ class ScheduleStream:
     `advance(n)` runs the events until `n` updates are completed (or the run ended) and
     returns how many are; `driver.rec` then holds their rows (`Recorder`; rows still
     buffered for an update are not applied yet). `finish()` runs the rest and returns the
-    `Schedule`, the same as `simulate_schedule`'s: pausing changes no event.
+    `Schedule`, the same as `simulate_schedule`'s: pausing changes no event, and neither
+    does a Ctrl-C (raised between two events, `EVENTS_PER_BLOCK`), after which the stream
+    can still be finished.
     Attributes: `driver`, `num_updates` (the update budget; None: none), `bounded` (the
     updates are the only budget), `steady` (no worker ever fails or joins, so the run
     reaches its update budget unless its policy stalls), and as a `Schedule` has them
@@ -240,6 +246,7 @@ class ScheduleStream:
         self.policy, self.num_workers, self.cluster, self.seed = driver.policy, driver.num_workers, cluster, seed
         self.meta = meta
         self._events, self._finish, self._now = events, finish, None
+        self._failed = False
 
     @property
     def ended(self) -> bool:
@@ -248,11 +255,28 @@ class ScheduleStream:
     def advance(self, num_updates: int) -> int:
         state = self.driver.state
         while self._now is None and state.completed < num_updates:
+            with interrupts.deferred():   # Ctrl-C lands between two blocks of events, never inside one
+                self._run(num_updates)
+        return state.completed
+
+    def _run(self, num_updates: int) -> None:
+        """Up to `EVENTS_PER_BLOCK` events, until `num_updates` are completed or the run ended.
+        An exception inside an event ends the simulation's generator: later calls say so
+        (rather than wait forever for an end that cannot come)."""
+        if self._failed:
+            raise RuntimeError("ScheduleStream: the simulation ended with an error earlier; it cannot go on")
+        state = self.driver.state
+        for _ in range(EVENTS_PER_BLOCK):
+            if state.completed >= num_updates:
+                return
             try:
                 next(self._events)
             except StopIteration as stop:
                 self._now = stop.value
-        return state.completed
+                return
+            except BaseException:
+                self._failed = True
+                raise
 
     def finish(self) -> Schedule:
         self.advance(math.inf)
