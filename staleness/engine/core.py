@@ -1,13 +1,13 @@
 """The compiled replay: a loop over the updates of one evaluation chunk.
 
 Per update (unbatched code; `sweep` vmaps it over configurations):
-  1. read the parameters each gradient was computed on from a ring of the
-     last R versions (R = max staleness + 1; version v lives in slot v % R),
+  1. write the current version into its slot of a ring of R versions and read
+     the version each gradient was computed on from its slot (the plan says
+     which: `plan.Plan`),
   2. draw each gradient's minibatch as a pure function of (key, worker,
      iteration) and compute loss and gradient (vmapped over the C slots),
   3. one server update (`engine.update`): weight the gradients by the lr rule,
-     average over the real slots, apply the optax optimizer,
-  4. write the new version into the ring.
+     average over the real slots, apply the optax optimizer.
 No Python runs per event: the host calls one compiled function per chunk.
 The optimizer's transformation is a static argument (`opt`); its learning
 rate lives in the optimizer state, so a sweep varies it per configuration.
@@ -36,7 +36,7 @@ __all__ = ["Carry", "keys", "init_carry", "grow_ring", "init_carry_batched", "gr
 class Carry(NamedTuple):
     params: Any      # pytree: the current version
     opt_state: Any   # optax state of the server's (outer) optimizer
-    ring: Any        # params pytree with a leading [R] axis: version v in slot v % R (written at step v)
+    ring: Any        # params pytree with a leading [R] axis: the versions still to be read (`plan.Plan`)
     local: Any = ()  # local-update methods: the workers' inner-optimizer states, leaves [λ, ...]
 
 
@@ -50,9 +50,10 @@ class Static(NamedTuple):
     padded: bool = True  # some update may have no real slot (see `_update_from`)
 
 
-# Columns of the packed per-update input (one int32 array [K, 5, C] per chunk, so
-# the scan slices one array per step instead of five).
-WORKER, ITERATION, PULL, STALENESS, MASK = range(5)
+# Columns of the packed per-update input (one int32 array [K, 6, C] per chunk, so
+# the scan slices one array per step instead of six): SLOT is the ring slot of the
+# gradient's version, WRITE the slot the update's own version goes to (in every column).
+WORKER, ITERATION, SLOT, STALENESS, MASK, WRITE = range(6)
 
 
 def keys(seed):
@@ -90,17 +91,13 @@ def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = 
     return _distinct(Carry(params, opt_state, _ring(params, ring), local))
 
 
-def grow_ring(carry: Carry, ring: int, done: int) -> Carry:
-    """`carry` with a ring of `ring` (> its own) versions after `done` updates: the versions
-    it keeps, done - R .. done - 1, move from slot v % R to slot v % ring (the values are
-    the same, so a replay goes on bitwise; `plan.PlanStream`). On the host: it is rare."""
-    leaves = jax.tree.leaves(carry.ring)
-    r = leaves[0].shape[0]
-    index = np.zeros(ring, np.int64)
-    for v in range(max(0, done - r), done):
-        index[v % ring] = v % r
+def grow_ring(carry: Carry, ring: int) -> Carry:
+    """`carry` with a ring of `ring` (> its own) slots: the new ones are added after the
+    others, which keep their versions (a `plan.PlanStream` that found no free slot; the
+    replay goes on bitwise). On the host: it is rare."""
     old = jax.device_get(carry.ring)
-    return carry._replace(ring=jax.device_put(jax.tree.map(lambda a: np.asarray(a)[index], old)))
+    return carry._replace(ring=jax.device_put(jax.tree.map(
+        lambda a: np.concatenate([np.asarray(a), np.zeros((ring - a.shape[0],) + a.shape[1:], a.dtype)]), old)))
 
 
 def _distinct(tree):
@@ -246,10 +243,10 @@ def _step(task, static: Static, consts, carry: Carry, x):
     # every read then depends on the in-place write, so XLA never copies the ring
     # (reading first and writing last made it copy [R, ...] per step). One ring
     # per leaf: measured faster than one flat [R, P] ring (no concat/split).
-    ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
-    slots = x[PULL] % r
+    ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, x[WRITE, 0], 0), ring, params)
+    slots = x[SLOT]
     if static.local is not None and static.local.inflight:   # one version per in-flight segment: [C, S, ...]
-        seg = index[:, SEGMENT_VERSION] % r
+        seg = index[:, SEGMENT_VERSION] % r   # (such plans are `make_plan`'s: version v in slot v % R)
         stale = jax.tree.map(lambda a: a[seg], ring)
     elif slots.shape[0] == 1:
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
@@ -267,14 +264,15 @@ def _step_batched(task, static: Static, consts, carry: Carry, x):
     twice as slow on CPU)."""
     params, opt_state, ring, inner = carry
     r, b = jax.tree.leaves(ring)[0].shape[:2]
-    update, x, index = x                             # x: [B, 5, C]; index: [B, C, μ] or None
-    ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, update % r, 0), ring, params)
+    update, x, index = x                             # x: [B, 6, C]; index: [B, C, μ] or None
+    # (a sweep's plans are `make_plan`'s: version v in slot v % R, the same write slot for all)
+    ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, x[0, WRITE, 0], 0), ring, params)
     if static.local is not None and static.local.inflight:   # [B, C, S]: one version per in-flight segment
-        versions = index[:, :, SEGMENT_VERSION]
+        slots = index[:, :, SEGMENT_VERSION] % r
     else:
-        versions = x[:, PULL, :]                                          # [B, C]
-    lead = versions.shape
-    flat = ((versions % r) * b + jnp.arange(b).reshape((b,) + (1,) * (len(lead) - 1))).reshape(-1)
+        slots = x[:, SLOT, :]                                             # [B, C]
+    lead = slots.shape
+    flat = (slots * b + jnp.arange(b).reshape((b,) + (1,) * (len(lead) - 1))).reshape(-1)
     stale = jax.tree.map(
         lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape(lead + a.shape[2:]), ring)
     update_one = functools.partial(_update_from, task, static)
@@ -285,7 +283,7 @@ def _step_batched(task, static: Static, consts, carry: Carry, x):
 
 def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None,
            padded: bool = True):
-    """Replay the first `n` updates of one chunk. xs: (update [L] int32, packed [L, 5, C]
+    """Replay the first `n` updates of one chunk. xs: (update [L] int32, packed [L, 6, C]
     int32, index [L, C, μ] int32 or None: the minibatch indices of every slot, n: int32
     scalar), the inputs padded to L >= n rows (`pad_chunk`): the number of updates is an
     input, not a shape, so runs of other lengths (other evaluation intervals up to L)
@@ -320,7 +318,7 @@ intervals up to it share one compiled replay."""
 
 
 def pad_chunk(xs, n: int, length: int | None = None) -> tuple:
-    """Chunk inputs (update [K], packed [K, 5, C], index or None) padded to L = max(MIN_ROWS,
+    """Chunk inputs (update [K], packed [K, 6, C], index or None) padded to L = max(MIN_ROWS,
     the next power of two >= K) rows, with the number of updates to run, `n` <= K.
     `length` >= K: pad as for a chunk of that many updates (a part of a chunk runs in the
     chunk's compiled program)."""
@@ -336,7 +334,7 @@ run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local
 
 def chunk_batched(task, carry, xs, consts, *, opt, rules, local=None):
     """`_chunk` for B configurations: carry leaves [B, ...] (ring [R, B, ...]),
-    xs = (update [K], packed [K, B, 5, C], index [K, B, C, μ] or None) — the update
+    xs = (update [K], packed [K, B, 6, C], index [K, B, C, μ] or None) — the update
     index is shared. Not jitted: the per-device body of a sharded sweep
     (`engine.grid`); `run_chunk_batched` is its jitted form."""
     return lax.scan(functools.partial(_step_batched, task, Static(opt, rules, "vmap", local), consts), carry, xs)

@@ -290,7 +290,7 @@ def _feed(task, plans: list, data_keys: list, sel: list):
     def inputs(k):
         parts = [chunk_inputs(task, plans[i], k, data_keys[i]) for i in sel]
         index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, W, C, μ]
-        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, W, 5, C]
+        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, W, 6, C]
     return inputs
 
 

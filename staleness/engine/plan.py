@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 
 import numpy as np
 
 from staleness.schedule import NOT_APPLIED, Schedule
 
-__all__ = ["Plan", "make_plan", "PlanStream", "ring_size", "chunk_inputs", "fingerprint", "segment_count",
-           "segment_lists", "positions", "NO_SEGMENT"]
+__all__ = ["Plan", "make_plan", "PlanStream", "ring_size", "stream_ring", "chunk_inputs", "fingerprint",
+           "segment_count", "segment_lists", "positions", "NO_SEGMENT"]
 
 LOOKAHEAD = 256
-"""Updates a streamed plan simulates before it sizes its ring (`PlanStream`); a first chunk
-longer than this runs in parts of this many updates (`engine.run.simulate`)."""
+"""A streamed first chunk longer than this runs in parts of this many updates, each
+simulated while the one before runs (`engine.run.simulate`)."""
 
 NO_SEGMENT = np.iinfo(np.int32).max
 """The start of a padding segment (in-flight rollouts): past every position."""
@@ -71,6 +72,11 @@ class Plan:
 
     Shapes: U_pad = number of updates rounded up to a multiple of `chunk`;
     C = gradient slots per update (the largest update); R = ring size.
+    The replay keeps parameter versions in a ring of R slots: at update u it writes version
+    u into slot `write[u]`, then each gradient reads its version from slot `slot[u, c]`.
+    `make_plan` lays version v in slot v % R (R > the largest staleness); a `PlanStream`
+    gives each version a free slot and frees it after its last read (R > the versions live
+    at once, about the number of workers).
     """
 
     worker: np.ndarray       # [U_pad, C] int32
@@ -80,8 +86,10 @@ class Plan:
     mask: np.ndarray         # [U_pad, C] bool: real gradient slots (all False on padding updates)
     num_updates: int         # real updates U
     chunk: int               # updates per compiled call (evaluation interval)
-    ring: int                # R: parameter versions kept, >= max staleness + 1 (a power of two)
+    ring: int                # R: ring slots (see above)
     update_time: np.ndarray  # [U] seconds
+    slot: np.ndarray         # [U_pad, C] int32: the ring slot of each gradient's version
+    write: np.ndarray        # [U_pad] int32: the ring slot version u is written into
     segments: np.ndarray | None = None   # [U_pad, C, 2, S] int32 in-flight segments (None: none), see below
 
     # segments[u, c, 0]: the first decoded token of each segment (counting the prefill, in
@@ -109,11 +117,12 @@ class Plan:
 
     def xs(self, k: int, span: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Scan inputs of chunk k (or of the updates `span` = (lo, hi)): (update [K] int32,
-        packed [K, 5, C] int32) with rows worker, iteration, pull_version, staleness, mask
-        (see engine.core)."""
+        packed [K, 6, C] int32) with rows worker, iteration, ring slot, staleness, mask and
+        the write slot (the same in every column; see engine.core)."""
         lo, hi = span if span is not None else (k * self.chunk, (k + 1) * self.chunk)
-        packed = np.stack([self.worker[lo:hi], self.iteration[lo:hi], self.pull_version[lo:hi],
-                           self.staleness[lo:hi], self.mask[lo:hi].astype(np.int32)], axis=1)
+        write = np.broadcast_to(self.write[lo:hi, None], self.slot[lo:hi].shape)
+        packed = np.stack([self.worker[lo:hi], self.iteration[lo:hi], self.slot[lo:hi],
+                           self.staleness[lo:hi], self.mask[lo:hi].astype(np.int32), write], axis=1)
         return np.arange(lo, hi, dtype=np.int32), packed
 
     def chunk_view(self, k: int) -> dict[str, np.ndarray]:
@@ -155,16 +164,19 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
     if seg is not None:
         seg = np.pad(np.where(mask[:, :, None, None], seg[index], 0).astype(np.int32),
                      ((0, pad), (0, 0), (0, 0), (0, 0)))
+    pull = take(cols["pull_version"])
     return Plan(
         worker=take(cols["worker"]),
         iteration=take(cols["iteration"]),
-        pull_version=take(cols["pull_version"]),
+        pull_version=pull,
         staleness=take(stal),
         mask=np.pad(mask, ((0, pad), (0, 0))),
         num_updates=u,
         chunk=int(chunk),
         ring=r,
         update_time=np.asarray(schedule.update_time),
+        slot=pull % r,
+        write=(np.arange(u_pad) % r).astype(np.int32),
         segments=seg,
     )
 
@@ -176,6 +188,13 @@ def ring_size(max_staleness: int) -> int:
     return 1 << int(max_staleness).bit_length()
 
 
+def stream_ring(num_workers: int, slots: int) -> int:
+    """The ring a `PlanStream` starts with: the versions live at once when every worker
+    computes on its own (`num_workers`), each update reads `slots` more and writes one, and
+    as many wait in a buffer (a policy that needs more grows it)."""
+    return int(num_workers) + 2 * int(slots) + 1
+
+
 class PlanStream:
     """The `Plan` of a schedule while it is simulated (`sim.ScheduleStream`), filled as
     the replay goes: `fill(k)` (or `fill_to(u)`) simulates until chunk k's updates (the
@@ -185,33 +204,36 @@ class PlanStream:
     (`Policy.streamable`; checked), so the rows are those of `make_plan` on the finished
     schedule.
 
-    The ring size cannot wait for the whole schedule: `ring` starts at 1.5x the largest
-    staleness of the first `lookahead` updates (default `LOOKAHEAD`; `ring_size`), and rows
-    that need more raise it before they run (`grew`: the replay then re-lays its ring,
-    `core.grow_ring`, and compiles once more). Rows need the versions of their own
-    gradients and of every gradient still to be applied after them (pushed since, or
-    still computing: the driver's in-flight pulls), so no version is overwritten before
-    the gradient computed on it is applied. The ring's size changes no number: the
-    results are bitwise those of a replay of the finished schedule."""
+    Its ring holds the versions still to be read, not the last R: version u gets a free
+    slot when it is written (update u) and gives it back after the last gradient computed
+    on it is applied (or dropped). A version is still to be read after the filled rows
+    when a gradient on it is pushed but not yet applied, or still computing (the driver's
+    in-flight pulls): the simulation runs ahead of the replay, so this is known when the
+    rows are written. The ring starts at `ring` slots (default `stream_ring`: about the number of workers
+    ; ASP on 16 workers: 19 slots, where a ring of the last R versions needs R > the largest
+    staleness, 64); rows that find no free slot add slots before they run (`grew`: the
+    replay then pads its ring, `core.grow_ring`, and compiles once more). Where a version
+    lives changes no number: the results are bitwise those of a replay of the finished
+    schedule."""
 
-    def __init__(self, stream, chunk: int, slots: int, lookahead: int | None = None):
+    def __init__(self, stream, chunk: int, slots: int, ring: int | None = None):
         self.stream, self.slots = stream, int(slots)
         u = stream.num_updates
         u_pad = -(-u // chunk) * chunk
         shape = (u_pad, self.slots)
+        self.ring = stream_ring(stream.num_workers, self.slots) if ring is None else int(ring)
         self.plan = Plan(worker=np.zeros(shape, np.int32), iteration=np.zeros(shape, np.int32),
                          pull_version=np.zeros(shape, np.int32), staleness=np.zeros(shape, np.int32),
-                         mask=np.zeros(shape, bool), num_updates=u, chunk=int(chunk), ring=1,
-                         update_time=np.zeros(u, np.float64))
+                         mask=np.zeros(shape, bool), num_updates=u, chunk=int(chunk), ring=self.ring,
+                         update_time=np.zeros(u, np.float64), slot=np.zeros(shape, np.int32),
+                         write=np.zeros(u_pad, np.int32))
         self._cursor = 0    # records before it are applied in filled rows, dropped or lost
         self.filled = 0     # updates whose rows are written
-        stream.advance(min(u, LOOKAHEAD if lookahead is None else lookahead))
-        rec = stream.driver.rec
-        av = np.asarray(rec.apply_version, np.int64)
-        pv = np.asarray(rec.column("pull_version"), np.int64)
-        most = int((av - pv)[av != NOT_APPLIED].max(initial=0))
-        self.ring = ring_size(most + 1 + most // 2)
         self.grew = False
+        self._free = list(range(self.ring))    # heap of free slots
+        self._release: list = []               # heap of (update from which a slot is free, slot)
+        self._held: dict[int, int] = {}        # version -> slot, of versions read after the filled rows
+        self._where = np.zeros(u + 1, np.int32)   # version -> its slot (while it is live)
 
     def fill(self, k: int) -> None:
         """Simulate and write the rows of chunks up to k (each once, in order)."""
@@ -220,7 +242,7 @@ class PlanStream:
     def fill_to(self, updates: int) -> None:
         """Simulate and write the rows of the first `updates` updates (at most all)."""
         plan = self.plan
-        while self.filled < min(updates, plan.num_updates):   # chunk by chunk, as the ring check needs
+        while self.filled < min(updates, plan.num_updates):   # chunk by chunk
             hi = min(updates, plan.num_updates, (self.filled // plan.chunk + 1) * plan.chunk)
             self._fill(self.filled, hi)
             self.filled = hi
@@ -243,25 +265,47 @@ class PlanStream:
             raise ValueError(f"PlanStream: update {lo + bad} holds {int(counts[bad])} gradients, but the policy "
                              f"{stream.driver.policy.describe()!r} declares {self.slots} for every update "
                              "(its aggregation's fixed_size)")
-        slot = np.arange(len(order)) % self.slots
+        col = np.arange(len(order)) % self.slots
         pull = rows[order, 2].astype(np.int64)
         stal = av[order] - pull
         for name, values in (("worker", rows[order, 0]), ("iteration", rows[order, 1]), ("pull_version", pull),
                              ("staleness", stal)):
-            getattr(plan, name)[lo + u, slot] = values
-        plan.mask[lo + u, slot] = True
+            getattr(plan, name)[lo + u, col] = values
+        plan.mask[lo + u, col] = True
         plan.update_time[lo:hi] = rec.update_time[lo:hi]
         # rows applied up to here, dropped or lost are done with
         done = ((av != NOT_APPLIED) & (av < hi)) | (rows[:, 8] != 0) | (rows[:, 9] != 0)
         self._cursor = c + (int(np.argmin(done)) if not done.all() else len(done))
-        # The ring must hold, through update hi - 1, the version each gradient of the chunk
-        # was computed on (R > its staleness) and every version a gradient not applied by
-        # then was computed on: pushed later, or still computing (R >= hi - its version).
-        later = [int(rows[~done, 2].min())] if not done.all() else []
-        later += [f[1] for f in stream.driver.inflight if f is not None]   # InFlight.pull_version
-        need = max([int(stal.max()) + 1 if len(stal) else 1] + [hi - v for v in later])
-        if need > self.ring:
-            self.ring, self.grew = ring_size(need + need // 2), True
+        # versions read after update hi - 1: of gradients pushed but not applied by then, or still computing
+        after = set(rows[~done, 2].astype(np.int64).tolist())
+        after.update(f[1] for f in stream.driver.inflight if f is not None)   # InFlight.pull_version
+        self._place(lo, hi, lo + u, pull, after)
+        plan.slot[lo + u, col] = self._where[pull]
+
+    def _place(self, lo: int, hi: int, read_at: np.ndarray, pull: np.ndarray, after: set) -> None:
+        """Give versions lo .. hi - 1 their slots (`plan.write`): version v is read by the
+        gradients of `pull` at updates `read_at` (ascending), and after hi - 1 if in `after`."""
+        last = {}   # version -> its last read among these rows
+        if len(pull):
+            versions, first = np.unique(pull[::-1], return_index=True)
+            last = dict(zip(versions.tolist(), read_at[::-1][first].tolist()))
+        for v in [v for v in self._held if v not in after]:   # read for the last time in these rows (or dropped)
+            heapq.heappush(self._release, (last.get(v, lo - 1) + 1, self._held.pop(v)))
+        free, release, write = self._free, self._release, self.plan.write
+        for v in range(lo, hi):
+            while release and release[0][0] <= v:
+                heapq.heappush(free, heapq.heappop(release)[1])
+            if not free:   # more versions live than slots: add half as many again (the replay pads its ring)
+                more = max(1, self.ring // 2)
+                for s in range(self.ring, self.ring + more):
+                    heapq.heappush(free, s)
+                self.ring, self.grew = self.ring + more, True
+            s = heapq.heappop(free)
+            write[v] = self._where[v] = s
+            if v in after:
+                self._held[v] = s
+            else:
+                heapq.heappush(release, (last.get(v, v) + 1, s))
 
 
 def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:
@@ -289,7 +333,7 @@ def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:
 
 def chunk_inputs(task, plan: Plan, k: int, data_key, span: tuple[int, int] | None = None):
     """Scan inputs of chunk k (or of the updates `span` = (lo, hi)): (update [K], packed
-    [K, 5, C], index [K, C, μ] or None).
+    [K, 6, C], index [K, C, μ] or None).
     In-flight rollouts (a plan with `segments`): index is [K, C, 2, S], each segment's first
     completion position (its first decoded token less the task's `prefill`) and version.
     For `indexed` tasks the minibatch indices of every slot are computed here, on the

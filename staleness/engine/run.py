@@ -259,7 +259,7 @@ def _replay(source, task, s: _settings.Settings) -> Result:
 def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
     """Run `program` on a plan filled as it is simulated: chunk k's rows are simulated while
     chunk k - 1 runs (the runner builds the next inputs then), and a ring that became too
-    small is re-laid before the next chunk (`core.grow_ring`). The first chunk, which has
+    small grows before the next chunk (`core.grow_ring`). The first chunk, which has
     no chunk before it, runs in parts of `plan.LOOKAHEAD` updates, each simulated while the
     one before runs; the rest of the simulation and the `Schedule` are done while the last
     chunk but one runs. The Results (also those a `DivergenceError` or a `CallbackError`
@@ -276,7 +276,7 @@ def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
 
     def call(carry, xs):
         if feed.grew:
-            carry = core.grow_ring(carry, feed.ring, int(xs[0][0]))
+            carry = core.grow_ring(carry, feed.ring)
             feed.grew = False
         return program.step(carry, xs)
 
