@@ -209,10 +209,11 @@ class PlanStream:
     on it is applied (or dropped). A version is still to be read after the filled rows
     when a gradient on it is pushed but not yet applied, or still computing (the driver's
     in-flight pulls): the simulation runs ahead of the replay, so this is known when the
-    rows are written. The ring starts at `ring` slots (default `stream_ring`: about the number of workers
-    ; ASP on 16 workers: 19 slots, where a ring of the last R versions needs R > the largest
-    staleness, 64); rows that find no free slot add slots before they run (`grew`: the
-    replay then pads its ring, `core.grow_ring`, and compiles once more). Where a version
+    rows are written. The ring starts at `ring` slots (default `stream_ring`, about the
+    number of workers: ASP on 16 workers gets 19 slots, where a ring of the last R versions
+    needs R > the largest staleness, 64); rows that find no free slot add slots before they
+    run (`ring` counts the slots so far, `plan.ring` those it started with; `grew` is set:
+    the replay pads its ring, `core.grow_ring`, and compiles once more). Where a version
     lives changes no number: the results are bitwise those of a replay of the finished
     schedule."""
 
@@ -295,17 +296,20 @@ class PlanStream:
         for v in range(lo, hi):
             while release and release[0][0] <= v:
                 heapq.heappush(free, heapq.heappop(release)[1])
-            if not free:   # more versions live than slots: add half as many again (the replay pads its ring)
-                more = max(1, self.ring // 2)
-                for s in range(self.ring, self.ring + more):
-                    heapq.heappush(free, s)
-                self.ring, self.grew = self.ring + more, True
+            if not free:   # more versions live than slots: add half as many again
+                self._grow(max(1, self.ring // 2))
             s = heapq.heappop(free)
             write[v] = self._where[v] = s
             if v in after:
                 self._held[v] = s
             else:
                 heapq.heappush(release, (last.get(v, v) + 1, s))
+
+    def _grow(self, more: int) -> None:
+        """Add `more` free slots after the others (the replay pads its ring before the next call)."""
+        for s in range(self.ring, self.ring + more):
+            heapq.heappush(self._free, s)
+        self.ring, self.grew = self.ring + more, True
 
 
 def _segments(schedule: Schedule, at_least: int | None) -> np.ndarray | None:

@@ -238,7 +238,7 @@ def _replay(source, task, s: _settings.Settings) -> Result:
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
     if steps is not None:
         consts["steps"] = jnp.asarray(steps[0])
-    carry = core.init_carry(task, seed, opt, feed.ring if streamed else plan.ring, inner_opt, source.num_workers,
+    carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, source.num_workers,
                             local is not None and local.streaming)
     # static: a plan whose real updates all have a slot replays without the padding select
     # (a streamed plan: every update holds its policy's fixed number of gradients)
