@@ -19,7 +19,8 @@ chunk plus the initial one) and the compiled chunks; `chunks_vs_limit` is the li
 against ours' compiled chunks alone (replayed by hand, no schedule, no evaluation).
 Prints ratios measured in this run; ends with one JSON line.
 Targets: ours >= 0.9x limit for ASP and SSP(3) on digits-mlp and the LM (issue #10);
->= 10x reference on the tiny MLP (issue #3).
+>= 10x reference on the tiny MLP (issue #3); >= 0.8x on digits-mlp and >= 0.9x on the
+LM at full size (issue #23, the streamed chunk runner).
 
     python benchmarks/sim_speed.py [--quick] [--reps N] [--tasks digits-mlp,stdlib-lm]
 """
@@ -202,8 +203,14 @@ def main():
                   f"chunks {row['chunks_share_of_time']:.0%}")
     met = (all(r["vs_limit"] >= 0.9 for r in rows if r["task"] != "tiny-mlp")
            and all(r["vs_reference"] >= 10 for r in rows if r["task"] == "tiny-mlp"))
+    # issue #23 (the streamed chunk runner): >= 0.8x on digits-mlp, >= 0.9x on the LM, at full size
+    need = {"digits-mlp": 0.8, "stdlib-lm": 0.9}
+    met23 = None if args.quick else all(r["vs_limit"] >= need[r["task"]] for r in rows if r["task"] in need)
     print(f"targets (>= 0.9x limit on digits-mlp and the LM, >= 10x reference on tiny): {'met' if met else 'NOT met'}")
-    print(json.dumps({"benchmark": "sim_speed", "workers": lam, "rows": rows, "targets_met": met}))
+    print("issue #23 targets (>= 0.8x limit on digits-mlp, >= 0.9x on the LM; full size only): "
+          + ("not measured (--quick)" if met23 is None else "met" if met23 else "NOT met"))
+    print(json.dumps({"benchmark": "sim_speed", "workers": lam, "rows": rows, "targets_met": met,
+                      "issue23_targets_met": met23}))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ run (`pipeline.settings.RunArgs`): `training.set_up` checks it, `staleness pipel
 its flags from it (`runtime.spec.Settings`, the real run's, is tested in test_cli_config)."""
 
 import dataclasses
+import re
+
+import numpy as np
 
 import pytest
 
@@ -22,6 +25,7 @@ OFFERED = {
     "compare": ["max_time", "num_updates", "lr", "lr_rule", "optimizer", "inner_optimizer", "batch_size"],
     "sweep": ["num_updates", "max_time", "optimizer", "inner_optimizer", "batch_size", "eval_every"],
     "replay": ["lr", "lr_rule", "optimizer", "batch_size", "seed"],
+    "schedule": ["num_updates", "max_time", "seed", "batch_size"],
 }
 
 
@@ -86,6 +90,42 @@ def test_simulate_and_replay_check_their_settings_once_before_any_work(monkeypat
         st.simulate(task, "asp", "1,2", num_updates=6, eval_every=0)
 
 
+def test_schedule_checks_its_settings_once_in_the_library(monkeypatch, capsys):
+    calls = []
+    real = settings.check
+    monkeypatch.setattr(settings, "check", lambda s: calls.append(s) or real(s))
+    assert main(["schedule", "--policy", "asp", "--cluster", "1,2", "--updates", "5", "--seed", "3"]) == 0
+    assert len(calls) == 1 and (calls[0].num_updates, calls[0].seed, calls[0].max_time) == (5, 3, None)
+    assert "seed: 3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--payload-bytes", "-5"], "simulate_schedule: --payload-bytes = -5 must be an integer number of bytes >= 0"),
+    (["--payload-bytes", "0", "--cluster", "1*2+net=10mbps:20ms"], "the transfers carry no bytes"),
+])
+def test_schedule_payload_bytes_checked_by_the_simulator_named_as_the_flag(argv, line, capsys):
+    code = main(["schedule", "--policy", "asp", "--updates", "5"] + argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and line in lines[0], lines
+
+
+def test_a_sweep_checks_its_settings_once_before_any_schedule(monkeypatch):
+    from staleness.engine import run as engine_run
+    from staleness.engine.settings import SweepSettings, check_sweep
+
+    def boom(*args, **kwargs):
+        raise AssertionError("simulated before the settings were checked")
+
+    monkeypatch.setattr(engine_run, "simulate_schedules", boom)
+    for kw, line in (({"ring": 0}, "ring = 0 must be an integer >= 1"),
+                     ({"slots": True}, "slots = True must be an integer >= 1"),
+                     ({"eval_every": 0}, "eval_every = 0 must be an integer >= 1 (updates)")):
+        with pytest.raises(ArgumentError, match=re.escape(line)):
+            st.sweep("quadratic", ["asp"], "1,2", num_updates=6, **kw)
+    assert check_sweep(SweepSettings(ring=np.int64(8))).ring == 8
+    assert [f.flag for f in flags_of(SweepSettings)] == ["--ring", "--slots"]
+
+
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Fail the test if a task were built or a simulation started."""
@@ -110,6 +150,12 @@ def nothing_runs(monkeypatch):
     (["replay", "nowhere.json", "--seed", "-2"], "--seed = -2 must be an integer >= 0"),
     (["replay", "nowhere.json", "--lr", "nan"], "--lr = nan must be a finite number > 0"),
     (["simulate", "--updates", "x"], "argument --updates: 'x' is not an integer"),
+    (["sweep", "--ring", "0"], "--ring = 0 must be an integer >= 1"),
+    (["sweep", "--slots", "-2"], "--slots = -2 must be an integer >= 1"),
+    (["schedule", "--updates", "0"], "--updates = 0 must be an integer >= 1"),
+    (["schedule", "--max-time", "-2"], "--max-time = -2.0 must be a finite number of seconds > 0"),
+    (["schedule", "--seed", "-1"], "--seed = -1 must be an integer >= 0"),
+    (["schedule", "--task", "digits-mlp", "--batch-size", "0"], "--batch-size = 0 must be an integer >= 1"),
 ])
 def test_bad_flags_fail_once_naming_the_flag_before_anything_runs(argv, line, nothing_runs, capsys):
     code = main(argv)

@@ -21,7 +21,7 @@ import argparse
 import dataclasses
 from typing import Any, NamedTuple
 
-__all__ = ["Flag", "flags_of", "add_flags", "flag_argv", "values_of", "integer", "number"]
+__all__ = ["Flag", "flags_of", "add_flags", "flag_argv", "values_of", "check_values", "integer", "number"]
 
 
 class Flag(NamedTuple):
@@ -106,7 +106,14 @@ def flag_argv(args, flags: list[Flag]) -> list[str]:
     return argv
 
 
-def values_of(args, cls) -> dict:
-    """The values of `cls`'s flagged fields in parsed `args`, by field name (keyword
-    arguments for `cls` or the function it describes)."""
-    return {f.dest: getattr(args, f.dest) for f in flags_of(cls)}
+def values_of(args, cls, names=None) -> dict:
+    """The values of `cls`'s flagged fields (or of those in `names`) in parsed `args`, by
+    field name (keyword arguments for `cls` or the function it describes)."""
+    return {f.dest: getattr(args, f.dest) for f in flags_of(cls, names)}
+
+
+def check_values(args, cls, check, names=None, **fixed):
+    """`check(cls(**fixed, **values))` of the settings given as flags (all of `cls`'s, or
+    those in `names`): the library checks each value once, before JAX starts or a task is
+    built, and its `checks.ArgumentError` is shown with the flag (exit 2)."""
+    return check(cls(**fixed, **values_of(args, cls, names)))

@@ -25,7 +25,7 @@ import sys
 import time
 
 from staleness.cli.common import UsageError, add_log, check_out, count, log_callbacks, natural, positive, print_table
-from staleness.cli.config_flags import add_flags, flags_of
+from staleness.cli.config_flags import add_flags, check_values, flags_of
 from staleness.pipeline.settings import RunArgs, check
 
 __all__ = ["add"]
@@ -140,14 +140,8 @@ def _launch(args, k: int) -> int:
                            heartbeat_timeout=args.heartbeat_timeout or mp.DEFAULT_HEARTBEAT_S)
 
 
-def _check_settings(args) -> None:
-    """The run's settings (`pipeline.settings.RunArgs`), each checked on its own by the library
-    before JAX starts or a task is built (an ArgumentError, shown with its flag: exit 2)."""
-    check(RunArgs(args.schedule, **{name: getattr(args, name) for name in _SETTINGS}))
-
-
 def _cmd(args) -> int:
-    _check_settings(args)
+    check_values(args, RunArgs, check, _SETTINGS, schedule=args.schedule)
     if args.launch_local is not None and args.stages is None and not args.delays:
         args.stages = args.launch_local
     k = _num_stages(args)

@@ -14,7 +14,7 @@ from staleness.infra import files
 from staleness.cli.common import (UsageError, add_log, add_task_option, add_yes, build_task, check_out, check_pairing,
                                    check_processes, count, declared_optimizer, log_callbacks, nonnegative,
                                    print_table, task_options)
-from staleness.cli.config_flags import Flag, add_flags, flag_argv, flags_of, values_of
+from staleness.cli.config_flags import Flag, add_flags, check_values, flag_argv, flags_of, values_of
 from staleness.engine.settings import Settings as EngineSettings
 from staleness.runtime.spec import Settings, check_settings
 
@@ -64,12 +64,6 @@ def _run_argv(args) -> list[str]:
     for item in args.task_option or []:
         argv += ["--task-option", item]
     return argv
-
-
-def _check_settings(args) -> None:
-    """The run's settings (`runtime.spec.Settings`), each checked on its own by the library
-    before JAX starts or a task is built (an ArgumentError, shown with its flag: exit 2)."""
-    check_settings(Settings(**values_of(args, Settings)))
 
 
 def add(sub) -> None:
@@ -193,7 +187,7 @@ def _cmd_run(args) -> int:
     check_pairing([policy], args.task)       # an RL policy needs an RL task, and the other way round
     if args.cluster is not None:
         _cluster.parse(args.cluster)
-    _check_settings(args)
+    check_values(args, Settings, check_settings)
     check_specs(args)
     _check_checkpoint(args)
     _check_sync(args, policy, args.num_processes if multi else 1)
@@ -264,7 +258,7 @@ def _cmd_launch(args) -> int:
     check_pairing([policy], args.task)
     if args.cluster is not None:
         _cluster.parse(args.cluster)
-    _check_settings(args)
+    check_values(args, Settings, check_settings)
     check_specs(args)
     _check_checkpoint(args)
     _check_sync(args, policy, args.local)

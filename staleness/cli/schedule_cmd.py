@@ -6,9 +6,19 @@ import json
 
 from staleness import policies
 from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, add_yes, build_task, check_pairing,
-                                   check_scale, count, natural, positive, print_table, rl_task_name)
+                                   check_scale, print_table, rl_task_name)
+from staleness.cli.config_flags import add_flags, flags_of, integer
+from staleness.engine.settings import Settings
 
 __all__ = ["add"]
+
+# The settings `schedule` shares with `simulate`, generated from `engine.settings.Settings`
+# and checked there (`settings.check`), once.
+_SETTINGS = ["num_updates", "max_time", "seed", "batch_size"]
+_HELP = {"num_updates": {"help": "server updates to simulate (default 2000)", "default": 2000},
+         "max_time": {"help": "simulated seconds budget (optional)"},
+         "seed": {"help": "seed of the cluster's draws (default 0)"},
+         "batch_size": {"help": "with --task: its minibatch size (RL tasks: prompts per rollout)"}}
 
 
 def add(sub) -> None:
@@ -23,16 +33,14 @@ def add(sub) -> None:
                    f"{', '.join(DEFAULT_RL_POLICIES)} with an RL --task): " + policies.spec_help())
     p.add_argument("--cluster", default=None,
                    help="cluster spec (see staleness.cluster.parse); default: 4 workers at 1.0 s + 4 at 2.6 s")
-    p.add_argument("--updates", type=count, default=2000, help="server updates to simulate (default 2000)")
-    p.add_argument("--max-time", type=positive, default=None, help="simulated seconds budget (optional)")
+    add_flags(p, flags_of(Settings, _SETTINGS[:2], **_HELP))
     add_yes(p)
-    p.add_argument("--seed", type=natural, default=0)
+    add_flags(p, flags_of(Settings, _SETTINGS[2:3], **_HELP))
     p.add_argument("--task", default=None, help="time the runs of this task as `simulate` does (optional): an RL "
                    "task's rollouts take as long as the tokens they decode (without it, one cluster step each), "
                    "and transfers carry the bytes of its parameters")
-    p.add_argument("--batch-size", type=count, default=None, help="with --task: its minibatch size (RL tasks: "
-                   "prompts per rollout)")
-    p.add_argument("--payload-bytes", type=count, default=None, help="bytes each pull and push carries over the "
+    add_flags(p, flags_of(Settings, _SETTINGS[3:], **_HELP))
+    p.add_argument("--payload-bytes", type=integer, default=None, help="bytes each pull and push carries over the "
                    "cluster's links, without a --task (with one: the bytes of its parameters); a cluster with a "
                    "bandwidth needs one of them")
     add_task_option(p)
@@ -44,8 +52,10 @@ def add(sub) -> None:
 def _cmd_schedule(args) -> int:
     from staleness import cluster as C
     from staleness import policies as P
+    from staleness.cli.simulate_cmd import check_settings
     from staleness.sim.scheduler import simulate_schedule
 
+    check_settings(args, _SETTINGS)
     if args.task is None and (args.task_option or args.batch_size is not None):
         raise UsageError("--task-option and --batch-size apply to a --task")
     rl = rl_task_name(args.task) if args.task is not None else None
@@ -54,7 +64,7 @@ def _cmd_schedule(args) -> int:
     cluster = C.default() if args.cluster is None else C.parse(args.cluster)
     for pol in pols:
         pol.init(cluster.num_workers)  # validates e.g. softsync n <= workers before any work
-    check_scale(args, cluster, None if args.max_time is not None else args.updates, args.max_time, runs=len(pols))
+    check_scale(args, cluster, None if args.max_time is not None else args.num_updates, args.max_time, runs=len(pols))
     if args.task is not None:
         check_pairing(pols, args.task)
     if args.save:
@@ -73,13 +83,13 @@ def _cmd_schedule(args) -> int:
         files.check_file(Path(args.save), what="--save", replaceable=is_schedule)
     if args.task is not None and args.payload_bytes is not None:
         raise UsageError("give either --task (its parameters' bytes) or --payload-bytes, not both")
-    if args.task is None and args.payload_bytes is None and _has_bandwidth(cluster):
+    if args.task is None and not args.payload_bytes and _has_bandwidth(cluster):
         raise UsageError(f"--cluster {cluster.describe()!r} has a bandwidth, but without --task or --payload-bytes "
-                         "the transfers carry no bytes and it would be ignored; give one of them")
+                         "(> 0) the transfers carry no bytes and it would be ignored; give one of them")
     timing = _timing(args, pols, cluster)
     rows = []
     for i, pol in enumerate(pols):
-        sched = simulate_schedule(pol, cluster, num_updates=args.updates, max_time=args.max_time, seed=args.seed,
+        sched = simulate_schedule(pol, cluster, num_updates=args.num_updates, max_time=args.max_time, seed=args.seed,
                                   **timing(pol))
         if i == 0 and args.save:
             sched.save(args.save)

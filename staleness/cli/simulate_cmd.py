@@ -7,7 +7,7 @@ import sys
 import time
 
 from staleness import policies
-from staleness.cli.config_flags import add_flags, flags_of
+from staleness.cli.config_flags import add_flags, check_values, flags_of
 from staleness.engine.settings import Settings
 from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_log, add_task_option, add_yes,
                                    build_task, check_out, check_pairing, check_scale, is_rl_policy,
@@ -62,12 +62,11 @@ _BUDGET_HELP = {"max_time": {"help": f"simulated seconds per run (default {DEFAU
 
 
 def check_settings(args, names) -> None:
-    """The run's settings given as flags `names` (fields of `engine.settings.Settings`), each
-    checked by the library before JAX starts or a task is built (an ArgumentError, shown
-    with its flag: exit 2)."""
+    """The run's settings given as flags `names` (fields of `engine.settings.Settings`),
+    checked by the library (`config_flags.check_values`)."""
     from staleness.engine import settings
 
-    settings.check(Settings(**{name: getattr(args, name) for name in names}))
+    check_values(args, Settings, settings.check, names)
 
 
 def _cluster(args):

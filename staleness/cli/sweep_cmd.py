@@ -33,9 +33,9 @@ from staleness import policies
 from staleness.cli.common import (is_rl_task, UsageError, add_log, add_task_option, add_yes, build_task, check_out,
                                    check_pairing, check_scale, count, declared_optimizer, log_callbacks, natural,
                                    positive, print_table, rl_task_name, task_options)
-from staleness.cli.config_flags import add_flags, flags_of
+from staleness.cli.config_flags import add_flags, check_values, flags_of
 from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES, check_settings
-from staleness.engine.settings import Settings
+from staleness.engine.settings import Settings, SweepSettings
 from staleness.infra.procs import kill_groups
 
 __all__ = ["add"]
@@ -84,9 +84,7 @@ def add(sub) -> None:
                    "dirichlet:ALPHA or sizes:F1,...,Fn")
     p.add_argument("--data-dir", default=None, help="local data directory (CIFAR tasks)")
     add_flags(p, flags_of(Settings, ["eval_every"]))
-    p.add_argument("--ring", type=count, default=None, help="parameter versions kept (>= largest staleness + 1); "
-                   "pin it (and --slots) so grids share one compiled replay")
-    p.add_argument("--slots", type=count, default=None, help="gradient slots per update (>= the largest update)")
+    add_flags(p, flags_of(SweepSettings, ["ring", "slots"]))
     p.add_argument("--devices", type=count, default=None, help="shard the configurations over this process's "
                    "first N local devices")
     p.add_argument("--block", type=count, default=None, help="configurations per device per compiled call "
@@ -157,10 +155,11 @@ def _check(args):
     from staleness import cluster as C
     from staleness import lr as _lr
     from staleness.cli.simulate_cmd import DEFAULT_LR, check_specs
-    from staleness.engine import optim
+    from staleness.engine import optim, settings
     from staleness.tasks import registry
 
     check_settings(args, _SETTINGS)
+    check_values(args, SweepSettings, settings.check_sweep)   # the pinned --ring, --slots
     task_options(args)   # malformed KEY=VALUE: one line before anything runs
     pols = _policies(args)
     seeds = _list(args.seeds, "--seeds", int)

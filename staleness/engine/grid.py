@@ -37,6 +37,8 @@ from jax.sharding import PartitionSpec as P
 from staleness.engine import core
 from staleness.engine import runner as _runner
 from staleness.engine.plan import Plan, chunk_inputs, make_plan
+from staleness.engine.settings import SweepSettings
+from staleness.infra import checks
 
 __all__ = ["Grid", "Settings", "replay_grid", "grid_block", "resolve_devices", "compile_seconds", "needs",
            "padding", "pad_plan"]
@@ -70,22 +72,7 @@ def compile_seconds() -> float:
 
 
 # -- the grid --------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """A sweep's settings, as `engine.run.sweep` takes them (see there); checked by `prepare`."""
-
-    seeds: Any = (0,)
-    lr_rules: Any = ("constant",)
-    lrs: Any = (None,)
-    num_updates: int | None = None
-    max_time: float | None = None
-    optimizer: Any = None
-    inner_optimizer: Any = None
-    eval_every: int | None = None
-    num_evals: int = 20
-    batch_size: int | None = None
-    ring: int | None = None
-    slots: int | None = None
+Settings = SweepSettings   # a sweep's settings (`engine.settings.SweepSettings`), by its old name
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -113,8 +100,7 @@ class Grid:
 def _check_pin(name: str, value, need: int) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} = {value!r} must be an integer >= 1")
+    value = checks.at_least(name, value, 1)
     if value < need:
         what = "the largest staleness + 1" if name == "ring" else "the largest update's gradient count"
         raise ValueError(f"{name} = {value} is too small for these schedules: they need {need} ({what}); "

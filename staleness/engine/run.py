@@ -402,11 +402,11 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
 
     settings: `sweep`'s keyword arguments seeds, lr_rules, lrs, num_updates, max_time,
     optimizer, inner_optimizer, eval_every, num_evals, batch_size, ring and slots
-    (an `engine.grid.Settings`; see `sweep`)."""
+    (an `engine.settings.SweepSettings`, checked here; see `sweep`)."""
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
-    s = _grid.Settings(**settings)
+    s = _settings.check_sweep(_settings.SweepSettings(**settings))
     pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
     rules = [_lr.get(r) if isinstance(r, str) else r for r in s.lr_rules]
     lrs = [checks.learning_rate(v, allow_none=True) for v in s.lrs]

@@ -21,7 +21,7 @@ from typing import Any
 from staleness.infra import checks
 from staleness.infra.settings import flag, no_flag
 
-__all__ = ["Settings", "check", "SLOT_MODES"]
+__all__ = ["Settings", "check", "SweepSettings", "check_sweep", "SLOT_MODES"]
 
 SLOT_MODES = ("vmap", "map")
 
@@ -81,3 +81,36 @@ def check(s: Settings) -> Settings:
         num_evals=checks.at_least("num_evals", s.num_evals, 1),
         batch_size=checks.at_least("batch_size", s.batch_size, 1, allow_none=True),
         stop_after=checks.at_least("stop_after", s.stop_after, 1, allow_none=True, what=" (updates)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSettings:
+    """A sweep's settings, as `engine.run.sweep` takes them (see there): the grid's axes
+    (seeds, lr rules, rates), the budget and optimizers as `Settings`, and the padding a
+    grid may pin (ring, slots); checked by `check_sweep`. Each field's metadata describes
+    its command-line flag (`staleness sweep`), or says what sets it instead."""
+
+    seeds: Any = _field(default=(0,), metadata=no_flag("--seeds (a comma-separated list)"))
+    lr_rules: Any = _field(default=("constant",), metadata=no_flag("--lr-rules (a comma-separated list)"))
+    lrs: Any = _field(default=(None,), metadata=no_flag("--lrs (a comma-separated list)"))
+    num_updates: Any = _field(default=None, metadata=no_flag("--updates (`Settings.num_updates`)"))
+    max_time: Any = _field(default=None, metadata=no_flag("--max-time (`Settings.max_time`)"))
+    optimizer: Any = _field(default=None, metadata=no_flag("--optimizer (`Settings.optimizer`)"))
+    inner_optimizer: Any = _field(default=None, metadata=no_flag("--inner-optimizer (`Settings.inner_optimizer`)"))
+    eval_every: Any = _field(default=None, metadata=no_flag("--eval-every (`Settings.eval_every`)"))
+    num_evals: Any = _field(default=20, metadata=no_flag("the command line keeps 20 rows"))
+    batch_size: Any = _field(default=None, metadata=no_flag("--batch-size (`Settings.batch_size`)"))
+    ring: Any = _field(default=None, metadata=flag("parameter versions kept (>= largest staleness + 1); pin it "
+                                                   "(and --slots) so grids share one compiled replay", int))
+    slots: Any = _field(default=None, metadata=flag("gradient slots per update (>= the largest update)", int))
+
+
+def check_sweep(s: SweepSettings) -> SweepSettings:
+    """`s` with the values `check` checks for a simulated run, and the pinned ring and
+    slots (integers >= 1; whether they are large enough is known once the schedules are)."""
+    one = check(Settings(num_updates=s.num_updates, max_time=s.max_time, eval_every=s.eval_every,
+                         num_evals=s.num_evals, batch_size=s.batch_size))
+    return dataclasses.replace(
+        s, num_updates=one.num_updates, max_time=one.max_time, eval_every=one.eval_every, num_evals=one.num_evals,
+        batch_size=one.batch_size, ring=checks.at_least("ring", s.ring, 1, allow_none=True),
+        slots=checks.at_least("slots", s.slots, 1, allow_none=True))

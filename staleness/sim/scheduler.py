@@ -89,15 +89,15 @@ _PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE = ran
 def _bytes_arg(name: str, value) -> int | None:
     if value is None:
         return None
+    must = "must be an integer number of bytes >= 0"
     try:
         if isinstance(value, bool):
             raise TypeError
         n = operator.index(value)
     except TypeError:
-        raise ValueError(f"simulate_schedule: {name} = {value!r} must be an integer number of bytes >= 0 "
-                         f"(or None)") from None
+        raise checks.ArgumentError(name, value, must + " (or None)", where="simulate_schedule") from None
     if n < 0:
-        raise ValueError(f"simulate_schedule: {name} = {value!r} must be an integer number of bytes >= 0")
+        raise checks.ArgumentError(name, value, must, where="simulate_schedule")
     return int(n)
 
 
