@@ -23,6 +23,11 @@ import pytest
 from _jobs import Procs
 
 DEADLINE = 120   # seconds: hard limit for the processes of one test
+# No process dies in these tests, so the heartbeat timeout is only a margin: process 0's
+# heartbeats were once held up past 5 s while the whole suite loaded the 2 cores (the
+# service then declared it dead and every process aborted: exit 134); a lost process
+# would still be seen well within DEADLINE.
+HEARTBEAT = 20
 UPDATES = 6
 LR = 0.5
 
@@ -47,7 +52,7 @@ def _child(port: int, n: int, pid: int, policy: str, out: str) -> int:
     # the task is built once jax.distributed is initialized (no JAX operation before it)
     result = run_process(lambda: _task(n), policy, coordinator=f"127.0.0.1:{port}", num_processes=n,
                          process_id=pid, num_workers=n, num_updates=UPDATES, lr=LR, num_evals=1,
-                         worker_timeout=30, heartbeat_timeout=5, init_timeout=60)
+                         worker_timeout=30, heartbeat_timeout=HEARTBEAT, init_timeout=60)
     if pid == 0:
         result.save(out)
         print(f"RESULT {result.status} {result.schedule.num_updates}", flush=True)
@@ -102,7 +107,7 @@ def test_staleness_launch_runs_rl_across_processes_and_replay_check_is_bitwise(p
     out = tmp_path / "out"
     procs.spawn([sys.executable, "-m", "staleness", "launch", "--local", "2", "--timeout", str(DEADLINE - 10),
                  "--task", "rl-bandit", "--policy", "rl_async:1", "--updates", str(UPDATES), "--lr", str(LR),
-                 "--worker-timeout", "30", "--heartbeat-timeout", "5", "--no-progress", "--out", str(out)])
+                 "--worker-timeout", "30", "--heartbeat-timeout", str(HEARTBEAT), "--no-progress", "--out", str(out)])
     codes = procs.finish()
     assert codes == [0], procs.text(0)[-3000:]
     res = st.Result.load(out)
@@ -126,7 +131,7 @@ def test_inflight_actors_in_worker_processes_take_published_versions_and_replay_
     procs.spawn([sys.executable, "-m", "staleness", "launch", "--local", "2", "--timeout", str(DEADLINE - 10),
                  "--task", "rl-digits", *tiny, "--policy", "rl_inflight:2", "--cluster", "3,3,1,1.5",
                  "--time-scale", "0.002", "--updates", "10", "--lr", "0.001", "--worker-timeout", "30",
-                 "--heartbeat-timeout", "5", "--no-progress", "--out", str(out)])
+                 "--heartbeat-timeout", str(HEARTBEAT), "--no-progress", "--out", str(out)])
     codes = procs.finish()
     assert codes == [0], procs.text(0)[-3000:]
     res = st.Result.load(out)
