@@ -7,7 +7,7 @@ import json
 from staleness import policies
 from staleness.cli.common import (DEFAULT_RL_POLICIES, UsageError, add_task_option, add_yes, build_task, check_pairing,
                                    check_scale, print_table, rl_task_name)
-from staleness.cli.config_flags import add_flags, flags_of, integer
+from staleness.cli.config_flags import add_flags, check_values, flags_of, integer
 from staleness.engine.settings import Settings
 
 __all__ = ["add"]
@@ -52,10 +52,10 @@ def add(sub) -> None:
 def _cmd_schedule(args) -> int:
     from staleness import cluster as C
     from staleness import policies as P
-    from staleness.cli.simulate_cmd import check_settings
+    from staleness.engine import settings
     from staleness.sim.scheduler import simulate_schedule
 
-    check_settings(args, _SETTINGS)
+    check_values(args, Settings, settings.check, _SETTINGS)
     if args.task is None and (args.task_option or args.batch_size is not None):
         raise UsageError("--task-option and --batch-size apply to a --task")
     rl = rl_task_name(args.task) if args.task is not None else None

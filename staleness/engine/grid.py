@@ -38,7 +38,6 @@ from staleness.engine import core
 from staleness.engine import runner as _runner
 from staleness.engine.plan import Plan, chunk_inputs, make_plan
 from staleness.engine.settings import SweepSettings
-from staleness.infra import checks
 
 __all__ = ["Grid", "Settings", "replay_grid", "grid_block", "resolve_devices", "compile_seconds", "needs",
            "padding", "pad_plan"]
@@ -98,9 +97,10 @@ class Grid:
 
 
 def _check_pin(name: str, value, need: int) -> int | None:
+    """A pinned ring or slot count (an int >= 1, `settings.check_sweep`) against what the
+    schedules need."""
     if value is None:
         return None
-    value = checks.at_least(name, value, 1)
     if value < need:
         what = "the largest staleness + 1" if name == "ring" else "the largest update's gradient count"
         raise ValueError(f"{name} = {value} is too small for these schedules: they need {need} ({what}); "
