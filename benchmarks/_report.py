@@ -1,8 +1,21 @@
-"""Shared helpers of the reproduction scripts (run as `python benchmarks/<script>.py`,
-so this directory is on sys.path)."""
+"""Shared helpers of the benchmark and reproduction scripts (run as
+`python benchmarks/<script>.py`, so this directory is on sys.path).
 
+Agreement of two paths (`Agreement`, `difference`, `finish`): the project rule is that a
+benchmark script comparing two paths (sweep vs simulate, sharded vs one device, replay vs
+real run, ours vs a reference loop, ...) fails, with a non-zero exit status, when they
+disagree beyond the documented tolerance: printing a difference is not checking it. A
+script measures each comparison as an `Agreement` and ends with `finish(summary, checks)`,
+which prints the final JSON line (with "agree" and "agreement" fields, so what was measured
+is kept), then one line on stderr per comparison beyond its tolerance, and exits with
+status 1 if there is one."""
+
+import dataclasses
+import json
+import math
 import os
 import platform
+import sys
 
 import numpy as np
 
@@ -84,3 +97,80 @@ def previous_verdicts(md_path) -> dict:
             if len(cols) >= 2 and not set(cols[0]) <= {"-"}:
                 out[cols[0]] = cols[1]
     return out
+
+
+# -- agreement of two paths --------------------------------------------------------------------
+BITWISE = 0.0   # the tolerance of paths documented to be bitwise equal
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """One comparison of two paths: `measured` (how far apart they are, as `what` says)
+    against `tolerance` (the largest accepted value; 0 with `difference`: bitwise).
+    `why` says where the tolerance comes from; `detail`, where the worst case is."""
+
+    first: str
+    second: str
+    measured: float
+    tolerance: float
+    what: str = "max |difference|"
+    why: str = ""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.measured <= self.tolerance)   # NaN: not ok
+
+    def line(self) -> str:
+        """The one line that names the two paths, the measured difference and the tolerance."""
+        return (f"{self.first} vs {self.second} disagree: {self.what} {self.measured:.3g} > tolerance "
+                f"{self.tolerance:g}" + (f" ({self.why})" if self.why else "")
+                + (f"; {self.detail}" if self.detail else ""))
+
+    def record(self) -> dict:
+        return {"first": self.first, "second": self.second, "what": self.what, "measured": self.measured,
+                "tolerance": self.tolerance, "agree": self.ok, **({"detail": self.detail} if self.detail else {})}
+
+
+def difference(a, b) -> float:
+    """max |a - b| (in float64) over the leaves of two pytrees, or two arrays, of numbers.
+
+    0.0 exactly when they are bitwise equal (same structure, shapes, dtypes and bytes), so
+    that a tolerance of 0 checks bitwise equality: leaves equal in value but not in bits
+    (-0.0 and 0.0, NaN payloads) count as the smallest positive float64; inf where the
+    structures, shapes or dtypes differ or a NaN (an infinity) stands against a number."""
+    import jax
+
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    if len(la) != len(lb) or jax.tree.structure(a) != jax.tree.structure(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return math.inf
+        if x.tobytes() == y.tobytes():
+            continue
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        same = (x64 == y64) | (np.isnan(x64) & np.isnan(y64))
+        with np.errstate(invalid="ignore"):
+            d = np.where(same, 0.0, np.abs(x64 - y64))
+        d = np.where(np.isnan(d), math.inf, d)
+        worst = max(worst, float(d.max()) if d.size else 0.0, np.finfo(np.float64).tiny)
+    return worst
+
+
+def finish(summary: dict, checks) -> None:
+    """Print `summary` as the final JSON line, with "agree" (every check within its
+    tolerance) and "agreement" (each check's record); then, if a check is beyond its
+    tolerance, one line per such check on stderr (the two paths, the measured difference,
+    the tolerance) and exit with status 1."""
+    checks = list(checks)
+    agree = all(c.ok for c in checks)
+    print(json.dumps({**summary, "agree": agree, "agreement": [c.record() for c in checks]}), flush=True)
+    if not agree:
+        name = os.path.basename(sys.argv[0]) or "benchmark"
+        for c in checks:
+            if not c.ok:
+                print(f"{name}: FAILED: {c.line()}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -25,14 +25,18 @@ On 8 virtual CPU devices, `digits-mlp` (μ = 32):
      cluster model, the measured updates/s of ASP, SSP(3) and DSSP(3,12)
      relative to BSP, against the simulator's prediction for the same cluster
      and the same (simulated) duration. Target: within 15 %.
-Prints ratios measured in this run; ends with one JSON line.
+Prints ratios measured in this run; ends with one JSON line. Of these, 3 compares two paths
+(the real runtime against the simulator's prediction) and is checked: when a policy's
+real/predicted relative throughput is off by more than the documented 15 %, the script
+exits 1 after its JSON line (one line on stderr says by how much); wall-clock, it can also
+miss on a machine too loaded to keep the injected delays. The speed targets (1b, 2, 2b)
+are reported, not checked.
 
     python benchmarks/runtime_speed.py [--quick] [--time-scale 0.02] [--seconds 6]
 """
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 
@@ -44,11 +48,13 @@ import optax  # noqa: E402
 
 import staleness as st  # noqa: E402
 import staleness.runtime as rt  # noqa: E402
+from _report import Agreement, finish  # noqa: E402
 from staleness.runtime.dispatch import DispatchTransport  # noqa: E402
 from staleness.runtime.serve import Server  # noqa: E402
 from staleness.runtime.transport import LocalTransport  # noqa: E402
 
 POLICIES = ["bsp", "asp", "ssp:3", "dssp:3:12"]
+AGREEMENT_TOLERANCE = 0.15   # |real/predicted - 1| of throughput relative to BSP (item 3's target)
 
 
 class BusyClock:
@@ -373,18 +379,22 @@ def main():
     for p, r in het.items():
         print(f"  {p:>9}: real {r['real_upd_per_s']:7.1f} upd/s = {r['real_vs_bsp']:5.2f}x BSP | simulator "
               f"{r['sim_vs_bsp']:5.2f}x BSP | real/predicted {r['agreement']:.3f}")
-    worst = max(abs(r["agreement"] - 1) for p, r in het.items() if p != "bsp")
-    met = worst <= 0.15
+    worst_policy, worst = max(((p, abs(r["agreement"] - 1)) for p, r in het.items() if p != "bsp"),
+                              key=lambda x: x[1])
+    met = worst <= AGREEMENT_TOLERANCE
     print(f"target (relative throughput within 15% of the simulator's): {'met' if met else 'NOT met'} "
           f"(worst {worst:.1%})")
-    print(json.dumps({"benchmark": "runtime_speed", "devices": len(jax.local_devices()), "workers": 8,
-                      "time_scale": args.time_scale, "seconds_per_policy": seconds,
-                      "real_vs_replay": speed, "collective_vs_pmean": coll,
-                      "server_busy_ms_per_update": busy, "server_own_ms_per_update": own,
-                      "server_own_cpu_ms_per_update": own_cpu,
-                      "server_busy_target_met": own <= 0.25, "asp_vs_plain": asp,
-                      "serve_loop_alone_ms_per_update": alone,
-                      "heterogeneous": het, "worst_deviation": worst, "target_met": met}))
+    check = Agreement("the real runtime's updates/s relative to BSP", "the simulator's prediction", worst,
+                      AGREEMENT_TOLERANCE, what="largest |real/predicted - 1| over asp, ssp:3, dssp:3:12",
+                      why="the documented 15 %", detail=f"worst: {worst_policy} ({het[worst_policy]['agreement']:.3f})")
+    finish({"benchmark": "runtime_speed", "devices": len(jax.local_devices()), "workers": 8,
+            "time_scale": args.time_scale, "seconds_per_policy": seconds,
+            "real_vs_replay": speed, "collective_vs_pmean": coll,
+            "server_busy_ms_per_update": busy, "server_own_ms_per_update": own,
+            "server_own_cpu_ms_per_update": own_cpu,
+            "server_busy_target_met": own <= 0.25, "asp_vs_plain": asp,
+            "serve_loop_alone_ms_per_update": alone,
+            "heterogeneous": het, "worst_deviation": worst, "target_met": met}, [check])
 
 
 if __name__ == "__main__":

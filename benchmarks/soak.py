@@ -24,7 +24,12 @@ Result, the others print exactly one `staleness: error: ...` line and exit 1,
 and the coordination service's process is gone soon after.
 
 Prints the seed, one line per scenario and the counts; ends with one JSON line
-(scenarios, hangs, crashes_without_result, replay_mismatches, ... wall_seconds).
+(scenarios, hangs, crashes_without_result, replay_mismatches, ... wall_seconds, agree).
+Exit status 1 when a scenario fails a check; the replay vs the real run is held to 0 ulp
+(bitwise: README, "Trace replays are bitwise on CPU"; these runs are CPU processes with
+--cluster, so the server sync, and the default optimizer, no global-norm clipping), and
+beyond it one line on stderr names the two paths, the largest distance and the tolerance
+(`_report.finish`).
 
     python benchmarks/soak.py [--scenarios 36] [--seed 0] [--keep DIR]
 """
@@ -33,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -48,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _report import BITWISE, Agreement, finish  # noqa: E402
 from staleness.infra.procs import descendants  # noqa: E402
 
 POLICIES = ("bsp", "asp", "ssp:3", "dssp:3:12", "softsync:2", "backup:1")
@@ -542,7 +547,14 @@ def main(argv=None) -> int:
           f"wrong exit codes {summary['wrong_exit_codes']}, wrong status {summary['wrong_status']}, bad messages "
           f"{summary['bad_messages']}, service leftovers {summary['service_leftovers']}; rejoined "
           f"{summary['rejoined']}/{summary['restarts']}")
-    print(json.dumps(summary), flush=True)
+    ulps = [o.replay_ulp for o in outcomes if o.replay_ulp is not None]
+    worst = max(ulps, default=0)
+    check = Agreement("the engine's replay (slot_mode='map')", "the real multi-process run", float(worst), BITWISE,
+                      what=f"largest distance of final parameters (float32 ulp) over {len(ulps)} replays",
+                      why="bitwise on CPU",
+                      detail=", ".join(f"#{o.scenario.index:02d}: {o.replay_ulp} ulp" for o in outcomes
+                                       if o.replay_ulp))
+    finish(summary, [check])   # exits 1 beyond the tolerance
     return 0 if summary["ok"] == summary["scenarios"] else 1
 
 

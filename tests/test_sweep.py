@@ -109,8 +109,9 @@ def test_pinned_ring_and_slots_compile_once_for_two_grids(digits4):
     kw = dict(seeds=[0], lrs=[0.1], num_updates=24, eval_every=12, ring=16, slots=2, block=2)
     from staleness.engine import core
 
-    a = st.sweep(digits4, ["asp"], CLUSTER, **kw)
+    a = st.sweep(digits4, ["asp", "softsync:2"], CLUSTER, **kw)
     traces = core.run_chunk_batched._cache_size()   # one device: the engine's batched replay
+    # other policies that compile to the same variants (one gradient per update, two)
     b = st.sweep(digits4, ["ssp:2", "softsync:2"], CLUSTER, **kw)
     assert core.run_chunk_batched._cache_size() == traces, "a grid with the same pins recompiled"
     assert {r.config["ring"] for r in a + b} == {16} and {r.config["slots"] for r in a + b} == {2}

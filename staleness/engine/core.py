@@ -1,6 +1,6 @@
 """The compiled replay: a loop over the updates of one evaluation chunk.
 
-Per update (unbatched code; `sweep` vmaps it over configurations):
+Per update (unbatched code; a sweep runs each configuration's own loop, `chunk_batched`):
   1. write the current version into its slot of a ring of R versions and read
      the version each gradient was computed on from its slot (the plan says
      which: `plan.Plan`),
@@ -11,10 +11,14 @@ Per update (unbatched code; `sweep` vmaps it over configurations):
 No Python runs per event: the host calls one compiled function per chunk.
 The optimizer's transformation is a static argument (`opt`); its learning
 rate lives in the optimizer state, so a sweep varies it per configuration.
+A configuration's numbers are bitwise the same in its own replay and in any
+sweep: a sweep runs every configuration through the same `_chunk`, on its own
+slots and with its own static settings (`Variant`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -28,9 +32,8 @@ from staleness.engine import update as _update
 from staleness.engine.optim import Optimizer, set_lr
 from staleness.engine.rollout import SEGMENT_VERSION
 
-__all__ = ["Carry", "keys", "init_carry", "grow_ring", "init_carry_batched", "gradient", "run_chunk", "pad_chunk", "MIN_ROWS",
-           "chunk_batched",
-           "run_chunk_batched", "evaluate", "evaluate_batched"]
+__all__ = ["Carry", "Static", "Setup", "Variant", "keys", "init_carry", "grow_ring", "init_carry_batched", "gradient", "run_chunk",
+           "pad_chunk", "MIN_ROWS", "chunk_batched", "run_chunk_batched", "evaluate"]
 
 
 class Carry(NamedTuple):
@@ -48,6 +51,17 @@ class Static(NamedTuple):
     slot_mode: str       # 'vmap' or 'map' (see `_chunk`)
     local: Any           # an `engine.local.Local` for a local-update method, else None
     padded: bool = True  # some update may have no real slot (see `_update_from`)
+
+
+class Setup(NamedTuple):
+    """One configuration's replay, resolved once (`engine.run.configure`) for `replay` and
+    for each configuration of a sweep alike: its optimizers, its inner steps per worker
+    and the static settings it compiles."""
+
+    opt: Optimizer                 # the server (outer) optimizer, with the rate to start from
+    inner: Optimizer | None        # a local-update method's inner optimizer
+    steps: Any                     # [λ] int32 inner steps per iteration (local-update methods), else None
+    static: Static
 
 
 # Columns of the packed per-update input (one int32 array [K, 6, C] per chunk, so
@@ -115,23 +129,24 @@ def _distinct(tree):
     return jax.tree.map(once, tree)
 
 
-def init_carry_batched(task, seeds, opt: Optimizer, ring: int, lrs=None, inner: Optimizer | None = None,
-                       num_workers: int = 0, streaming: bool = False) -> Carry:
-    """`init_carry` for several seeds, stacked on a leading configuration axis
-    (the ring on its second axis: [R, B, ...], see `_step_batched`); `lrs` [B]:
-    each configuration's learning rate, written into its optimizer state.
-    Stacked on the host and placed once (the same values: eager stacks compiled a
+def init_carry_batched(task, members, ring: int, num_workers: int = 0) -> Carry:
+    """`init_carry` of several configurations, stacked on a leading configuration axis
+    (the ring too: [B, R, ...]). members: one (seed, opt, inner, streaming) per
+    configuration, each as its own `init_carry` takes them (its optimizer's learning rate
+    written into its state). Stacked on the host and placed once (eager stacks compiled a
     program per leaf shape, about a second for a small MLP's carry)."""
     cache = {}
-    for s in seeds:
-        if s not in cache:
-            cache[s] = jax.device_get(_state(task, s, opt, inner, num_workers, streaming))
-    states = [cache[s] for s in seeds]
-    if lrs is not None:
-        states = [(p, set_lr(o, lr, host=True), loc) if lr is not None else (p, o, loc)
-                  for (p, o, loc), lr in zip(states, lrs)]
+    states = []
+    for seed, opt, inner, streaming in members:
+        key = (seed, id(opt.tx), None if inner is None else id(inner.tx), streaming)
+        if key not in cache:
+            cache[key] = jax.device_get(_state(task, seed, dataclasses.replace(opt, lr=None), inner, num_workers,
+                                               streaming))
+        p, o, loc = cache[key]
+        states.append((p, o if opt.lr is None else set_lr(o, opt.lr, host=True), loc))
     params, opt_state, local = jax.tree.map(lambda *xs: np.stack(xs), *states)
-    return Carry(*jax.device_put((params, opt_state)), _ring(params, ring), jax.device_put(local))
+    ring_zeros = jax.tree.map(lambda p: np.zeros((p.shape[0], ring) + p.shape[1:], p.dtype), params)
+    return Carry(*jax.device_put((params, opt_state, ring_zeros, local)))
 
 
 def gradient(task, params, data_key, worker, iteration, index=None):
@@ -257,30 +272,6 @@ def _step(task, static: Static, consts, carry: Carry, x):
     return Carry(params, opt_state, ring, inner), losses
 
 
-def _step_batched(task, static: Static, consts, carry: Carry, x):
-    """`_step` for B configurations at once. The ring is laid out [R, B, ...]:
-    the write of version u is one contiguous block, and the reads are one flat
-    `take` (a vmapped per-configuration dynamic index became a gather about
-    twice as slow on CPU)."""
-    params, opt_state, ring, inner = carry
-    r, b = jax.tree.leaves(ring)[0].shape[:2]
-    update, x, index = x                             # x: [B, 6, C]; index: [B, C, μ] or None
-    # (a sweep's plans are `make_plan`'s: version v in slot v % R, the same write slot for all)
-    ring = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, x[0, WRITE, 0], 0), ring, params)
-    if static.local is not None and static.local.inflight:   # [B, C, S]: one version per in-flight segment
-        slots = index[:, :, SEGMENT_VERSION] % r
-    else:
-        slots = x[:, SLOT, :]                                             # [B, C]
-    lead = slots.shape
-    flat = (slots * b + jnp.arange(b).reshape((b,) + (1,) * (len(lead) - 1))).reshape(-1)
-    stale = jax.tree.map(
-        lambda a: jnp.take(a.reshape((r * b,) + a.shape[2:]), flat, axis=0).reshape(lead + a.shape[2:]), ring)
-    update_one = functools.partial(_update_from, task, static)
-    params, opt_state, inner, losses = jax.vmap(update_one, in_axes=(0, 0, 0, 0, 0, None, 0, 0))(
-        consts, params, opt_state, inner, stale, update, x, index)
-    return Carry(params, opt_state, ring, inner), losses
-
-
 def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None,
            padded: bool = True):
     """Replay the first `n` updates of one chunk. xs: (update [L] int32, packed [L, 6, C]
@@ -332,14 +323,53 @@ def pad_chunk(xs, n: int, length: int | None = None) -> tuple:
 run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local", "padded"), donate_argnums=(1,))
 
 
-def chunk_batched(task, carry, xs, consts, *, opt, rules, local=None):
-    """`_chunk` for B configurations: carry leaves [B, ...] (ring [R, B, ...]),
-    xs = (update [K], packed [K, B, 6, C], index [K, B, C, μ] or None) — the update
-    index is shared. Not jitted: the per-device body of a sharded sweep
-    (`engine.grid`); `run_chunk_batched` is its jitted form."""
-    return lax.scan(functools.partial(_step_batched, task, Static(opt, rules, "vmap", local), consts), carry, xs)
+class Variant(NamedTuple):
+    """What one configuration of a batched replay compiles: the `Static` of its own replay
+    (`run_chunk`'s), its own number of gradient slots C and in-flight segments S (None:
+    its replay has no `index` input). A batch's inputs are padded to the largest; each
+    configuration runs on its own columns, so its ops are those of its own replay."""
+
+    static: Static
+    slots: int
+    segments: int | None = None
+    index: bool = False   # whether its replay takes the `index` input (minibatch indices or segments)
 
 
-run_chunk_batched = jax.jit(chunk_batched, static_argnames=("opt", "rules", "local"), donate_argnums=(1,))
+def chunk_batched(task, carry, xs, consts, *, variants: tuple):
+    """B configurations, each replayed by `_chunk` with its own `Variant` (`consts['variant']`
+    picks it), one configuration after the other (`lax.map`): every configuration runs
+    the ops of its own `run_chunk` on its own shapes, so its numbers are bitwise those of
+    its own replay whatever else is in the batch (a `vmap` over configurations let XLA
+    choose other kernels, with other rounding, for the batched shapes).
+
+    carry: leaves [B, ...] (the ring [B, R, ...]); xs = (update [L], packed [B, L, 6, C],
+    index [B, L, C, ...] or None, n [B]): each configuration's `pad_chunk` inputs, padded to
+    the largest C (and S); consts: leaves [B] ('data_key', 'rule', 'variant', and 'steps'
+    [B, λ] for local-update methods). Not jitted: the per-device body of a sharded sweep
+    (`engine.grid`); `run_chunk_batched` is its jitted form. Returns (carry, losses [B, L, C])."""
+    update, packed, index, n = xs
+    width = packed.shape[-1]
+
+    def branch(v: Variant):
+        def run(c, x, k):
+            p, ix, m = x
+            ix = None if not v.index else ix[:, :v.slots] if v.segments is None else ix[:, :v.slots, :, :v.segments]
+            c, losses = _chunk(task, c, (update, p[:, :, :v.slots], ix, m), k, opt=v.static.opt,
+                               rules=v.static.rules, slot_mode=v.static.slot_mode, local=v.static.local,
+                               padded=v.static.padded)
+            return c, jnp.pad(losses, ((0, 0), (0, width - v.slots)), constant_values=jnp.nan)
+        return run
+
+    fns = [branch(v) for v in variants]
+
+    def one(args):
+        c, p, ix, m, k = args
+        if len(fns) == 1:
+            return fns[0](c, (p, ix, m), k)
+        return lax.switch(k["variant"], fns, c, (p, ix, m), k)
+
+    return lax.map(one, (carry, packed, index, n, consts))
+
+
+run_chunk_batched = jax.jit(chunk_batched, static_argnames=("variants",), donate_argnums=(1,))
 evaluate = jax.jit(lambda task, params: task.evaluate(params))
-evaluate_batched = jax.jit(jax.vmap(lambda task, params: task.evaluate(params), in_axes=(None, 0)))

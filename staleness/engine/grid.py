@@ -1,21 +1,24 @@
 """The replay of a prepared sweep: many configurations in one compiled call per chunk, on one device or a mesh.
 
 A `Grid` (made by `engine.run.prepare`: every schedule, the padding shared by
-all configurations, the optimizer) is replayed by `replay_grid(grid, indices,
-devices)`: the configurations `indices` (default: all) in blocks of `block`
-configurations batched under `vmap`, one block per device per call
-(`jax.shard_map` over the devices; no collective inside). Every block, wherever
-it runs, is the same compiled program on the same shapes, so any split of the
-grid (over devices here, over processes in `staleness.engine.distributed`)
-gives every configuration the same bits. History, divergence, evaluation and
-progress are the chunk runner's (`engine.runner`); this module passes it the
-batched program.
+all configurations, each configuration's own replay settings) is replayed by
+`replay_grid(grid, indices, devices)`: the configurations `indices` (default:
+all) in blocks of `block` configurations, one block per device per call
+(`jax.shard_map` over the devices; no collective inside). Inside a block the
+configurations run one after the other, each with the ops of its own `replay`
+(`core.chunk_batched`: its `core.Variant`, on its own gradient slots), so a
+configuration's numbers are bitwise its `simulate`'s on CPU whatever else is in
+the grid, and any split of the grid (over devices here, over processes in
+`staleness.engine.distributed`) gives every configuration the same bits. History,
+divergence, evaluation and progress are the chunk runner's (`engine.runner`);
+this module passes it the batched program.
 
 Padding is pinned up front: `ring` (parameter versions kept, >= the largest
 staleness + 1) and `slots` (gradients per update, >= the largest update) fix
-the compiled shapes, so grids of different policies or budgets share one
-compiled replay. Compilation time is measured apart (JAX's own compile-event
-durations) and reported as `config['compile_s']`.
+the inputs' shapes, so grids of different policies or budgets whose
+configurations compile alike share one compiled replay. Compilation time is
+measured apart (JAX's own compile-event durations) and reported as
+`config['compile_s']`.
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ Settings = SweepSettings   # a sweep's settings (`engine.settings.SweepSettings`
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Grid:
-    """A prepared sweep: configurations, their schedules and padded plans, the optimizer."""
+    """A prepared sweep: configurations, their schedules and padded plans, and each
+    configuration's own replay settings (`core.Setup`, the same as its `replay`'s) with
+    the distinct compiled variants they need."""
 
     task: Any
     configs: list            # [(policy, seed, rule, lr or None)] in product order
@@ -84,12 +89,10 @@ class Grid:
     plans: list              # [Plan] one per configuration, all of the same shapes
     chunk: int               # updates per compiled call
     ring: int                # R: parameter versions kept
-    slots: int               # C: gradient slots per update
-    opt: Any                 # engine.optim.Optimizer (server / outer)
-    rules: tuple             # distinct lr rules (static)
-    local: Any               # engine.local.Local or None
-    inner_opt: Any
-    steps: np.ndarray | None  # [B, λ] inner steps of local-update methods
+    slots: int               # C: gradient slots per update (the inputs'; each configuration runs on its own)
+    setups: list             # [core.Setup] one per configuration
+    variants: tuple          # the distinct core.Variant of the configurations (static: one compiled program)
+    variant_of: list         # [int] each configuration's index into `variants`
     num_workers: int
 
     def __len__(self) -> int:
@@ -129,13 +132,13 @@ def padding(schedules, chunk: int, ring: int | None, slots: int | None) -> tuple
 
 def pad_plan(schedule, chunk: int, *, ring: int | None, slots: int | None, num_updates: int | None = None,
              segments: int | None = None) -> Plan:
-    """`make_plan` with the ring pinned to exactly `ring` (when given), `slots` slots and
-    at least `segments` in-flight segments per rollout."""
+    """`make_plan` with the ring pinned to exactly `ring` (when given: version v in slot
+    v % ring, as every plan of the sweep lays it), `slots` slots and at least `segments`
+    in-flight segments per rollout."""
     need_ring, need_slots = needs(schedule)
     ring = _check_pin("ring", ring, need_ring)
     slots = _check_pin("slots", slots, need_slots)
-    plan = make_plan(schedule, chunk, slots=slots, num_updates=num_updates, segments=segments)
-    return plan if ring is None else dataclasses.replace(plan, ring=ring)
+    return make_plan(schedule, chunk, slots=slots, ring=ring, num_updates=num_updates, segments=segments)
 
 
 # -- devices ---------------------------------------------------------------------------
@@ -172,20 +175,17 @@ def blocks_of(num: int, block: int) -> int:
     return -(-num // block)
 
 
-_CARRY_SPEC = core.Carry(P(AXIS), P(AXIS), P(None, AXIS), P(AXIS))
-
-
 @functools.lru_cache(maxsize=32)
-def _sharded_fns(mesh: Mesh, opt, rules, local, has_index: bool, const_keys: tuple):
+def _sharded_fns(mesh: Mesh, variants: tuple, has_index: bool, const_keys: tuple):
     """(chunk, evaluate) of the batched replay under `shard_map` over `mesh`'s configuration axis."""
     consts_spec = {k: P(AXIS) for k in const_keys}
-    xs_spec = (P(), P(None, AXIS), P(None, AXIS) if has_index else None)
+    xs_spec = (P(), P(AXIS), P(AXIS) if has_index else None, P(AXIS))
 
     def chunk(task, carry, xs, consts):
-        return core.chunk_batched(task, carry, xs, consts, opt=opt, rules=rules, local=local)
+        return core.chunk_batched(task, carry, xs, consts, variants=variants)
 
-    sharded = jax.shard_map(chunk, mesh=mesh, in_specs=(P(), _CARRY_SPEC, xs_spec, consts_spec),
-                            out_specs=(_CARRY_SPEC, P(None, AXIS)), check_vma=False)
+    sharded = jax.shard_map(chunk, mesh=mesh, in_specs=(P(), P(AXIS), xs_spec, consts_spec),
+                            out_specs=(P(AXIS), P(AXIS)), check_vma=False)
     evaluate = jax.shard_map(_evaluate_each, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS),
                              check_vma=False)
     return jax.jit(sharded, donate_argnums=(1,)), jax.jit(evaluate)
@@ -199,10 +199,6 @@ def _evaluate_each(task, params):
 
 
 _evaluate_each_jit = jax.jit(_evaluate_each)
-
-
-def _one_device_chunk(task, carry, xs, consts, *, opt, rules, local):
-    return core.run_chunk_batched(task, carry, xs, consts, opt=opt, rules=rules, local=local)
 
 
 def _place(tree, mesh, spec_tree):
@@ -240,15 +236,18 @@ def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="staleness-sweep")
 
 
-def _compiled(grid: Grid, lay: _Layout):
+def _const_keys(grid: Grid) -> tuple:
+    return ("data_key", "rule", "variant") + (("steps",) if grid.setups[0].steps is not None else ())
+
+
+def _compiled(grid: Grid, lay: _Layout, has_index: bool):
     """(chunk, evaluate, task placed) of the batched replay on `lay`'s devices."""
     task = grid.task
     if len(lay.devices) > 1:
-        const_keys = ("data_key", "rule") + (("steps",) if grid.steps is not None else ())
-        chunk_fn, eval_fn = _sharded_fns(lay.mesh, grid.opt.tx, grid.rules, grid.local, task.indexed, const_keys)
+        chunk_fn, eval_fn = _sharded_fns(lay.mesh, grid.variants, has_index, _const_keys(grid))
         return chunk_fn, eval_fn, jax.device_put(task, NamedSharding(lay.mesh, P()))
     # one device: the engine's own batched replay (the per-device program of the sharded one)
-    chunk_fn = functools.partial(_one_device_chunk, opt=grid.opt.tx, rules=grid.rules, local=grid.local)
+    chunk_fn = functools.partial(core.run_chunk_batched, variants=grid.variants)
     return chunk_fn, _evaluate_each_jit, jax.device_put(task, lay.devices[0])
 
 
@@ -256,27 +255,37 @@ def _init_call(grid: Grid, lay: _Layout, sel: list, data_keys: list):
     """(carry, consts, learning rates) of one call's configurations `sel` (positions in
     `lay.padded`), placed on the mesh."""
     idx = [lay.padded[i] for i in sel]
-    cfgs = [grid.configs[i] for i in idx]
+    setups = [grid.setups[i] for i in idx]
     # the configurations' minibatch keys, stacked on the host (a vmapped `keys` compiles)
     cs = {"data_key": jax.random.wrap_key_data(np.stack([np.asarray(jax.random.key_data(data_keys[i]))
                                                          for i in sel])),
-          "rule": jnp.asarray([grid.rules.index(r) for _, _, r, _ in cfgs], jnp.int32)}
-    if grid.steps is not None:
-        cs["steps"] = jnp.asarray(grid.steps[idx])        # [W, λ]
-    c = core.init_carry_batched(grid.task, [s for _, s, _, _ in cfgs], grid.opt, grid.ring,
-                                lrs=[v for *_, v in cfgs], inner=grid.inner_opt, num_workers=grid.num_workers,
-                                streaming=grid.local is not None and grid.local.streaming)
-    rates = [v if v is not None else _runner.learning_rate(grid.opt, jax.tree.map(lambda a, i=i: a[i], c.opt_state))
-             for i, (*_, v) in enumerate(cfgs)]
-    return _place(c, lay.mesh, _CARRY_SPEC), _place(cs, lay.mesh, {k: P(AXIS) for k in cs}), rates
+          "rule": np.zeros(len(idx), np.int32),   # each variant has its one rule
+          "variant": np.asarray([grid.variant_of[i] for i in idx], np.int32)}
+    if setups[0].steps is not None:
+        cs["steps"] = np.stack([np.asarray(u.steps, np.int32) for u in setups])        # [W, λ]
+    streaming = [u.static.local is not None and u.static.local.streaming for u in setups]
+    c = core.init_carry_batched(grid.task, [(grid.configs[i][1], u.opt, u.inner, st)
+                                            for i, u, st in zip(idx, setups, streaming)],
+                                grid.ring, num_workers=grid.num_workers)
+    rates = [u.opt.lr if u.opt.lr is not None
+             else _runner.learning_rate(u.opt, jax.tree.map(lambda a, j=j: a[j], c.opt_state))
+             for j, u in enumerate(setups)]
+    return (_place(c, lay.mesh, jax.tree.map(lambda _: P(AXIS), c)), _place(cs, lay.mesh, {k: P(AXIS) for k in cs}),
+            rates)
 
 
 def _feed(task, plans: list, data_keys: list, sel: list):
-    """k -> the scan inputs of one call's configurations `sel` for chunk k."""
+    """k -> the scan inputs of one call's configurations `sel` for chunk k: each its own
+    `pad_chunk` inputs (the updates of chunk k it has), stacked."""
     def inputs(k):
-        parts = [chunk_inputs(task, plans[i], k, data_keys[i]) for i in sel]
-        index = None if parts[0][2] is None else np.stack([x[2] for x in parts], axis=1)   # [K, W, C, μ]
-        return parts[0][0], np.stack([x[1] for x in parts], axis=1), index                # packed [K, W, 6, C]
+        parts = []
+        for i in sel:
+            plan = plans[i]
+            n = min(plan.chunk, max(0, plan.num_updates - k * plan.chunk))
+            parts.append(core.pad_chunk(chunk_inputs(task, plan, k, data_keys[i]), n))
+        index = None if parts[0][2] is None else np.stack([x[2] for x in parts])   # [W, L, C, ...]
+        return (parts[0][0], np.stack([x[1] for x in parts]), index,               # packed [W, L, 6, C]
+                np.asarray([x[3] for x in parts], np.int32))
     return inputs
 
 
@@ -284,8 +293,9 @@ def _program(grid: Grid, lay: _Layout, n: int):
     """(runner.Program, carries [calls], learning rates [padded]) of the first `n`
     configurations of `lay` (the rest repeat the last to fill every call)."""
     plans = [grid.plans[i] for i in lay.padded]
-    data_keys = [core.keys(grid.configs[i][1])[1] for i in lay.padded]
-    chunk_fn, eval_fn, task_rep = _compiled(grid, lay)
+    data_keys = [np.asarray(jax.random.key_data(core.keys(grid.configs[i][1])[1])) for i in lay.padded]
+    has_index = chunk_inputs(grid.task, plans[0], 0, data_keys[0])[2] is not None
+    chunk_fn, eval_fn, task_rep = _compiled(grid, lay, has_index)
     feeds = [_feed(grid.task, plans, data_keys, sel) for sel in lay.spans]
     calls = [_init_call(grid, lay, sel, data_keys) for sel in lay.spans]
     consts = [c[1] for c in calls]
@@ -312,7 +322,7 @@ def _program(grid: Grid, lay: _Layout, n: int):
         return [jax.tree.map(lambda a, i=i: a[i], host) for i in range(n)]
 
     program = _runner.Program(step=step, inputs=lambda k: [f(k) for f in feeds],
-                              losses=lambda out: np.swapaxes(np.concatenate(out, axis=1), 0, 1),   # [B, K, C]
+                              losses=lambda out: np.concatenate(out)[:, :grid.chunk],   # [B, K, C]
                               metrics=metrics, params=params)
     return program, [c[0] for c in calls], [r for c in calls for r in c[2]]
 
@@ -324,10 +334,9 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
     in the order of `indices`.
 
     Every device runs the same program on a block of exactly `block` configurations
-    (the last block padded by repeating its last configuration), so a configuration's
-    numbers do not depend on the device count, the process count or the grid's size
-    beyond the block: XLA picks other kernels, with other rounding, for other batch
-    sizes, and a fixed block makes every placement one compiled program."""
+    (the last block padded by repeating its last configuration), so every placement is
+    one compiled program; each configuration runs its own replay's ops in it, so its
+    numbers depend neither on the block nor on the devices, processes or neighbours."""
     indices = list(range(len(grid))) if indices is None else [int(i) for i in indices]
     if not indices:
         return []
@@ -341,10 +350,10 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
     for i, idx in enumerate(indices):
         pol, seed, rule, _ = grid.configs[idx]
         members.append(_runner.Member(grid.schedules[(pol, seed)], grid.plans[idx], seed, rule, rates[i],
-                                      None if grid.steps is None else grid.steps[idx],
-                                      {**layout, "sweep_index": idx}))
-    options = _runner.Options(grid.chunk, grid.task.config(), grid.opt.describe(),
-                              None if grid.inner_opt is None else grid.inner_opt.describe(), on_divergence="mark",
+                                      grid.setups[idx].steps, {**layout, "sweep_index": idx}))
+    first = grid.setups[indices[0]]
+    options = _runner.Options(grid.chunk, grid.task.config(), first.opt.describe(),
+                              None if first.inner is None else first.inner.describe(), on_divergence="mark",
                               progress=progress, desc=f"sweep x{len(indices)}", callbacks=tuple(callbacks))
     results = _runner.run(program, carries, members, options)
     timing = {"compile_s": compile_seconds() - compile0, "sweep_s": time.perf_counter() - t_start}

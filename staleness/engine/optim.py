@@ -116,7 +116,9 @@ class OptimizerSpec:
 
     def build(self, horizon: int | None = None) -> optax.GradientTransformation:
         """The optax transformation (learning rate 1.0 in its state: `Optimizer.init` sets it)."""
-        return _build(self, None if self.shape(horizon) is None else int(horizon))
+        # the rate is not part of the transformation (its state holds it): specs that differ
+        # only in lr= share one object, so their replays share one compiled program
+        return _build(dataclasses.replace(self, lr=None), None if self.shape(horizon) is None else int(horizon))
 
     def describe(self) -> str:
         defaults = OptimizerSpec(name=self.name)

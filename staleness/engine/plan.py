@@ -138,7 +138,11 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
 
     Args:
       chunk: updates per compiled call (>= 1).
-      slots, ring, num_updates, segments: pad to at least these sizes (used to give every
+      ring: lay version v in slot v % `ring` of a ring of exactly that many slots (>= the
+        largest staleness + 1; default `ring_size` of the largest staleness). A sweep gives
+        every plan of a batch the same ring: the batched replay writes each update's version
+        into one slot for all of them (`core._step_batched`).
+      slots, num_updates, segments: pad to at least these sizes (used to give every
         schedule of a sweep the same shapes; segments: of in-flight rollouts).
     """
     if schedule.num_updates < 1:
@@ -157,9 +161,11 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
         out = np.where(mask, a[index], 0).astype(np.int32)
         return np.pad(out, ((0, pad), (0, 0)))
 
-    r = ring_size(int(stal[schedule.applied].max()) if schedule.applied.any() else 0)
-    if ring is not None:
-        r = max(r, ring)
+    most = int(stal[schedule.applied].max()) if schedule.applied.any() else 0
+    r = ring_size(most) if ring is None else int(ring)
+    if r <= most:
+        raise ValueError(f"ring = {ring} is too small for this schedule: its largest staleness is {most}, so it "
+                         f"needs {most + 1} slots or more")
     seg = _segments(schedule, segments)
     if seg is not None:
         seg = np.pad(np.where(mask[:, :, None, None], seg[index], 0).astype(np.int32),

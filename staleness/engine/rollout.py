@@ -110,4 +110,4 @@ class Learner(NamedTuple):
         if slot_mode == "map":
             outs = [one(jax.tree.map(lambda a, k=k: a[k], (behavior, worker, iteration, starts))) for k in range(c)]
             return jnp.stack([o[0] for o in outs]), jax.tree.map(lambda *g: jnp.stack(g), *[o[1] for o in outs])
-        return jax.vmap(one)((behavior, worker, iteration, starts))
+        return lax.map(one, (behavior, worker, iteration, starts))

@@ -132,10 +132,29 @@ def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
     inner = inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd")
     inner_opt = resolve_optimizer(inner, None, rounds * h_max, task)
     if len({(type(w), w.replay_settings()) for w in works}) > 1:
-        raise ValueError(f"sweep: {', '.join(sorted({w.describe() for w in works}))} need one sweep each: their "
-                         f"{works[0].compiled_what} are compiled into the replay")
+        names = ', '.join(sorted({w.describe() for w in works}))
+        what = (f"their {works[0].compiled_what} are compiled into the replay" if len({type(w) for w in works}) == 1
+                else "their workers compute different things")
+        raise ValueError(f"sweep: {names} need one sweep each: {what}")
     shapes = jax.eval_shape(task.init_fn, jax.random.key(0))
     return works[0].engine_local(inner_opt.tx, h_max, bool((steps != h_max).any()), shapes), inner_opt
+
+
+def configure(schedule, task, *, optimizer, inner_optimizer, lr, rule, slot_mode: str = "vmap",
+              padded: bool = True) -> core.Setup:
+    """One configuration's replay settings (`core.Setup`): its server (outer) optimizer
+    (`optimizer`, None: the policy's own, else the task's, else 'sgd'; its schedule over
+    the schedule's own updates), inner optimizer and steps, and the static settings its
+    chunks compile with. `replay` and every configuration of a sweep call this, so a
+    configuration compiles the same program wherever it runs. padded: some real update
+    has no real slot (`Plan.padded_updates`)."""
+    if optimizer is None:   # the policy's own outer optimizer (DiLoCo's), else the task's
+        optimizer = policy_default(policy_optimizer(schedule.policy), lr)
+    opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
+    local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
+    opt = streaming_outer(opt, local)
+    return core.Setup(opt, inner_opt, None if steps is None else steps[0],
+                      core.Static(opt.tx, (rule,), slot_mode, local, padded))
 
 
 def streaming_outer(opt: _optim.Optimizer, local) -> _optim.Optimizer:
@@ -227,24 +246,21 @@ def _replay(source, task, s: _settings.Settings) -> Result:
     rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
     seed = int(source.seed if seed is None and source.seed is not None else (seed or 0))
     task = resolve_task(task, source.num_workers, s.batch_size)
-    if optimizer is None:   # the policy's own outer optimizer (DiLoCo's), else the task's
-        optimizer = policy_default(policy_optimizer(source.policy), lr)
-    opt = resolve_optimizer(optimizer, lr, source.num_updates, task)
-    local, inner_opt, steps = local_setup([source], task, inner_optimizer)   # (none for a streamed policy)
-    opt = streaming_outer(opt, local)
     chunk = _chunks.chunk_length(source.num_updates, s.eval_every, s.num_evals)
     feed = PlanStream(source, chunk, source.driver.policy.streamable(source.num_workers)) if streamed else None
     plan = feed.plan if streamed else make_plan(source, chunk)
+    # a plan whose real updates all have a slot replays without the padding select (a
+    # streamed plan: every update holds its policy's fixed number of gradients)
+    opt, inner_opt, steps, static = configure(source, task, optimizer=optimizer, inner_optimizer=inner_optimizer,
+                                              lr=lr, rule=rule, slot_mode=slot_mode,
+                                              padded=False if streamed else plan.padded_updates)
+    local = static.local
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
     if steps is not None:
-        consts["steps"] = jnp.asarray(steps[0])
+        consts["steps"] = jnp.asarray(steps)
     carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, source.num_workers,
                             local is not None and local.streaming)
-    # static: a plan whose real updates all have a slot replays without the padding select
-    # (a streamed plan: every update holds its policy's fixed number of gradients)
-    static = core.Static(opt.tx, (rule,), slot_mode, local, False if streamed else plan.padded_updates)
-    member = _runner.Member(source, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state),
-                            None if steps is None else steps[0], s.config)
+    member = _runner.Member(source, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state), steps, s.config)
     checkpoint = s.checkpoint
     options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
                               stop_after=s.stop_after, checkpoint=None if checkpoint is None else Path(checkpoint),
@@ -362,12 +378,14 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
           inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
           batch_size: int | None = None, progress: bool = False, ring: int | None = None,
           slots: int | None = None, devices=None, block: int | None = None, callbacks=None) -> list[Result]:
-    """Replay many configurations in one compiled, vmapped call per chunk.
+    """Replay many configurations in one compiled call per chunk.
 
     Configurations are the product policies × seeds × lr_rules × lrs (in that
-    order); every schedule is padded to the same number of updates, gradient
-    slots and ring size. Returns one Result per configuration; each equals
-    the corresponding `simulate` up to float rounding (vmap reorders sums).
+    order); every schedule's inputs are padded to the same number of updates,
+    gradient slots and ring size, and every configuration runs the ops of its own
+    replay (its optimizer, lr rule, slots, local steps: `engine.core.chunk_batched`),
+    so each Result is bitwise the corresponding `simulate` on CPU, whatever else is
+    in the grid (`tests/test_sweep_exact.py`).
     A diverging configuration gets status 'diverged', its history stops at the
     last finite chunk and `config['divergence']` names the update, worker and
     staleness (as `replay`'s DivergenceError does).
@@ -375,11 +393,13 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     Args:
       ring: parameter versions kept (>= the largest staleness + 1; default the
         next power of two); slots: gradient slots per update (>= the largest
-        update). Pin both to compile once for several grids.
+        update). Pin both to compile once for several grids whose configurations
+        compile alike (the same optimizer, lr rules and gradients per update).
+        Neither changes a number.
       devices: shard the configuration axis over local devices: True (all), a
         count, or a list of devices; the Results are bitwise those of one device.
       block: configurations per device per compiled call (default min(8, grid size));
-        the Results depend on it (in the last bits), not on the devices or processes.
+        the Results do not depend on it, nor on the devices or processes.
       callbacks: as `replay`'s: one call per configuration and evaluation, in this
         order: the initial evaluation (update 0) of every configuration in grid order
         (policies × seeds × lr_rules × lrs), then after each chunk (eval_every
@@ -433,11 +453,22 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     segments = None if all(c is None for c in counts) else max(c or 1 for c in counts)
     plans = [_grid.pad_plan(schedules[(p, x)], chunk, ring=ring, slots=slots, num_updates=u_max, segments=segments)
              for p, x, _, _ in configs]
-    opt = _sweep_optimizer(optimizer, pols, lrs, u_max, task)
-    local, inner_opt, steps = local_setup([schedules[(p, x)] for p, x, _, _ in configs], task, s.inner_optimizer)
-    opt = streaming_outer(opt, local)
-    return _grid.Grid(task, configs, schedules, plans, chunk, ring, slots, opt, tuple(dict.fromkeys(rules)), local,
-                      inner_opt, steps, cluster.num_workers)
+    _sweep_optimizer(optimizer, pols, lrs, u_max, task)   # checks: one optimizer, every rate agrees with it
+    local_setup([schedules[(p, x)] for p, x, _, _ in configs], task, s.inner_optimizer)   # checks: one kind of work
+    # each configuration replays as its own `replay` would (its optimizer's horizon, its lr
+    # rule, inner steps, slots and segments); the batch runs each on its own variant
+    setups, variants = [], []
+    for (p, x, r, v), plan in zip(configs, plans):
+        sched = schedules[(p, x)]
+        setup = configure(sched, task, optimizer=optimizer, inner_optimizer=s.inner_optimizer, lr=v, rule=r,
+                          padded=plan.padded_updates)
+        own = segment_count(sched)
+        setups.append(setup)
+        variants.append(core.Variant(setup.static, _grid.needs(sched)[1], own,
+                                     own is not None or bool(getattr(task, "indexed", False))))
+    distinct = tuple(dict.fromkeys(variants))
+    return _grid.Grid(task, configs, schedules, plans, chunk, ring, slots, setups, distinct,
+                      [distinct.index(v) for v in variants], cluster.num_workers)
 
 
 def _policy_rates(pols, optimizer, lrs):

@@ -8,14 +8,15 @@
 
 `staleness.pipeline.simulate` compiles one program per run (the optimizer,
 learning rate included, is a static argument there). Here every member (lr,
-seed) of the grid is one lane of a `vmap` over the one-device engine
+seed) of the grid is one member of a `lax.map` over the one-device engine
 (`staleness.pipeline.sim`): the tick tables are the same for all members (one
 schedule, one number of batches), the learning rate lives in each member's
 optimizer state, the seed gives its initial parameters and its minibatch key
 (`staleness.engine.keys(seed)`, as in `simulate`). So a grid costs one
-compilation and one pass over the ticks. The numbers of a member equal those
-of `simulate(ptask, schedule, num_batches, lr=lr, seed=seed)` up to the
-reassociation XLA may do in a batched program (`tests/test_pipeline_sweep.py`).
+compilation. The members run one after the other inside the compiled call
+(`lax.map`, not `vmap`), so the numbers of a member are bitwise those of
+`simulate(ptask, schedule, num_batches, lr=lr, seed=seed)` on CPU
+(`tests/test_pipeline_sweep.py`).
 
 The simulated time axis does not depend on the learning rate: take it from
 `simulate_timing(plan, cluster, seed)` per seed (the reproduction does).
@@ -108,14 +109,18 @@ def _check_grid(name, values, kind):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(6,))
 def _batched_chunk(cfgs, fdel, bdel, opt, ptask, data_keys, carry, xs):
-    def one(key, c):
+    """Every member's chunk, one member after the other (`lax.map`): each runs the ops of
+    its own `simulate`, so its numbers are bitwise that run's (a `vmap` over members let
+    XLA round the batched sums differently)."""
+    def one(args):
+        key, c = args
         return sim.scan_chunk(cfgs, fdel, bdel, opt, S.Context(ptask, key), c, xs)
-    return jax.vmap(one)(data_keys, carry)
+    return jax.lax.map(one, (data_keys, carry))
 
 
 @jax.jit
 def _evaluate(task, per_stage):
-    return jax.vmap(lambda p: task.evaluate(join_params(p)))(per_stage)
+    return jax.lax.map(lambda p: task.evaluate(join_params(p)), per_stage)
 
 
 def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, seeds,
