@@ -135,9 +135,10 @@ def test_the_chunk_loop_is_bitwise_a_scan_of_the_same_step(digits4, policy, n, c
         opt.tx, rules, "vmap", None, True), consts), c, xs))
     for k in range(plan.num_chunks):
         xs = engine_plan.chunk_inputs(digits4, plan, k, consts["data_key"])
-        a, la = scan(a, xs)
-        b, lb = core.run_chunk(digits4, b, core.pad_chunk(xs, min(chunk, n - k * chunk)), consts, opt=opt.tx,
-                               rules=rules, padded=True)
+        a, (la, _) = scan(a, xs)
+        b, (lb, diag) = core.run_chunk(digits4, b, core.pad_chunk(xs, min(chunk, n - k * chunk)), consts,
+                                       opt=opt.tx, rules=rules, padded=True)
+        assert diag == {}   # per-update diagnostics are an RL learner's
         real = min(chunk, n - k * chunk)
         np.testing.assert_array_equal(np.asarray(la)[:real], np.asarray(lb)[:real])
         assert np.all(np.isnan(np.asarray(lb)[real:]))

@@ -140,7 +140,7 @@ def test_generation_samples_each_position_with_its_segment_version():
     key = jax.random.key(5)
     stacked = jax.tree.map(lambda x, y: jnp.stack([x, y]), a, b)
     starts = jnp.asarray([0, 3], jnp.int32)
-    out = task.generate(stacked, key, idx, starts)
+    out = task.generate(stacked, key, idx, starts, keep_cache=False)   # re-prefill: version s(t) on the whole prefix
     t = task.max_length
     la = np.asarray(task.logp(a, out)).reshape(-1, t)
     lb = np.asarray(task.logp(b, out)).reshape(-1, t)

@@ -65,11 +65,11 @@ def test_rl_async_zero_is_rl_sync_with_batches_of_one_per_actor():
 
 
 @pytest.mark.parametrize("m", [1, 2, 4])
-def test_minibatches_add_staleness_one_version_per_optimizer_step(m):
-    """miles#1697: several optimizer steps per rollout batch silently add staleness. With m
-    minibatches every round's rollouts are generated on one version and its j-th update
-    consumes them j versions stale; m = 1 is plain rl_sync."""
-    sched = st.simulate_schedule(f"rl_sync:minibatches={m}", st.cluster.heterogeneous([1.0, 1.0, 1.5, 3.0]),
+def test_split_adds_staleness_one_version_per_optimizer_step(m):
+    """miles#1697 / verl's counting: several optimizer steps per rollout batch, each a version
+    of its own (split=m), silently add staleness: every round's rollouts are generated on one
+    version and its j-th update consumes them j versions stale; m = 1 is plain rl_sync."""
+    sched = st.simulate_schedule(f"rl_sync:split={m}", st.cluster.heterogeneous([1.0, 1.0, 1.5, 3.0]),
                                  num_updates=8 * m, seed=0)
     a = sched.applied
     np.testing.assert_array_equal(sched.staleness[a], sched.columns["apply_version"][a] % m)
@@ -77,11 +77,27 @@ def test_minibatches_add_staleness_one_version_per_optimizer_step(m):
     np.testing.assert_array_equal(np.bincount(sched.staleness[a]), [32 // m] * m)
 
 
-def test_minibatches_must_divide_the_actors():
-    with pytest.raises(ValueError, match="minibatches = 3 must divide the number of actors"):
-        st.simulate_schedule("rl_sync:minibatches=3", "1*4", num_updates=3)
+@pytest.mark.parametrize("spec", ["rl_sync", "rl_one_step_off", "rl_async:2", "rl_inflight:1", "rl_partial:1"])
+def test_minibatches_are_steps_within_a_version(spec):
+    """AReaL's counting (minibatches=M): the M optimizer steps of a version are one version, so
+    the schedule is the one of M = 1 (a version is what the actors pull) and the spec
+    round-trips."""
+    cluster = st.cluster.heterogeneous([1.0, 1.0, 1.5, 3.0]).jitter(0.2)
+    one = st.simulate_schedule(spec, cluster, num_updates=10, seed=0)
+    pol = st.policies.parse(f"{spec}:minibatches=4")
+    assert pol.work.minibatches == 4 and st.policies.parse(pol.describe()) == pol
+    four = st.simulate_schedule(pol, cluster, num_updates=10, seed=0)
+    assert one.to_frame().drop(columns=[]).equals(four.to_frame())
+
+
+def test_split_must_divide_the_actors():
+    with pytest.raises(ValueError, match="split = 3 must divide the number of actors"):
+        st.simulate_schedule("rl_sync:split=3", "1*4", num_updates=3)
+    for bad in ("split", "minibatches"):
+        with pytest.raises(ValueError, match=bad):
+            st.policies.rl_sync(**{bad: 0})
     with pytest.raises(ValueError, match="minibatches"):
-        st.policies.rl_sync(minibatches=0)
+        st.policies.rl_async(2, minibatches=0)
 
 
 def test_requeue_generates_a_dropped_rollouts_prompts_again_on_a_newer_version():

@@ -60,7 +60,11 @@ OFF_POLICY = {"W": 1.0}   # scale of the random params: ratios far enough from 1
 
 @pytest.mark.parametrize("objective, extra", [("reinforce", {}), ("ppo", {}), ("decoupled_ppo", {}),
                                               ("tis", {}), ("tis", {"c": 1.2}),
-                                              ("decoupled_ppo", {"eps": 0.1, "std_advantages": True})])
+                                              ("decoupled_ppo", {"eps": 0.1, "std_advantages": True}),
+                                              ("decoupled_ppo", {"cap": 1.3}),
+                                              ("decoupled_ppo", {"cap": 1.3, "level": "sequence"}),
+                                              ("tis", {"level": "sequence"}),
+                                              ("mis", {}), ("mis", {"lo": 0.8, "hi": 1.25})])
 def test_bandit_expected_gradient_matches_float64(objective, extra):
     """Σ_outcomes P(outcome) · jax.grad(task.loss) (float32, the task's own loss, logp and
     rollout layout) == bandit.expected_gradient (float64, from the formulas) off-policy.
@@ -79,20 +83,24 @@ def test_bandit_expected_gradient_matches_float64(objective, extra):
     prompts = [0, 5, 9, 33]
     ref = bandit.expected_gradient(task, params, prompts, behavior_params=behavior,
                                    prox_params=prox if use_prox else None)["W"]
-    grads, clipped = [], []
+    grads, clipped, masked = [], [], []
     for p in prompts:
         rollouts, weight = bandit.enumerated(task, behavior, p)
         prox_logp = jax.vmap(task.logp, (None, 0))(prox, rollouts) if use_prox else None
         g = jax.vmap(jax.grad(task.loss), (None, 0, 0 if use_prox else None))(params, rollouts, prox_logp)["W"]
         grads.append(np.einsum("m,mij->ij", weight, np.asarray(g, np.float64)))
         lp_new = jax.vmap(task.logp, (None, 0))(params, rollouts)
-        d = objectives.diagnostics(lp_new, rollouts.logp, prox_logp, rollouts.mask, eps=0.2)
-        clipped.append(float(d["clip_fraction"]))
+        _, aux = jax.vmap(task.objective.loss_aux, (0, 0, 0 if use_prox else None, 0, 0))(
+            lp_new, rollouts.logp, prox_logp, rollouts.mask, rollouts.rewards)
+        clipped.append(float(np.max(aux["clip_fraction"])))
+        masked.append(float(np.max(aux["masked_fraction"])))
     got = np.mean(grads, axis=0)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (np.abs(got - ref).max(), np.abs(ref).max())
     assert np.abs(ref).max() > 1e-3
     if objective in ("ppo", "decoupled_ppo"):
         assert max(clipped) > 0.05   # the clip binds on part of the outcomes: its branch is tested too
+    if "cap" in extra or objective == "mis":
+        assert max(masked) > 0.05    # the mask drops part of the tokens: its branch is tested too
 
 
 @pytest.mark.parametrize("objective", rl.OBJECTIVES)
@@ -137,7 +145,8 @@ def test_decoupled_ppo_with_behavior_prox_is_ppo_exactly(digits_task, digits_par
     learner = _perturb(digits_params, jax.random.key(9), 0.01)
     ppo = dataclasses.replace(digits_task, objective=objectives.make("ppo"))
     lp_new = digits_task.logp(learner, digits_rollout)
-    clip = objectives.diagnostics(lp_new, digits_rollout.logp, None, digits_rollout.mask)["clip_fraction"]
+    clip = ppo.objective.loss_aux(lp_new, digits_rollout.logp, None, digits_rollout.mask,
+                                  digits_rollout.rewards)[1]["clip_fraction"]
     assert float(clip) > 0.01
     # separately compiled programs, so equality is the arithmetic's, not a shared subexpression's
     want_loss, want_grad = jax.jit(jax.value_and_grad(ppo.loss))(learner, digits_rollout)
@@ -164,12 +173,56 @@ def test_objective_formulas_on_small_arrays():
     want = {"reinforce": -mean(adv * new),
             "ppo": -mean(np.minimum(rho * adv, np.clip(rho, 0.8, 1.2) * adv)),
             "decoupled_ppo": -mean(w * np.minimum(rho_p * adv, np.clip(rho_p, 0.8, 1.2) * adv)),
-            "tis": -mean(np.minimum(rho, 2.0) * adv * new)}
+            "tis": -mean(np.minimum(rho, 2.0) * adv * new),
+            "mis": -mean(np.where((rho >= 0.5) & (rho <= 5.0), rho, 0.0) * adv * new)}
     args = [jnp.asarray(a, jnp.float32) for a in (new, behav, prox, mask, r)]
     for name in rl.OBJECTIVES:
         np.testing.assert_allclose(float(objectives.make(name).loss(*args)), want[name], rtol=1e-6, atol=1e-6)
+    # AReaL's behaviour-weight cap: tokens with w > cap count 0 in the sum, 1 in the denominator
+    cap = float(np.median(w[mask > 0]))
+    kept = np.where(w > cap, 0.0, w)
+    loss, aux = objectives.make("decoupled_ppo", cap=cap).loss_aux(*args)
+    np.testing.assert_allclose(float(loss), -mean(kept * np.minimum(rho_p * adv, np.clip(rho_p, 0.8, 1.2) * adv)),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(float(aux["masked_fraction"]), mean(w > cap), rtol=1e-6)
     std = objectives.group_advantages(jnp.asarray(r, jnp.float32), std_advantages=True)
     np.testing.assert_allclose(std, (r - r.mean(-1, keepdims=True)) / (r.std(-1, keepdims=True) + 1e-6), rtol=1e-5)
+
+
+def test_sequence_level_ratio_on_a_hand_case():
+    """GSPO's sequence ratio: exp of the mean over a completion's real tokens of the token
+    log-ratio, shared by all its tokens. One prompt, two completions of 3 tokens (the second
+    of 2: its padding is not averaged), A = ±0.5."""
+    new = np.array([[[-1.0, -2.0, -0.5], [-0.2, -0.4, 0.0]]])
+    behav = np.array([[[-1.3, -1.7, -0.8], [-0.5, -0.5, 0.0]]])
+    mask = np.array([[[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]])
+    r = np.array([[1.0, 0.0]])
+    s = np.exp([np.mean([0.3, -0.3, 0.3]), np.mean([0.3, 0.1])])            # [1.105.., 1.221..]
+    adv = np.array([0.5, -0.5])
+    # tis at level sequence: sg(min(s, c)) A log π_θ, token mean over the 5 real tokens
+    want_tis = -(min(s[0], 1.15) * adv[0] * new[0, 0].sum() + min(s[1], 1.15) * adv[1] * new[0, 1, :2].sum()) / 5
+    args = [jnp.asarray(a, jnp.float32) for a in (new, behav, behav, mask, r)]
+    got = objectives.make("tis", c=1.15, level="sequence").loss(*args)
+    np.testing.assert_allclose(float(got), want_tis, rtol=1e-6)
+    # mis at level sequence with [0.9, 1.2]: the second completion (s = 1.22) is masked whole
+    loss, aux = objectives.make("mis", lo=0.9, hi=1.2, level="sequence").loss_aux(*args)
+    np.testing.assert_allclose(float(loss), -(s[0] * adv[0] * new[0, 0].sum()) / 5, rtol=1e-6)
+    np.testing.assert_allclose(float(aux["masked_fraction"]), 2 / 5, rtol=1e-6)
+    # decoupled_ppo at level sequence, π_prox = π_behav: w = 1, ρ' = s, clipped at 1 ± 0.1
+    got = objectives.make("decoupled_ppo", eps=0.1, level="sequence").loss(*args)
+    want = -(3 * min(s[0] * adv[0], np.clip(s[0], 0.9, 1.1) * adv[0])
+             + 2 * min(s[1] * adv[1], np.clip(s[1], 0.9, 1.1) * adv[1])) / 5
+    np.testing.assert_allclose(float(got), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("group", [3, 8, 16])
+@pytest.mark.parametrize("value", [2 / 3, 0.1, 1.0, 3 / 7])
+def test_equal_rewards_give_advantage_zero(group, value):
+    """A group of equal rewards has advantage 0 exactly, also divided by the group's std (the
+    float32 mean of eight 2/3 used to differ from them, and 1e-8 / (std + 1e-6) gave +0.056)."""
+    r = jnp.full((2, group), value, jnp.float32)
+    for std in (False, True):
+        assert np.array_equal(np.asarray(objectives.group_advantages(r, std_advantages=std)), np.zeros((2, group)))
 
 
 # ---------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class History:
         self.params = None    # host params of the last recorded (finite) chunk
         self.steps_done = 0   # train-loss steps covered by the rows
         self._pending = 0
+        self.diag: dict[str, np.ndarray] = {}   # per-step diagnostics (an RL learner's), NaN where not run
 
     @property
     def done(self) -> int:
@@ -118,6 +119,14 @@ class History:
         self.train_loss[lo:lo + len(values)] = values
         self._pending = lo + len(values)
 
+    def diagnostics(self, lo: int, values: dict) -> None:
+        """Record the per-step diagnostics {name: [n]} of steps lo .. lo + n."""
+        for name, v in values.items():
+            if name not in self.diag:
+                self.diag[name] = np.full(len(self.train_loss), np.nan)
+            v = np.asarray(v, np.float64)
+            self.diag[name][lo:lo + len(v)] = v
+
     def add(self, row: dict, params=None) -> None:
         """Append an evaluation row (and the host params it was evaluated on)."""
         self.rows.append(row)
@@ -132,22 +141,26 @@ class History:
         self.message = d.message(lr)
         if cut is not None:
             self.train_loss = self.train_loss[:cut]
+            self.diag = {k: v[:cut] for k, v in self.diag.items()}
         return self.message
 
     def stop(self) -> None:
         """Ctrl-C or stop_after: status 'stopped', train loss kept up to the last row."""
         self.status = "stopped"
         self.train_loss[self.steps_done:] = np.nan
+        for v in self.diag.values():
+            v[self.steps_done:] = np.nan
 
     def state(self) -> dict:
         """JSON-able rows and train loss (for `staleness.infra.checkpoint`)."""
         return {"rows": self.rows, "train_loss": [float(x) for x in self.train_loss],
-                "steps_done": self.steps_done}
+                "steps_done": self.steps_done, "diag": {k: [float(x) for x in v] for k, v in self.diag.items()}}
 
     def restore(self, state: dict) -> None:
         self.rows = [dict(r) for r in state["rows"]]
         self.train_loss = np.asarray(state["train_loss"], np.float64)
         self.steps_done = self._pending = int(state["steps_done"])
+        self.diag = {k: np.asarray(v, np.float64) for k, v in (state.get("diag") or {}).items()}
 
     def frame(self):
         import pandas as pd
@@ -161,7 +174,24 @@ class History:
         if self.message is not None:
             cfg["divergence"] = self.message
         return Result(self.frame(), schedule, self.params if params is None else params, cfg,
-                      self.train_loss if train_loss is None else train_loss, self.status)
+                      self.train_loss if train_loss is None else train_loss, self.status,
+                      self.diagnostics_frame(schedule))
+
+    def diagnostics_frame(self, schedule):
+        """The per-step diagnostics as a DataFrame (one row per update: `update`, then each
+        name, with the rollouts each update's interval dropped, `dropped`), or None."""
+        if not self.diag:
+            return None
+        import pandas as pd
+
+        n = len(self.train_loss)
+        frame = pd.DataFrame({"update": np.arange(1, n + 1), **{k: v[:n] for k, v in self.diag.items()}})
+        times = np.asarray(schedule.update_time, np.float64)[:n]
+        cols = schedule.columns
+        if len(times) == n and n:   # rollouts dropped after the update before and by this one
+            t = cols["push_time"][cols["dropped"]]
+            frame["dropped"] = np.bincount(np.searchsorted(times, t, side="left"), minlength=n + 1)[:n]
+        return frame
 
 
 def run(step: Callable, carry: Any, *, num_chunks: int, inputs: Callable[[int], Any],

@@ -167,13 +167,9 @@ def gradient(task, params, data_key, worker, iteration, index=None):
 def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration, index, inner):
     """(losses [C], grads) of one update's C slots: minibatch gradients, or for a
     local-update method the deltas of each slot's inner steps (and the new inner
-    states [C, ...] in `inner`'s place), or for asynchronous RL's learner the
-    objective's gradients at `params` on rollouts generated with `stale`."""
+    states [C, ...] in `inner`'s place). (Asynchronous RL's learner: `_update_from`.)"""
     data_key = consts["data_key"]
     c = worker.shape[0]
-    if local is not None and local.learner:
-        losses, grads = local.slots(task, slot_mode, data_key, params, stale, worker, iteration, index)
-        return losses, grads, None
     if local is not None and local.streaming:
         states, own = inner
 
@@ -234,6 +230,11 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
     opt, rules, local = static.opt, static.rules, static.local
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
+    if local is not None and local.learner:   # asynchronous RL: the learner's version (`rollout.learner_update`)
+        params, opt_state, losses, diag = local.update(task, opt, rules, consts, params, opt_state, stale, worker,
+                                                       iteration, staleness, mask, index, static.slot_mode,
+                                                       static.padded)
+        return params, opt_state, inner, jnp.where(mask, losses, jnp.nan), diag
     losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, params, stale, worker, iteration, index,
                                       inner)
     extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
@@ -247,7 +248,7 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
         keep = jax.tree.map(lambda new, old: jnp.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
                             new_inner, jax.tree.map(lambda a: a[worker], inner))
         inner = jax.tree.map(lambda a, v: a.at[worker].set(v), inner, keep)
-    return params, opt_state, inner, jnp.where(mask, losses, jnp.nan)
+    return params, opt_state, inner, jnp.where(mask, losses, jnp.nan), {}
 
 
 def _step(task, static: Static, consts, carry: Carry, x):
@@ -267,9 +268,9 @@ def _step(task, static: Static, consts, carry: Carry, x):
         stale = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, slots[0], keepdims=True), ring)
     else:
         stale = jax.tree.map(lambda a: a[slots], ring)
-    params, opt_state, inner, losses = _update_from(task, static, consts, params, opt_state, inner, stale, update, x,
-                                                    index)
-    return Carry(params, opt_state, ring, inner), losses
+    params, opt_state, inner, losses, diag = _update_from(task, static, consts, params, opt_state, inner, stale,
+                                                          update, x, index)
+    return Carry(params, opt_state, ring, inner), (losses, diag)
 
 
 def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str = "vmap", local=None,
@@ -287,20 +288,23 @@ def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str 
 
     slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
     standalone `gradient` call, for bitwise parity with real-run traces).
-    Returns (carry, losses [L, C]); losses are NaN on padded slots and past n."""
+    Returns (carry, (losses [L, C], diag {name: [L]})); losses are NaN on padded slots and
+    past n, diag (an RL learner's per-update diagnostics, `engine.rollout.DIAGNOSTICS`; empty
+    for other work) NaN past n."""
     *inputs, n = xs
     inputs = tuple(inputs)
     step = functools.partial(_step, task, Static(opt, rules, slot_mode, local, padded), consts)
     at = lambda i: jax.tree.map(lambda a: a[i], inputs)   # noqa: E731 - update i's inputs
-    out = jax.eval_shape(lambda c, x: step(c, x)[1], carry, at(0))
+    out = jax.eval_shape(lambda c, x: step(c, x)[1], carry, at(0))     # (losses [C], diag {name: []})
     rows = inputs[0].shape[0]
 
     def body(i, state):
-        carry, losses = state
-        carry, loss = step(carry, at(i))
-        return carry, lax.dynamic_update_index_in_dim(losses, loss, i, 0)
+        carry, bufs = state
+        carry, got = step(carry, at(i))
+        return carry, jax.tree.map(lambda b, v: lax.dynamic_update_index_in_dim(b, v, i, 0), bufs, got)
 
-    return lax.fori_loop(0, n, body, (carry, jnp.full((rows,) + out.shape, jnp.nan, out.dtype)))
+    bufs = jax.tree.map(lambda o: jnp.full((rows,) + o.shape, jnp.nan, o.dtype), out)
+    return lax.fori_loop(0, n, body, (carry, bufs))
 
 
 MIN_ROWS = 256
@@ -346,7 +350,8 @@ def chunk_batched(task, carry, xs, consts, *, variants: tuple):
     index [B, L, C, ...] or None, n [B]): each configuration's `pad_chunk` inputs, padded to
     the largest C (and S); consts: leaves [B] ('data_key', 'rule', 'variant', and 'steps'
     [B, λ] for local-update methods). Not jitted: the per-device body of a sharded sweep
-    (`engine.grid`); `run_chunk_batched` is its jitted form. Returns (carry, losses [B, L, C])."""
+    (`engine.grid`); `run_chunk_batched` is its jitted form. Returns (carry, (losses [B, L, C],
+    diag {name: [B, L]}))."""
     update, packed, index, n = xs
     width = packed.shape[-1]
 
@@ -354,10 +359,10 @@ def chunk_batched(task, carry, xs, consts, *, variants: tuple):
         def run(c, x, k):
             p, ix, m = x
             ix = None if not v.index else ix[:, :v.slots] if v.segments is None else ix[:, :v.slots, :, :v.segments]
-            c, losses = _chunk(task, c, (update, p[:, :, :v.slots], ix, m), k, opt=v.static.opt,
-                               rules=v.static.rules, slot_mode=v.static.slot_mode, local=v.static.local,
-                               padded=v.static.padded)
-            return c, jnp.pad(losses, ((0, 0), (0, width - v.slots)), constant_values=jnp.nan)
+            c, (losses, diag) = _chunk(task, c, (update, p[:, :, :v.slots], ix, m), k, opt=v.static.opt,
+                                       rules=v.static.rules, slot_mode=v.static.slot_mode, local=v.static.local,
+                                       padded=v.static.padded)
+            return c, (jnp.pad(losses, ((0, 0), (0, width - v.slots)), constant_values=jnp.nan), diag)
         return run
 
     fns = [branch(v) for v in variants]

@@ -237,7 +237,9 @@ def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _const_keys(grid: Grid) -> tuple:
-    return ("data_key", "rule", "variant") + (("steps",) if grid.setups[0].steps is not None else ())
+    local = grid.setups[0].static.local
+    return (("data_key", "rule", "variant") + (("steps",) if grid.setups[0].steps is not None else ())
+            + (("probe",) if local is not None and local.learner else ()))
 
 
 def _compiled(grid: Grid, lay: _Layout, has_index: bool):
@@ -267,6 +269,9 @@ def _init_call(grid: Grid, lay: _Layout, sel: list, data_keys: list):
     c = core.init_carry_batched(grid.task, [(grid.configs[i][1], u.opt, u.inner, st)
                                             for i, u, st in zip(idx, setups, streaming)],
                                 grid.ring, num_workers=grid.num_workers)
+    if setups[0].static.local is not None and setups[0].static.local.learner:   # each run's probe set
+        cs["probe"] = jax.tree.map(lambda *xs: np.stack(xs), *[jax.device_get(grid.task.probe(
+            jax.tree.map(lambda a, j=j: a[j], c.params))) for j in range(len(idx))])
     rates = [u.opt.lr if u.opt.lr is not None
              else _runner.learning_rate(u.opt, jax.tree.map(lambda a, j=j: a[j], c.opt_state))
              for j, u in enumerate(setups)]
@@ -287,6 +292,13 @@ def _feed(task, plans: list, data_keys: list, sel: list):
         return (parts[0][0], np.stack([x[1] for x in parts]), index,               # packed [W, L, 6, C]
                 np.asarray([x[3] for x in parts], np.int32))
     return inputs
+
+
+def _losses(chunk: int, n: int, outs):
+    """([B, K, C] losses, [B] dicts of [K] diagnostics) of one chunk's calls' outputs."""
+    losses = np.concatenate([o[0] for o in outs])[:, :chunk]
+    diag = {k: np.concatenate([o[1][k] for o in outs])[:, :chunk] for k in outs[0][1]}
+    return losses, [{k: v[i] for k, v in diag.items()} for i in range(len(losses))]
 
 
 def _program(grid: Grid, lay: _Layout, n: int):
@@ -322,7 +334,7 @@ def _program(grid: Grid, lay: _Layout, n: int):
         return [jax.tree.map(lambda a, i=i: a[i], host) for i in range(n)]
 
     program = _runner.Program(step=step, inputs=lambda k: [f(k) for f in feeds],
-                              losses=lambda out: np.concatenate(out)[:, :grid.chunk],   # [B, K, C]
+                              losses=functools.partial(_losses, grid.chunk, n),
                               metrics=metrics, params=params)
     return program, [c[0] for c in calls], [r for c in calls for r in c[2]]
 

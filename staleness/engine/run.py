@@ -99,11 +99,10 @@ def local_setup(schedules, task, inner_optimizer):
     if all(x is None for x in steps):
         works = {s.policy.work for s in schedules}
         step = [w.engine_local(None, 0, False, None) for w in works]   # None: a gradient; else e.g. RL's learner
-        if all(x is not None and x.learner for x in step) and any(x.inflight for x in step):
-            # rollouts with and without in-flight segments replay alike: one version is one segment
-            step = [x._replace(inflight=True) for x in step]
         if any(x is not None for x in step):
-            if len(set(step)) > 1 or None in step:
+            # learners of other settings (in-flight segments, minibatches) share a sweep: each
+            # configuration replays with its own (`configure`, a `core.Variant` of the sweep)
+            if None in step or len({type(x) for x in step}) > 1:
                 raise ValueError(f"sweep: {', '.join(sorted(str(s.policy) for s in schedules))} need separate "
                                  "sweeps: their workers compute different things")
             if inner_optimizer is not None:
@@ -260,6 +259,8 @@ def _replay(source, task, s: _settings.Settings) -> Result:
         consts["steps"] = jnp.asarray(steps)
     carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, source.num_workers,
                             local is not None and local.streaming)
+    if local is not None and local.learner:   # the probe set of the learner's kl_version, at version 0
+        consts["probe"] = task.probe(carry.params)
     member = _runner.Member(source, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state), steps, s.config)
     checkpoint = s.checkpoint
     options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
@@ -317,10 +318,12 @@ def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
             schedule()
         return carry, outs
 
-    def losses(out):   # a chunk run in parts: their losses in one [chunk, C] (NaN past the run)
+    def losses(out):   # a chunk run in parts: their outputs in one [chunk, ...] each (NaN past the run)
         if isinstance(out, list):
-            rows = np.concatenate([o[:n] for n, o in out])
-            out = np.concatenate([rows, np.full((plan.chunk - len(rows),) + rows.shape[1:], np.nan, rows.dtype)])
+            def whole(*parts):
+                rows = np.concatenate([o[:n] for (n, _), o in zip(out, parts)])
+                return np.concatenate([rows, np.full((plan.chunk - len(rows),) + rows.shape[1:], np.nan, rows.dtype)])
+            out = jax.tree.map(whole, *[o for _, o in out])
         return program.losses(out)
 
     try:

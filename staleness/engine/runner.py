@@ -8,7 +8,8 @@ compiled program and pass what differs, as mctx passes its loop:
 
   Program.step(carry, xs) -> (carry, out)   one compiled chunk (donates its carry)
   Program.inputs(k) -> xs                   host inputs of chunk k (built while chunk k-1 runs)
-  Program.losses(out) -> [B, K, C]          each configuration's per-slot losses (NaN on padding)
+  Program.losses(out) -> ([B, K, C], [B])   each configuration's per-slot losses (NaN on padding), and
+                                            its per-update diagnostics {name: [K]} (RL learners; else {})
   Program.metrics(carry) -> [B] dicts       each configuration's evaluation, on the host
   Program.params(carry) -> [B] pytrees      each configuration's parameters, on the host
   Program.span(lo, hi) -> xs                optional: inputs of a part of a chunk (`single`)
@@ -55,7 +56,7 @@ class Program(NamedTuple):
 
     step: Callable      # (carry, xs) -> (carry, out)
     inputs: Callable    # k -> xs of chunk k
-    losses: Callable    # out (NumPy) -> [B, K, C] float
+    losses: Callable    # out (NumPy) -> ([B, K, C] float, [B] dicts {name: [K]} of diagnostics)
     metrics: Callable   # carry -> B dicts {metric: value}
     params: Callable    # carry -> B host pytrees
     span: Callable | None = None   # (lo, hi) -> xs of updates lo..hi < one chunk, run by `step` as a chunk
@@ -126,7 +127,11 @@ def single(task, plan: Plan, consts: dict, static) -> Program:
         metrics, params = core.evaluate(task, carry.params), jax.device_get(carry.params)
         return lambda: ([jax.device_get(metrics)], [params])
 
-    return Program(step=step, inputs=inputs, losses=lambda out: out[None, :plan.chunk],
+    def losses(out):
+        loss, diag = out
+        return loss[None, :plan.chunk], [{k: v[:plan.chunk] for k, v in diag.items()}]
+
+    return Program(step=step, inputs=inputs, losses=losses,
                    metrics=lambda carry: [jax.device_get(core.evaluate(task, carry.params))],
                    params=lambda carry: [jax.device_get(carry.params)], span=span, capture=capture)
 
@@ -265,7 +270,7 @@ class _Run:
         """Chunk k's losses, divergence checks, history rows and their callbacks; False
         after `stop_after`."""
         self.wall += wall
-        losses = self.program.losses(out)
+        losses, diags = self.program.losses(out)
         chunk = self.options.chunk
         lo = k * chunk
         live = []
@@ -273,11 +278,19 @@ class _Run:
             if not h.active or lo >= m.plan.num_updates:
                 continue
             hi = min(lo + chunk, m.plan.num_updates)
-            per_update = _chunks.update_losses(losses[i], m.plan.chunk_view(k)["mask"])[: hi - lo]
+            view = m.plan.chunk_view(k)
+            per_update = _chunks.update_losses(losses[i], view["mask"])[: hi - lo]
             h.losses(lo, per_update)
+            diag = diags[i]
+            if diag:   # an RL learner's: with the mean staleness of each update's rollouts
+                diag = {**{n: np.asarray(v[: hi - lo], np.float64) for n, v in diag.items()},
+                        "staleness_mean": _chunks.update_losses(view["staleness"].astype(np.float64),
+                                                                view["mask"])[: hi - lo]}
+                h.diagnostics(lo, diag)
             d = divergence(losses[i], m.plan, k)
             if d is None:
-                live.append((i, hi, float(np.mean(per_update))))
+                live.append((i, hi, float(np.mean(per_update)), {n: float(np.nanmean(v)) if np.isfinite(v).any()
+                                                                 else float("nan") for n, v in diag.items()}))
             elif self.options.on_divergence == "raise":
                 _chunks.raise_divergence(h, d, m.schedule, cfg, cfg["lr"], cut=d.update)
             else:
@@ -285,9 +298,9 @@ class _Run:
         if live:   # `carry`: the carry, or what `Program.capture` took of it
             metrics, params = (carry() if self.capture is not None
                                else (self.program.metrics(carry), self.program.params(carry)))
-            for i, hi, loss in live:
-                self.hists[i].add(_history_row(hi, self.members[i].plan, loss, metrics[i]), params[i])
-            for i, _, _ in live:   # after every row is in: a failing callback loses none
+            for i, hi, loss, diag in live:
+                self.hists[i].add(_history_row(hi, self.members[i].plan, loss, {**metrics[i], **diag}), params[i])
+            for i, *_ in live:   # after every row is in: a failing callback loses none
                 row = self.hists[i].rows[-1]
                 self.tracker.row(i, row, row["time"], self.wall)
         end = min(lo + chunk, max(m.plan.num_updates for m in self.members))

@@ -206,5 +206,5 @@ class Minibatches(EachGradient):
 
     def validate(self, num_workers):
         if num_workers % self.m:
-            raise ValueError(f"minibatches = {self.m} must divide the number of actors ({num_workers}): each "
-                             "learner update takes actors / minibatches rollouts of the round")
+            raise ValueError(f"split = {self.m} must divide the number of actors ({num_workers}): each "
+                             "learner update takes actors / split rollouts of the round")

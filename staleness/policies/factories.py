@@ -127,38 +127,45 @@ rollout staler than η when it arrives; 'requeue' lets them run free and has a r
 staler than η generated again, on the newest version, by the same actor."""
 
 
-def _learner_suffix(learner: float) -> str:
-    return "" if learner == 0.5 else f":learner={learner:g}"
+def _learner_suffix(learner: float, minibatches: int = 1) -> str:
+    return (("" if learner == 0.5 else f":learner={learner:g}")
+            + ("" if minibatches == 1 else f":minibatches={minibatches}"))
 
 
-def _rounds(name: str, eta: int, learner: float, minibatches: int) -> Policy:
+def _rounds(name: str, eta: int, learner: float, minibatches: int, split: int) -> Policy:
     checks.integer(name, "minibatches", minibatches, low=1)
-    spec = name + _learner_suffix(learner) + ("" if minibatches == 1 else f":minibatches={minibatches}")
-    aggregation = AllLive() if minibatches == 1 else Minibatches(minibatches)
-    return Policy(RoundLag(eta, minibatches), aggregation, spec, Rollout(learner))
+    checks.integer(name, "split", split, low=1)
+    spec = name + _learner_suffix(learner, minibatches) + ("" if split == 1 else f":split={split}")
+    aggregation = AllLive() if split == 1 else Minibatches(split)
+    return Policy(RoundLag(eta, split), aggregation, spec, Rollout(learner, minibatches=minibatches))
 
 
-def rl_sync(learner: float = 0.5, minibatches: int = 1) -> Policy:
+def rl_sync(learner: float = 0.5, minibatches: int = 1, split: int = 1) -> Policy:
     """Synchronous on-policy RL: every actor generates one rollout on version k, the
     learner trains update k on all of them, then every actor pulls version k + 1
     (staleness 0). `learner`: the learner's time per update (see `Rollout`).
-    minibatches: m > 1 splits each round's rollouts into m learner updates (several
-    optimizer steps per batch): the j-th is j versions stale, though every rollout was
-    generated on the round's version (the staleness "on-policy" PPO epochs add)."""
-    return _rounds("rl_sync", 0, learner, minibatches)
+    minibatches: M > 1 trains each version in M optimizer steps on M minibatches of its
+    batch, π_prox computed once before the first (AReaL's `ppo_n_minibatches`; staleness is
+    counted in versions: every rollout is still 0 versions stale; see `Rollout`).
+    split: s > 1 counts staleness as verl does instead: each round's rollouts make s learner
+    updates of their own, the j-th j versions stale, though every rollout was generated on
+    the round's version (the staleness "on-policy" PPO epochs add when every optimizer step
+    is a version)."""
+    return _rounds("rl_sync", 0, learner, minibatches, split)
 
 
-def rl_one_step_off(learner: float = 0.5, minibatches: int = 1) -> Policy:
+def rl_one_step_off(learner: float = 0.5, minibatches: int = 1, split: int = 1) -> Policy:
     """One-step off-policy RL (verl's recipe): round k + 1 is generated while the learner
     trains on round k, on the version before that update, so every consumed rollout after
     the first round is exactly one version stale (also at learner = 0: the actors are
     released with the decision of update k, before it is complete, as in the real
     runtime, where the server releases them before it computes the update).
-    minibatches: as for `rl_sync`."""
-    return _rounds("rl_one_step_off", 1, learner, minibatches)
+    minibatches, split: as for `rl_sync`."""
+    return _rounds("rl_one_step_off", 1, learner, minibatches, split)
 
 
-def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None) -> Policy:
+def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None,
+             minibatches: int = 1) -> Policy:
     """Asynchronous RL bounded by η (AReaL's `max_head_offpolicyness`): actors generate
     continuously on the newest completed version; the learner updates from every λ
     rollouts in arrival order; no consumed rollout is more than η versions stale.
@@ -174,22 +181,24 @@ def rl_async(eta: int | None = None, mode: str = "pace", learner: float = 0.5, b
     eta: None is fully asynchronous (no bound, nothing dropped); η = 0 is `rl_sync`.
     batch: rollouts per learner update (None: one per actor, λ); fewer make the learner
       update more often than each actor generates, so rollouts grow staler.
+    minibatches: M optimizer steps per version (see `rl_sync`).
     """
-    return _bounded("rl_async", eta, mode, learner, batch, False)
+    return _bounded("rl_async", eta, mode, learner, batch, False, minibatches=minibatches)
 
 
-def rl_inflight(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None) -> Policy:
+def rl_inflight(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None,
+                minibatches: int = 1) -> Policy:
     """Asynchronous RL with in-flight weight updates (PipelineRL): `rl_async`, except that
     every version the learner completes reaches the actors while they decode and is taken
     between two tokens, so a rollout's later tokens come from newer versions than its first
     (the schedule records each segment's version; see `Rollout(inflight=True)`). The
     timing is `rl_async`'s (the weight transfer overlaps the decode); the bound η, the
-    modes and `batch` apply to a rollout's oldest tokens, its pulled version, as there."""
-    return _bounded("rl_inflight", eta, mode, learner, batch, True)
+    modes, `batch` and `minibatches` apply to a rollout's oldest tokens, its pulled version, as there."""
+    return _bounded("rl_inflight", eta, mode, learner, batch, True, minibatches=minibatches)
 
 
 def rl_partial(eta: int | None = None, mode: str = "pace", learner: float = 0.5, batch: int | None = None,
-               refill: float = 1.0) -> Policy:
+               refill: float = 1.0, minibatches: int = 1) -> Policy:
     """Asynchronous RL with partial rollouts (AReaL's interruptible generation): `rl_inflight`
     (segments, η, the modes and `batch` as there), except that a version reaching an actor
     mid-rollout interrupts its decode: after the token in progress the actor loads the
@@ -198,10 +207,12 @@ def rl_partial(eta: int | None = None, mode: str = "pace", learner: float = 0.5,
     new version; the rollout ends (transfer + refill × token time) later per interruption
     (see `Rollout`). refill = 0 on a network without latency or bytes is `rl_inflight`.
     """
-    return _bounded("rl_partial", eta, mode, learner, batch, True, refill)
+    return _bounded("rl_partial", eta, mode, learner, batch, True, refill, minibatches)
 
 
-def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool, refill=None) -> Policy:
+def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool, refill=None,
+             minibatches: int = 1) -> Policy:
+    checks.integer(name, "minibatches", minibatches, low=1)
     if eta is not None:
         checks.integer(name, "eta", eta, low=0)
     if batch is not None:
@@ -213,6 +224,6 @@ def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool, r
     gate = Capacity(eta, batch) if eta is not None and mode == "pace" else Free()
     spec = (name + ("" if eta is None else f":{eta}") + (f":mode={mode}" if mode != "pace" and eta is not None else "")
             + ("" if batch is None else f":batch={batch}"))
-    spec += _learner_suffix(learner) + ("" if refill is None or refill == 1.0 else f":refill={refill:g}")
+    spec += _learner_suffix(learner, minibatches) + ("" if refill is None or refill == 1.0 else f":refill={refill:g}")
     return Policy(gate, Fresh(eta, batch, mode == "requeue" and eta is not None), spec,
-                  Rollout(learner, inflight, refill))
+                  Rollout(learner, inflight, refill, minibatches))

@@ -298,11 +298,19 @@ class Rollout:
     interruption. A version that arrives during a pause interrupts again right after it,
     before the same token (its segment replaces the previous one, as in `inflight`).
     None: no interruption (the transfer overlaps the decode).
+
+    minibatches: the learner trains each version in M optimizer steps, one on each of M
+    minibatches of its batch (every rollout's prompts split in M parts; AReaL's
+    `ppo_n_minibatches`), with π_prox the log-probs at the version's parameters before its
+    first step (`engine.rollout.learner_update`). The version is what actors pull: staleness
+    is counted in versions, not steps. The learner's time is unchanged (the same tokens
+    pass forward and backward once, in M parts).
     """
 
     learner: float = 0.5
     inflight: bool = False
     refill: float | None = None
+    minibatches: int = 1
 
     local: ClassVar[bool] = False
     collective_round: ClassVar[bool] = False
@@ -316,6 +324,7 @@ class Rollout:
                              "seconds per update, in units of an actor generating one average rollout)")
         if not isinstance(self.inflight, bool):
             raise ValueError(f"rollout: inflight = {self.inflight!r} must be True or False")
+        checks.integer("rollout", "minibatches", self.minibatches, low=1)
         if self.refill is not None:
             checks.finite("rollout", "refill", self.refill, low=0.0)
             if not self.inflight:
@@ -345,11 +354,12 @@ class Rollout:
         version, the objective's gradient at the current one."""
         from staleness.engine import rollout
 
-        return rollout.Learner(inflight=self.inflight)
+        return rollout.Learner(inflight=self.inflight, minibatches=self.minibatches, reprefill=self.refill is not None)
 
     def replay_settings(self) -> tuple:
         return ()
 
     def describe(self) -> str:
         return (f"rollout:learner={self.learner:g}" + (":inflight" if self.inflight else "")
-                + ("" if self.refill is None else f":refill={self.refill:g}"))
+                + ("" if self.refill is None else f":refill={self.refill:g}")
+                + ("" if self.minibatches == 1 else f":minibatches={self.minibatches}"))

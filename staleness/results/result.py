@@ -3,7 +3,7 @@
 A Result holds the evaluation history (update, simulated time, metrics), the
 schedule that was replayed, the final parameters and the run's configuration.
 `save` writes a directory (`result.json`, `history.csv`, `schedule.json`,
-`params.npz`) with a format version; `Result.load` reads it back. Plots live
+`params.npz`, and an RL run's per-update `diagnostics.csv`) with a format version; `Result.load` reads it back. Plots live
 in `staleness.results.plots` so that the core never imports matplotlib.
 """
 
@@ -172,6 +172,10 @@ class Result:
     train_loss: [U] mean loss of each update's gradients.
     status: 'complete', 'diverged', 'stopped' (interrupted; resumable) or 'failed' (every
       worker was lost before the budget: `config['ended']` says when).
+    diagnostics: asynchronous RL: a DataFrame with one row per update (`update`, then what the
+      learner logged: kl_behav, is_weight_mean, is_weight_max, ess, entropy, clip_fraction,
+      masked_fraction, kl_version, staleness_mean, dropped; see `staleness.engine.rollout`);
+      the history rows hold their means over each evaluation interval. None otherwise.
     """
 
     history: Any
@@ -180,6 +184,7 @@ class Result:
     config: dict
     train_loss: np.ndarray
     status: str = "complete"
+    diagnostics: Any = None
 
     @property
     def final(self) -> dict:
@@ -244,6 +249,8 @@ class Result:
         np.savez(path / "params.npz", **flatten_params(self.params))
         orbax = _save_orbax(path / ORBAX_DIR, self.params)
         np.save(path / "train_loss.npy", np.asarray(self.train_loss))
+        if self.diagnostics is not None:
+            self.diagnostics.to_csv(path / "diagnostics.csv", index=False)
         meta = {"format_version": FORMAT_VERSION, "status": self.status, "config": _jsonable(self.config)}
         if orbax:
             meta["orbax"] = ORBAX_DIR
@@ -306,8 +313,17 @@ class Result:
         if len(history) and (history["update"].max() > schedule.num_updates or history["update"].min() < 0):
             raise FileFormatError(f"{path / 'history.csv'}: column 'update' goes beyond the schedule's "
                                   f"{schedule.num_updates} updates")
+        diagnostics = None
+        if (path / "diagnostics.csv").is_file():
+            try:
+                diagnostics = pd.read_csv(path / "diagnostics.csv")
+            except Exception as e:  # noqa: BLE001 - pandas' parser errors
+                raise FileFormatError(f"{path / 'diagnostics.csv'}: cannot be read ({type(e).__name__})") from None
+            if "update" not in diagnostics or len(diagnostics) > schedule.num_updates:
+                raise FileFormatError(f"{path / 'diagnostics.csv'}: needs an 'update' column and at most one row "
+                                      f"per update of the schedule ({schedule.num_updates})")
         return cls(history=history, schedule=schedule, params=params, config=meta["config"],
-                   train_loss=train_loss, status=meta["status"])
+                   train_loss=train_loss, status=meta["status"], diagnostics=diagnostics)
 
 
 def _jsonable(obj):

@@ -55,18 +55,22 @@ def _streaming_delta(task, pulled, own, inner_state, data_key, worker, round_, *
     return _local.streaming_delta(task, local, pulled, own, inner_state, data_key, worker, round_)
 
 
-def _generate(task, params, data_key, worker, iteration, starts=None):
-    rollout = _rollout.generate_rollout(task, params, data_key, worker, iteration, starts)
+def _generate(task, params, data_key, worker, iteration, starts=None, keep_cache=True):
+    rollout = _rollout.generate_rollout(task, params, data_key, worker, iteration, starts, keep_cache)
     return _rollout.behavior_loss(task, rollout), rollout
 
 
-def _learner_gradient(task, params, rollout):
-    return _rollout.learner_gradient(task, params, rollout)[1]
+def _learner_update(task, params, opt_state, rollouts, staleness, mask, *, tx, rule, minibatches, many):
+    # the compiled replay's learner step itself (`engine.rollout.learner_update`, padded=False
+    # as a trace's plan): π_prox at `params`, then `minibatches` optimizer steps
+    params, opt_state, _, _ = _rollout.learner_update(task, tx, (rule,), 0, params, opt_state, rollouts, staleness,
+                                                      mask, minibatches, False, many)
+    return params, opt_state
 
 
 _gradient_jit = jax.jit(_gradient)
-_generate_jit = jax.jit(_generate)
-_learner_gradient_jit = jax.jit(_learner_gradient)
+_generate_jit = jax.jit(_generate, static_argnames=("keep_cache",))
+_learner_update_jit = jax.jit(_learner_update, static_argnames=("tx", "rule", "minibatches", "many"))
 _local_delta_jit = jax.jit(_local_delta, static_argnames=("local",))
 _streaming_delta_jit = jax.jit(_streaming_delta, static_argnames=("local",))
 _stack_jit = jax.jit(_stack)
@@ -158,7 +162,8 @@ class Numerics:
         s = 1 << (n - 1).bit_length()
         starts = positions(np.asarray(list(tokens) + [NO_SEGMENT] * (s - n), np.int64), task.prefill)
         stacked = _stack_jit(*versions, *([versions[-1]] * (s - n)))
-        return _generate_jit(task, stacked, key, np.int32(worker), np.int32(iteration), starts.astype(np.int32))
+        return _generate_jit(task, stacked, key, np.int32(worker), np.int32(iteration), starts.astype(np.int32),
+                             keep_cache=not self.learner.reprefill)
 
     def _index(self, worker: int, iteration: int) -> np.ndarray:
         """[μ] minibatch indices of `worker`'s `iteration`, on the host, as the engine's
@@ -197,9 +202,8 @@ class Numerics:
         zeros: a params-shaped zero pytree used to pad to `slots` (needed when c < slots).
         Returns (params, opt_state).
         """
-        if self.learner is not None:   # the pushes are rollouts: the learner's gradients at `params` first
-            task, _ = self.on(next(iter(jax.tree.leaves(params)[0].devices())))
-            grads = [_learner_gradient_jit(task, params, r) for r in grads]
+        if self.learner is not None:   # the pushes are rollouts: the learner's version on them
+            return self._learner_update(params, opt_state, grads, staleness, update, zeros)
         c = len(grads)
         if self.slots == 1:
             return _server_update_jit(params, opt_state, grads[0], self._tau1(staleness[0]), self._one,
@@ -212,6 +216,22 @@ class Numerics:
         stacked = _stack_jit(*grads, *([zeros] * pad))
         return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update),
                                   tx=self.opt.tx, rule=self.rule)
+
+    def _learner_update(self, params, opt_state, rollouts: list, staleness: list[int], update: int, zeros=None):
+        """The learner's version on the pushed `rollouts` (padded to `slots` with empty
+        rollouts, masked out), as the replay computes it."""
+        task, _ = self.on(next(iter(jax.tree.leaves(params)[0].devices())))
+        c = len(rollouts)
+        kw = dict(tx=self.opt.tx, rule=self.rule, minibatches=self.learner.minibatches, many=self.slots > 1)
+        if self.slots == 1:
+            return _learner_update_jit(task, params, opt_state, rollouts[0], self._tau1(staleness[0]), self._one, **kw)
+        if c > self.slots:
+            raise ValueError(f"update {update}: {c} rollouts exceed the {self.slots} slots")
+        pad = self.slots - c
+        empty = [] if not pad else [_empty_rollout(rollouts[0])] * pad
+        tau = np.asarray(list(staleness) + [0] * pad, np.int32)
+        mask = np.asarray([True] * c + [False] * pad)
+        return _learner_update_jit(task, params, opt_state, _stack_jit(*rollouts, *empty), tau, mask, **kw)
 
     def _fragment(self, update: int):
         """Streaming DiLoCo: the fragment update `update` synchronizes (else None)."""
@@ -250,6 +270,12 @@ class Numerics:
             pushed = [grad] if self.learner is None else [put(outs[0][1])]   # a gradient, or a rollout
             outs.append(self.update(server_params, opt_state, pushed, [0], 0, grad))
         jax.block_until_ready(outs)
+
+
+@jax.jit
+def _empty_rollout(rollout):
+    """A rollout like `rollout` with nothing in it (a padding slot: masked out of the update)."""
+    return jax.tree.map(jnp.zeros_like, rollout)
 
 
 @functools.cache

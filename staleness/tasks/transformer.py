@@ -31,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["TokenEmbed", "Block", "LMHead", "Transformer", "VOCAB", "parts"]
+__all__ = ["TokenEmbed", "Block", "LMHead", "Transformer", "VOCAB", "parts", "prefill", "decode_step"]
 
 VOCAB = 256
 """Byte-level vocabulary."""
@@ -72,6 +72,7 @@ class CausalSelfAttention(nn.Module):
         h = self.num_heads
         qkv = nn.Dense(3 * d, kernel_init=_normal(0.02), name="qkv")(x).reshape(b, t, 3, h, d // h)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]              # [B, T, H, Dh]
+        self.sow("cache", "kv", (k, v))   # the keys and values a KV-cached decode keeps (`prefill`)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)  # [B, H, T, T]
         causal = jnp.tril(jnp.ones((t, t), bool))
         weights = jax.nn.softmax(jnp.where(causal, scores, _MASKED), axis=-1)
@@ -130,3 +131,47 @@ def parts(num_layers: int, d_model: int, num_heads: int, context: int, vocab: in
     return (TokenEmbed(vocab, d_model, context),
             [Block(d_model, num_heads, num_layers) for _ in range(num_layers)],
             LMHead(vocab))
+
+
+# -- KV-cached decoding ------------------------------------------------------------------------
+def prefill(model: Transformer, params, tokens: jax.Array):
+    """(logits [T, vocab], cache) of one sequence `tokens` [T] (T <= context): the ordinary
+    forward pass, which also returns every layer's keys and values, padded to the context:
+    cache = ((K [context, H, Dh], V [context, H, Dh]) per layer). Rows past T are zeros; a
+    decode (`decode_step`) writes each new position before attending to it."""
+    logits, state = model.apply({"params": params}, tokens[None], mutable=["cache"])
+    t = tokens.shape[0]
+    pad = lambda a: jnp.pad(a[0], ((0, model.context - t), (0, 0), (0, 0)))   # noqa: E731
+    cache = tuple((pad(state["cache"][f"block_{i}"]["attn"]["kv"][0][0]),
+                   pad(state["cache"][f"block_{i}"]["attn"]["kv"][0][1])) for i in range(model.num_layers))
+    return logits[0], cache
+
+
+def decode_step(model: Transformer, params, cache, token: jax.Array, pos: jax.Array):
+    """(logits [vocab] at position `pos`, cache) after feeding `token` at position `pos`
+    (traced): the transformer's forward for one new position, attending over the cached keys
+    and values of positions < pos (whatever version computed them: an in-flight weight
+    update keeps them, PipelineRL's rule) and its own, which it writes into the cache.
+    The same modules and parameters as `Transformer.__call__`, so it computes the same
+    function as the full pass (up to float rounding)."""
+    d, h = model.d_model, model.num_heads
+    e = params["embed"]
+    x = (jnp.take(e["tokens"]["embedding"], token, axis=0) + e["positions"][pos])[None]             # [1, d]
+    new = []
+    for i, (keys, values) in enumerate(cache):
+        p = params[f"block_{i}"]
+        a = nn.LayerNorm().apply({"params": p["ln_attn"]}, x)
+        qkv = nn.Dense(3 * d).apply({"params": p["attn"]["qkv"]}, a).reshape(3, h, d // h)
+        keys = jax.lax.dynamic_update_index_in_dim(keys, qkv[1], pos, 0)                             # [C, H, Dh]
+        values = jax.lax.dynamic_update_index_in_dim(values, qkv[2], pos, 0)
+        scores = jnp.einsum("hd,khd->hk", qkv[0], keys) / math.sqrt(d // h)                          # [H, C]
+        weights = jax.nn.softmax(jnp.where(jnp.arange(keys.shape[0]) <= pos, scores, _MASKED), axis=-1)
+        out = jnp.einsum("hk,khd->hd", weights, values).reshape(1, d)
+        x = x + nn.Dense(d).apply({"params": p["attn"]["out"]}, out)
+        m = nn.Dense(p["mlp_in"]["kernel"].shape[-1]).apply(
+            {"params": p["mlp_in"]}, nn.LayerNorm().apply({"params": p["ln_mlp"]}, x))
+        x = x + nn.Dense(d).apply({"params": p["mlp_out"]}, nn.gelu(m))
+        new.append((keys, values))
+    logits = nn.Dense(model.vocab).apply({"params": params["head"]["logits"]},
+                                         nn.LayerNorm().apply({"params": params["head"]["ln_f"]}, x))
+    return logits[0], tuple(new)

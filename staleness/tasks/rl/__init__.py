@@ -12,7 +12,8 @@
 Built-in names: rl-bandit (a contextual bandit with a float64 expected-gradient reference),
 rl-digits (reverse a digit string with a small transformer). Your own:
 `from_functions(Policy(init_fn, logits_fn, max_length), PromptSet(prompts, length_rule), reward_fn)`. Objectives
-(`OBJECTIVES`): reinforce, ppo, decoupled_ppo, tis (see `objectives`). Length rules: `lengths`.
+(`OBJECTIVES`): reinforce, ppo, decoupled_ppo, tis, mis, and any `objectives.register`ed one (see
+`objectives`). Length rules: `lengths`.
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ def get(name: str, num_workers: int = 4, objective: str = "decoupled_ppo", seed:
     Args:
       name: "rl-bandit" or "rl-digits".
       num_workers: actors.
-      objective: one of OBJECTIVES (reinforce, ppo, decoupled_ppo, tis).
+      objective: a registered objective (reinforce, ppo, decoupled_ppo, tis, mis, or your own;
+        'package.module:name' imports the module that registers it).
       seed: seed of the prompts, their lengths and the evaluation key.
-      **options: the objective's parameters (eps for ppo/decoupled_ppo, c for tis,
-        std_advantages) and the task's own options (see `bandit.rl_bandit`, `digits.rl_digits`:
+      **options: the objective's parameters (eps, cap, level for decoupled_ppo; c, level for
+        tis; lo, hi, level for mis; std_advantages) and the task's own options (see `bandit.rl_bandit`, `digits.rl_digits`:
         group_size, prompts_per_rollout, num_prompts, length_rule, warm_start_steps, ...).
     """
     if name not in _BUILTINS:
@@ -88,7 +90,7 @@ def get(name: str, num_workers: int = 4, objective: str = "decoupled_ppo", seed:
     task_options = [p for p in inspect.signature(factory).parameters
                     if p not in ("options", "objective_params", "num_workers", "objective", "seed")]
     task_options += list(getattr(factory, "model_options", ()))
-    objective_params = sorted({k for params in objectives.DEFAULTS.values() for k in params})
+    objective_params = objectives.param_names()
     for key in options:
         if key not in task_options and key not in objective_params:
             raise ValueError(f"{key} = {options[key]!r} is not an option of {name!r}; valid: task options "

@@ -69,7 +69,8 @@ def _fns(dim: int, arms: int, init_scale: float):
 
 def rl_bandit(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int = 0, *, num_prompts: int = 64,
               dim: int = 8, arms: int = 4, group_size: int = 4, prompts_per_rollout: int = 8,
-              length_rule: Any = DEFAULT_LENGTHS, init_scale: float = 0.01, **objective_params: Any) -> RLTask:
+              length_rule: Any = DEFAULT_LENGTHS, init_scale: float = 0.01, actor_dtype: str = "float32",
+              **objective_params: Any) -> RLTask:
     """rl-bandit (see the module docstring).
 
     Args:
@@ -83,6 +84,8 @@ def rl_bandit(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
       prompts_per_rollout: B contexts per rollout.
       length_rule: decode lengths for timing (tokens; default lognormal, median 128, max 1024).
       init_scale: std of the initial W (0.01: a near-uniform policy).
+      actor_dtype: the precision the actors sample in ('float32', 'bfloat16', 'float16'; see
+        `staleness.tasks.rl.RLTask`).
     """
     num_prompts = check_int("num_prompts", num_prompts, 1, "contexts")
     dim = check_int("dim", dim, 1, "context dimension")
@@ -97,12 +100,12 @@ def rl_bandit(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
     r = ((scores - scores.min(1, keepdims=True)) / span).astype(np.float32)             # [N, K] in [0, 1]
     init_fn, logits_fn, reward_fn = _fns(dim, arms, float(init_scale))
     options = (("num_prompts", num_prompts), ("dim", dim), ("arms", arms), ("length_rule", str(length_rule)),
-               ("init_scale", float(init_scale)))
+               ("init_scale", float(init_scale)), ("actor_dtype", actor_dtype))
     return from_functions(Policy(init_fn, logits_fn, max_length=1),
                           PromptSet({"x": x, "r": r}, _lengths.constant(1), decode_length_rule=length_rule),
                           reward_fn, objective=objective, name=NAME, num_workers=num_workers, group_size=group_size,
                           prompts_per_rollout=prompts_per_rollout, seed=seed, reward_range=(0.0, 1.0),
-                          options=options, **objective_params)
+                          options=options, actor_dtype=actor_dtype, **objective_params)
 
 
 # ---------------------------------------------------------------------------
@@ -143,11 +146,6 @@ def _outcomes(arms: int, group: int) -> np.ndarray:
     return np.array(list(itertools.product(range(arms), repeat=group)), np.int64).reshape(-1, group)
 
 
-def _active(ratio: np.ndarray, adv: np.ndarray, eps: float) -> np.ndarray:
-    """Where min(ρA, clip(ρ)A) takes its unclipped branch (its gradient is A ∇ρ there, 0 elsewhere)."""
-    return ~(((adv > 0) & (ratio >= 1 + eps)) | ((adv < 0) & (ratio <= 1 - eps)))
-
-
 def expected_gradient(task: RLTask, params: PyTree, prompt_idx: Any, *, behavior_params: PyTree = None,
                       prox_params: PyTree = None) -> dict[str, np.ndarray]:
     """{"W": [d, K]} float64 E[∇_W task.loss(params, rollout, prox_logp)] over the rollouts of
@@ -155,13 +153,20 @@ def expected_gradient(task: RLTask, params: PyTree, prompt_idx: Any, *, behavior
     π_prox = prox_params (default: the behavior policy, as `loss` with prox_logp=None).
 
     Exact: each prompt's K^G joint outcomes are enumerated with probability Π_i β(a_i); the
-    per-sample gradient is coef_i · x ⊗ (e_{a_i} − π_θ(·|x)) with coef_i, for ρ = π_θ/π_behav,
-    ρ' = π_θ/π_prox, w = π_prox/π_behav and active = the clip's unclipped branch:
-    reinforce A_i; ppo A_i ρ_i active(ρ_i); decoupled_ppo w_i A_i ρ'_i active(ρ'_i);
-    tis min(ρ_i, c) A_i. The loss is −(1/(B G)) Σ_b Σ_i, so the result is the mean over prompts.
+    per-sample gradient is coef_i · x ⊗ (e_{a_i} − π_θ(·|x)) with coef_i the objective's own
+    float64 reference (`ObjectiveSpec.reference`), for ρ = π_θ/π_behav, ρ' = π_θ/π_prox,
+    w = π_prox/π_behav and active = the clip's unclipped branch: reinforce A_i; ppo
+    A_i ρ_i active(ρ_i); decoupled_ppo w_i A_i ρ'_i active(ρ'_i) 1[w_i <= cap]; tis
+    min(ρ_i, c) A_i; mis ρ_i A_i 1[lo <= ρ_i <= hi] (T = 1: a sequence's ratio is its token's).
+    The loss is −(1/(B G)) Σ_b Σ_i, so the result is the mean over prompts. An objective
+    without a reference: ValueError.
     """
     obj = dict(task.objective.params)
     name, g = task.objective.name, task.group_size
+    reference = task.objective.reference
+    if reference is None:
+        raise ValueError(f"objective {name!r} has no float64 reference (register it with reference=...); the "
+                         "exact expected gradient needs one")
     x, r = _table(task, prompt_idx)
     behavior_params = params if behavior_params is None else behavior_params
     prox_params = behavior_params if prox_params is None else prox_params
@@ -177,17 +182,7 @@ def expected_gradient(task: RLTask, params: PyTree, prompt_idx: Any, *, behavior
         if obj["std_advantages"]:
             adv = adv / (rew.std(-1, keepdims=True) + ADV_EPS)
         rho = p_new[b][a] / p_beh[b][a]                                        # [M, G]
-        if name == "reinforce":
-            coef = adv
-        elif name == "ppo":
-            coef = adv * rho * _active(rho, adv, obj["eps"])
-        elif name == "decoupled_ppo":
-            rho_prox = p_new[b][a] / p_prox[b][a]
-            coef = (p_prox[b][a] / p_beh[b][a]) * adv * rho_prox * _active(rho_prox, adv, obj["eps"])
-        elif name == "tis":
-            coef = np.minimum(rho, obj["c"]) * adv
-        else:   # pragma: no cover - objectives.make admits only OBJECTIVES
-            raise ValueError(f"objective {name!r} has no reference")
+        coef = reference(adv, rho, p_new[b][a] / p_prox[b][a], p_prox[b][a] / p_beh[b][a], **obj)
         dlogits = -np.einsum("m,mg,mgk->k", weight, coef, onehot - p_new[b]) / g      # [K]
         grad += np.outer(x[b], dlogits)
     return {"W": grad / len(x)}

@@ -38,12 +38,14 @@ from staleness.tasks.rl import decode
 from staleness.tasks.rl import lengths as _lengths
 from staleness.tasks.rl.objectives import Objective
 
-__all__ = ["Rollout", "RLTask", "EVAL_SALT"]
+__all__ = ["Rollout", "RLTask", "EVAL_SALT", "PROBE_SALT", "PROBE_PROMPTS", "ACTOR_DTYPES"]
 
 PyTree = Any
 
 EVAL_SALT = 0x5EED
 """Folded into the task seed's key for the fixed-key sampled evaluation (`reward`)."""
+PROBE_SALT = 0x9B0E
+"""Folded into the task seed's key for the probe completions (`RLTask.probe`)."""
 
 
 class Rollout(NamedTuple):
@@ -61,27 +63,50 @@ def _gather(tree: PyTree, idx: jax.Array) -> PyTree:
     return jax.tree.map(lambda a: jnp.asarray(a)[idx], tree)
 
 
+ACTOR_DTYPES = ("float32", "bfloat16", "float16")
+"""The precisions an RL task's actors may sample in (`RLTask.actor_dtype`)."""
+
+
+def _cast(tree: PyTree, dtype) -> PyTree:
+    """`tree` with its floating arrays in `dtype` (integer arrays, e.g. tokens, as they are)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
+
+
 def _complete(task: "RLTask", params: PyTree, keys: jax.Array, prompts: PyTree, lengths: jax.Array,
-              greedy: bool, starts: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+              greedy: bool, starts: jax.Array | None = None, actor: bool = False, keep_cache: bool = True
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(tokens [n, T], logp [n, T], rewards [n]) of one completion per prompt (keys [n]);
-    `starts`: in-flight segments (`decode.sample`), params stacked per segment."""
-    one = functools.partial(decode.sample, task.logits_fn, max_length=task.max_length, pad_token=task.pad_token,
-                            greedy=greedy, starts=starts)
+    `starts`: in-flight segments (`decode.sample`), params stacked per segment. actor: sample
+    as the task's actors do (`RLTask.actor_dtype`, `RLTask.actor_logits_fn`), else with the
+    learner's own function in float32. A task with a KV cache (`RLTask.cached`) decodes with
+    it (`decode.sample_cached`; keep_cache: an in-flight update keeps the earlier tokens'
+    cache, else re-prefills), one without recomputes every prefix (`decode.sample`)."""
+    logits_fn = task.logits_fn
+    if actor:
+        logits_fn = task.actor_logits_fn or task.logits_fn
+        if task.actor_dtype != "float32":   # training–inference mismatch: the actor's precision
+            params, prompts = _cast(params, task.actor_dtype), _cast(prompts, task.actor_dtype)
+    if task.cached and logits_fn is task.logits_fn:   # a KV-cached decode of the same policy
+        one = functools.partial(decode.sample_cached, task.init_cache, task.step, max_length=task.max_length,
+                                pad_token=task.pad_token, greedy=greedy, starts=starts, keep_cache=keep_cache)
+    else:
+        one = functools.partial(decode.sample, logits_fn, max_length=task.max_length, pad_token=task.pad_token,
+                                greedy=greedy, starts=starts)
     tokens, logp = jax.vmap(one, (None, 0, 0, 0))(params, keys, prompts, lengths)
     rewards = jax.vmap(task.reward_fn)(prompts, tokens, lengths).astype(jnp.float32)
     return tokens, logp, rewards
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames=("keep_cache",))
 def _generate(task: "RLTask", params: PyTree, key: jax.Array, prompt_idx: jax.Array,
-              starts: jax.Array | None = None) -> Rollout:
+              starts: jax.Array | None = None, keep_cache: bool = True) -> Rollout:
     idx = jnp.asarray(prompt_idx, jnp.int32)                                 # [B]
     b, g, t = idx.shape[0], task.group_size, task.max_length
     prompts = _gather(task.prompts, jnp.repeat(idx, g))                     # [B·G, ...]
     lengths = jnp.asarray(task.completion_lengths)[idx]                      # [B]
     keys = jax.random.split(key, b * g)                                      # [B·G]
     tokens, logp, rewards = _complete(task, params, keys, prompts, jnp.repeat(lengths, g), greedy=False,
-                                      starts=starts)
+                                      starts=starts, actor=True, keep_cache=keep_cache)
     mask = (jnp.arange(t) < lengths[:, None, None]).astype(jnp.float32)     # [B, 1, T]
     return Rollout(prompt_idx=idx, tokens=tokens.reshape(b, g, t), logp=logp.reshape(b, g, t),
                    mask=jnp.broadcast_to(mask, (b, g, t)), rewards=rewards.reshape(b, g), lengths=lengths)
@@ -94,6 +119,41 @@ def _logp(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
     logp = jax.vmap(functools.partial(decode.token_logp, task.logits_fn), (None, 0, 0, 0))(
         params, prompts, rollout.tokens.reshape(b * g, t), rollout.mask.reshape(b * g, t))
     return logp.reshape(b, g, t)
+
+
+@jax.jit
+def _entropy(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
+    b, g, t = rollout.tokens.shape
+    prompts = _gather(task.prompts, jnp.repeat(rollout.prompt_idx, g))      # [B·G, ...]
+    ent = jax.vmap(functools.partial(decode.token_entropy, task.logits_fn), (None, 0, 0, 0))(
+        params, prompts, rollout.tokens.reshape(b * g, t), rollout.mask.reshape(b * g, t))
+    return ent.reshape(b, g, t)
+
+
+PROBE_PROMPTS = 8
+"""Held-out prompts of the probe set that `RLTask.version_kl` compares two versions on."""
+
+
+def _probe_prompts(task: "RLTask") -> tuple[PyTree, jax.Array]:
+    n = min(PROBE_PROMPTS, _lengths.num_prompts(task.eval_prompts))
+    return _gather(task.eval_prompts, jnp.arange(n)), jnp.asarray(task.eval_lengths)[:n]
+
+
+@jax.jit
+def _probe(task: "RLTask", params: PyTree) -> tuple[jax.Array, jax.Array]:
+    prompts, lengths = _probe_prompts(task)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(task.seed), PROBE_SALT), len(lengths))
+    tokens, _, _ = _complete(task, params, keys, prompts, lengths, greedy=False)
+    return tokens, (jnp.arange(task.max_length) < lengths[:, None]).astype(jnp.float32)      # [n, T] each
+
+
+@jax.jit
+def _version_kl(task: "RLTask", params_a: PyTree, params_b: PyTree, probe) -> jax.Array:
+    prompts, _ = _probe_prompts(task)
+    tokens, mask = probe
+    kl = jax.vmap(functools.partial(decode.token_kl, task.logits_fn), (None, None, 0, 0, 0))(
+        params_a, params_b, prompts, tokens, mask)
+    return jnp.sum(kl) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 @jax.jit
@@ -153,6 +213,13 @@ class RLTask:
       optimizer: the learner's optimizer when a run names none (a spec or an optax
         transformation); None: 'sgd'.
       prefill: the simulated cost of a rollout's prompt, in decoded tokens (timing only).
+      actor_dtype: the precision the actors sample in (`ACTOR_DTYPES`): their params (and the
+        prompts' floating arrays) cast to it, so the behaviour log-probs they record are those
+        of a lower-precision forward while the learner computes in float32 (training–inference
+        mismatch: "staleness 0" is not on-policy).
+      actor_logits_fn: the actors' own implementation of the policy (same signature as
+        logits_fn, e.g. another kernel or a quantized model); None: logits_fn.
+      init_cache, step: a KV-cached decode of logits_fn (`decode.sample_cached`), or None.
     """
 
     name: str
@@ -176,10 +243,19 @@ class RLTask:
     options: tuple = ()
     optimizer: Any = None
     prefill: float = 0.0
+    actor_dtype: str = "float32"
+    actor_logits_fn: Callable | None = None
+    init_cache: Callable | None = None
+    step: Callable | None = None
 
     metric_names = ("reward", "greedy_reward")
     indexed = False        # the engine draws no minibatch indices: rollouts are generated in the replay
     partition = "iid"      # every actor samples the whole prompt set
+
+    @property
+    def cached(self) -> bool:
+        """Whether generation decodes with a KV cache (the task gives init_cache and step)."""
+        return self.init_cache is not None and self.step is not None
 
     @property
     def batch_size(self) -> int:
@@ -264,9 +340,10 @@ class RLTask:
         return sampling.host_indices(_seed_bits(seed, np), np.asarray(actor), np.asarray(iteration),
                                      self.prompts_per_rollout, self.num_prompts)
 
-    def generate(self, params: PyTree, key: jax.Array, prompt_idx: jax.Array, starts: jax.Array | None = None
-                 ) -> Rollout:
-        """G sampled completions (temperature 1) of each prompt in `prompt_idx` ([B] int32).
+    def generate(self, params: PyTree, key: jax.Array, prompt_idx: jax.Array, starts: jax.Array | None = None,
+                 keep_cache: bool = True) -> Rollout:
+        """G sampled completions (temperature 1) of each prompt in `prompt_idx` ([B] int32), as
+        the actors sample them (in `actor_dtype`, with `actor_logits_fn`).
 
         Each completion of prompt i has exactly completion_lengths[i] tokens; rewards are
         reward_fn of each. Pure in (params, key, prompt_idx): the same key gives the same
@@ -277,8 +354,11 @@ class RLTask:
         segment (starts[0] = 0, ascending; padding entries past T), and `params` stacked
         on a leading [S] axis, one version per segment: position t is sampled with the
         version of its segment, and its behavior log-prob is that version's (`decode.sample`).
+        keep_cache: with a KV cache (`cached`), a new version keeps the cache of the tokens
+        older versions decoded (PipelineRL); False re-prefills the prefix (AReaL's partial
+        rollouts). Without a cache every position recomputes its prefix (re-prefill).
         """
-        return _generate(self, params, key, prompt_idx, starts)
+        return _generate(self, params, key, prompt_idx, starts, keep_cache=keep_cache)
 
     def logp(self, params: PyTree, rollout: Rollout) -> jax.Array:
         """[B, G, T] log π_params of the rollout's tokens (0.0 on padding): the learner's
@@ -296,6 +376,24 @@ class RLTask:
         """
         return self.objective.loss(self.logp(params, rollout), rollout.logp, prox_logp, rollout.mask,
                                    rollout.rewards)
+
+    def entropy(self, params: PyTree, rollout: Rollout) -> jax.Array:
+        """[B, G, T] entropy of π_params's next-token distribution at each of the rollout's
+        positions (0.0 on padding)."""
+        return _entropy(self, params, rollout)
+
+    def probe(self, params: PyTree) -> tuple[jax.Array, jax.Array]:
+        """The probe set `version_kl` compares versions on: (tokens [n, T], mask [n, T]) of one
+        completion of each of the first n = `PROBE_PROMPTS` held-out prompts, sampled from
+        π_params with a fixed key (from the task seed). A run takes it once, at its initial
+        parameters, so every update is compared on the same sequences."""
+        return _probe(self, params)
+
+    def version_kl(self, params_a: PyTree, params_b: PyTree, probe) -> jax.Array:
+        """KL(π_a ‖ π_b) per token on the probe set (`probe`): the exact KL of the two
+        next-token distributions over the vocabulary at every probe position, averaged over
+        the positions (what changed between two versions, on the same sequences every time)."""
+        return _version_kl(self, params_a, params_b, probe)
 
     def evaluate(self, params: PyTree) -> dict[str, jax.Array]:
         """{"reward": mean reward of `eval_samples` completions of each held-out prompt sampled at
@@ -329,6 +427,8 @@ class RLTask:
                 "group_size": self.group_size, "prompts_per_rollout": self.prompts_per_rollout,
                 "num_prompts": self.num_prompts, "num_eval_prompts": self.num_eval_prompts,
                 "max_length": self.max_length, "eval_samples": self.eval_samples, "param_count": self.param_count,
+                "actor_dtype": self.actor_dtype, "actor_logits_fn": self.actor_logits_fn is not None,
+                "kv_cache": self.cached,
                 "lengths": _lengths.summary(self.lengths),
                 "completion_lengths": _lengths.summary(self.completion_lengths),
                 "task_options": {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
@@ -346,5 +446,5 @@ jax.tree_util.register_dataclass(
     data_fields=["prompts", "completion_lengths", "lengths", "eval_prompts", "eval_lengths"],
     meta_fields=["name", "num_workers", "group_size", "prompts_per_rollout", "max_length", "seed", "objective",
                  "init_fn", "logits_fn", "reward_fn", "eval_samples", "pad_token", "metrics", "options", "optimizer",
-                 "prefill"],
+                 "prefill", "actor_dtype", "actor_logits_fn", "init_cache", "step"],
 )

@@ -31,7 +31,7 @@ from staleness.results import metrics as _metrics
 from staleness.tasks.errors import TaskError
 from staleness.tasks.rl import lengths as _lengths
 from staleness.tasks.rl import objectives
-from staleness.tasks.rl.base import PyTree, RLTask
+from staleness.tasks.rl.base import ACTOR_DTYPES, PyTree, RLTask
 
 __all__ = ["Policy", "PromptSet", "from_functions", "check_int", "LENGTH_SALT", "EVAL_LENGTH_SALT", "DECODE_SALT"]
 
@@ -68,9 +68,10 @@ def _one(prompts: PyTree) -> PyTree:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), prompts)
 
 
-def _check_model(init_fn, logits_fn, reward_fn, prompts: PyTree, max_length: int) -> int:
-    """Shapes of init_fn, logits_fn and reward_fn with `jax.eval_shape`; returns the vocabulary V."""
-    for arg, f in (("init_fn", init_fn), ("logits_fn", logits_fn), ("reward_fn", reward_fn)):
+def _check_model(init_fn, logits_fn, reward_fn, prompts: PyTree, max_length: int, name: str = "logits_fn") -> int:
+    """Shapes of init_fn, logits_fn (called `name`) and reward_fn with `jax.eval_shape`;
+    returns the vocabulary V."""
+    for arg, f in (("init_fn", init_fn), (name, logits_fn), ("reward_fn", reward_fn)):
         if not callable(f):
             raise TaskError(f"{arg} must be a function; got a {type(f).__name__}")
     try:
@@ -82,11 +83,11 @@ def _check_model(init_fn, logits_fn, reward_fn, prompts: PyTree, max_length: int
     try:
         logits = jax.eval_shape(logits_fn, params, prompt, completion)
     except Exception as e:
-        raise TaskError(f"logits_fn failed on a completion of max_length = {max_length} tokens (is max_length "
+        raise TaskError(f"{name} failed on a completion of max_length = {max_length} tokens (is max_length "
                         f"longer than the model's context?): {_first_line(e)}") from e
     if (not hasattr(logits, "shape") or len(logits.shape) != 2 or logits.shape[0] != max_length
             or logits.shape[1] < 2 or not jnp.issubdtype(logits.dtype, jnp.floating)):
-        raise TaskError(f"logits_fn(params, prompt, completion [{max_length}]) must return float logits "
+        raise TaskError(f"{name}(params, prompt, completion [{max_length}]) must return float logits "
                         f"[{max_length}, V] with V >= 2 (row t: the distribution of token t); got "
                         f"{getattr(logits, 'dtype', type(logits).__name__)} {getattr(logits, 'shape', '')}")
     try:
@@ -125,12 +126,20 @@ class Policy(NamedTuple):
       `staleness.tasks.rl.decode`). Sampling and the learner's log-probs both use it.
     max_length: T, the completion positions the policy's context holds (the rollouts' T axis).
     pad_token: token id stored past each completion's length (need not be in the vocabulary).
+    init_cache, step: optional, a KV-cached decode of the same policy (both or neither; see
+      `staleness.tasks.rl.decode.sample_cached`): init_cache(params, prompt, completion [T],
+      upto) -> (logits [V] of completion position `upto`, cache) encodes the prompt and the
+      first `upto` tokens; step(params, cache, token, t) -> (logits [V] of position t + 1,
+      cache) appends completion token t. Generation then costs one prefill and T one-token
+      steps instead of T whole forward passes; the learner's log-probs stay logits_fn's.
     """
 
     init_fn: Callable[[jax.Array], PyTree]
     logits_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array]
     max_length: int
     pad_token: int = 0
+    init_cache: Callable | None = None
+    step: Callable | None = None
 
 
 class PromptSet(NamedTuple):
@@ -156,7 +165,8 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
                    objective: str = "decoupled_ppo", name: str = "rl-custom", num_workers: int = 4,
                    group_size: int = 4, prompts_per_rollout: int = 8, seed: int = 0, eval_samples: int = 4,
                    reward_range: tuple[float, float] = (-math.inf, math.inf), options: tuple = (),
-                   optimizer: Any = None, prefill: float = 0.0, **objective_params: Any) -> RLTask:
+                   optimizer: Any = None, prefill: float = 0.0, actor_dtype: str = "float32",
+                   actor_logits_fn: Callable | None = None, **objective_params: Any) -> RLTask:
     """An `RLTask` from the user's policy functions, prompt set, reward function and length rule.
 
     Args:
@@ -177,6 +187,11 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
       optimizer: the learner's optimizer when a run names none (a spec such as 'adam:lr=1e-3'
         or an optax transformation); None: 'sgd'.
       prefill: a prompt's simulated cost in decoded tokens (timing only; default 0).
+      actor_dtype: the precision the actors sample in: 'float32' (default), 'bfloat16' or
+        'float16' (training–inference mismatch: their behaviour log-probs are a lower-precision
+        forward's, the learner's float32; see `RLTask`).
+      actor_logits_fn: the actors' own implementation of the same policy (the signature of
+        `policy.logits_fn`, checked likewise); None: the policy's.
 
     Returns:
       The RLTask.
@@ -206,6 +221,12 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
     completion_lengths, eval_lengths, decode_lengths = _draw_lengths(prompt_set, prompts, eval_prompts, max_length,
                                                                      seed)
     _check_model(policy.init_fn, policy.logits_fn, reward_fn, prompts, max_length)
+    if actor_dtype not in ACTOR_DTYPES:
+        raise TaskError(f"actor_dtype = {actor_dtype!r} must be one of {', '.join(ACTOR_DTYPES)} (the precision the "
+                        "actors sample in)")
+    if actor_logits_fn is not None:
+        _check_model(policy.init_fn, actor_logits_fn, reward_fn, prompts, max_length, "actor_logits_fn")
+    _check_cache(policy, prompts, max_length)
     low, high = _reward_range(reward_range)
     metrics = tuple(_metrics.Metric(m, "higher", low, high).validate() for m in RLTask.metric_names)
     return RLTask(name=name, num_workers=num_workers, group_size=group_size, prompts_per_rollout=prompts_per_rollout,
@@ -213,7 +234,31 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
                   logits_fn=policy.logits_fn, reward_fn=reward_fn, prompts=prompts,
                   completion_lengths=completion_lengths, lengths=decode_lengths, eval_prompts=eval_prompts,
                   eval_lengths=eval_lengths, eval_samples=eval_samples, pad_token=pad_token, metrics=metrics,
-                  options=tuple(options), optimizer=optimizer, prefill=_prefill(prefill))
+                  options=tuple(options), optimizer=optimizer, prefill=_prefill(prefill), actor_dtype=actor_dtype,
+                  actor_logits_fn=actor_logits_fn, init_cache=policy.init_cache, step=policy.step)
+
+
+def _check_cache(policy: "Policy", prompts: PyTree, max_length: int) -> None:
+    """A KV-cached decode's functions: both or neither, and their shapes (`jax.eval_shape`)."""
+    if (policy.init_cache is None) != (policy.step is None):
+        raise TaskError("init_cache and step come together (a KV-cached decode); give both or neither")
+    if policy.init_cache is None:
+        return
+    params = jax.eval_shape(policy.init_fn, jax.random.key(0))
+    completion = jax.ShapeDtypeStruct((max_length,), jnp.int32)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    try:
+        logits, cache = jax.eval_shape(policy.init_cache, params, _one(prompts), completion, scalar)
+        logits2, cache2 = jax.eval_shape(policy.step, params, cache, scalar, scalar)
+    except Exception as e:
+        raise TaskError(f"init_cache(params, prompt, completion, upto) / step(params, cache, token, t) failed: "
+                        f"{_first_line(e)}") from e
+    if getattr(logits, "ndim", None) != 1 or getattr(logits2, "shape", None) != logits.shape:
+        raise TaskError(f"init_cache and step must return (logits [V], cache) with the same V; got "
+                        f"{getattr(logits, 'shape', logits)} and {getattr(logits2, 'shape', logits2)}")
+    if jax.tree.structure(cache) != jax.tree.structure(cache2) or any(
+            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(cache2))):
+        raise TaskError("step(params, cache, token, t) must return a cache of the shapes init_cache returns")
 
 
 def _prefill(value: Any) -> float:

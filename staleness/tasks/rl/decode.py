@@ -10,16 +10,19 @@ behavior log-probability and the learner's log-probability of the same tokens at
 params are the same function:
 
 - `sample`: a `lax.scan` over the T positions; step t recomputes the whole forward pass on
-  the tokens so far (no KV cache: fine at these sizes) and samples token t (or takes the
-  argmax). Positions t >= length are not sampled: they hold `pad_token` and log-prob 0.
+  the tokens so far and samples token t (or takes the argmax). Positions t >= length are not
+  sampled: they hold `pad_token` and log-prob 0.
+- `sample_cached`: the same samples with a KV cache, for a policy that gives `init_cache` and
+  `step` (one prefill, then one token per step).
 - `token_logp`: one teacher-forced forward pass, log-softmax, the log-prob of each token.
 
 In-flight weight updates (PipelineRL): `sample(..., starts=)` takes params stacked on a
 leading [S] axis, one version per segment, and samples position t with segment
 s(t) = #{j : starts[j] <= t} − 1 (starts[0] = 0, ascending; a padding entry holds a start
 past the last position). Since every step recomputes the prefix, position t's token and
-log-prob are those of version s(t) on the whole prefix (AReaL's partial rollout, and
-PipelineRL's up to its KV cache of the earlier tokens, kept from older versions).
+log-prob are those of version s(t) on the whole prefix (AReaL's partial rollout, which
+re-prefills). `sample_cached` with keep_cache=True keeps the keys and values older versions
+computed for the earlier tokens (PipelineRL).
 
 Everything has fixed shapes (T = the task's max_length), so both run inside `jit`/`scan`.
 """
@@ -32,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["sample", "token_logp"]
+__all__ = ["sample", "sample_cached", "token_logp", "token_entropy", "token_kl"]
 
 LogitsFn = Callable[[Any, Any, jax.Array], jax.Array]
 
@@ -79,6 +82,60 @@ def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length
     return tokens, logp
 
 
+def sample_cached(init_cache: Callable, step: Callable, params: Any, key: jax.Array, prompt: Any, length: jax.Array,
+                  *, max_length: int, pad_token: int, greedy: bool = False, starts: jax.Array | None = None,
+                  keep_cache: bool = True) -> tuple[jax.Array, jax.Array]:
+    """`sample` with a KV cache: the same tokens for the same key (the same random numbers per
+    position; the logits equal to float32 rounding), in one prefill and T one-token steps
+    instead of T whole forward passes.
+
+    The policy gives, per item:
+      init_cache(params, prompt, completion [T], upto) -> (logits [V] of completion position
+        `upto`, cache): the prompt and completion[:upto] encoded (a prefill);
+      step(params, cache, token, t) -> (logits [V] of completion position t + 1, cache):
+        completion token t appended.
+
+    In-flight weight updates (`starts`, params stacked [S, ...]): position t's logits come from
+    version s(t). keep_cache=True (PipelineRL): a new version computes only the tokens from its
+    first position on, over the keys and values that older versions computed for the earlier
+    ones; keep_cache=False (AReaL's partial rollouts): where the version changes, the prompt
+    and every token so far are encoded again with the new version (a re-prefill), so position
+    t is version s(t) on the whole prefix, as `sample` computes it."""
+    keys = jax.random.split(key, max_length)
+
+    def segment(t):
+        return jnp.sum((starts <= t).astype(jnp.int32)) - 1
+
+    def version(t):
+        if starts is None:
+            return params
+        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, segment(t), keepdims=False), params)
+
+    tokens0 = jnp.full((max_length,), pad_token, jnp.int32)                                          # [T]
+    logits0, cache0 = init_cache(version(0), prompt, tokens0, 0)
+
+    def body(carry, inputs):
+        cache, logits, tokens = carry
+        t, k = inputs
+        logp_all = jax.nn.log_softmax(logits.astype(jnp.float32))                                    # [V]
+        token = jnp.argmax(logits) if greedy else jax.random.categorical(k, logits)
+        live = t < length
+        logp = jnp.where(live, logp_all[token], 0.0)
+        token = jnp.where(live, token, pad_token).astype(jnp.int32)
+        tokens = tokens.at[t].set(token)
+        nxt = version(t + 1)
+        if starts is not None and not keep_cache:   # a new version re-encodes the whole prefix
+            logits, cache = jax.lax.cond(segment(t + 1) != segment(t),
+                                         lambda: init_cache(nxt, prompt, tokens, t + 1),
+                                         lambda: step(nxt, cache, token, t))
+        else:
+            logits, cache = step(nxt, cache, token, t)
+        return (cache, logits, tokens), logp
+
+    (_, _, tokens), logp = jax.lax.scan(body, (cache0, logits0, tokens0), (jnp.arange(max_length), keys))
+    return tokens, logp
+
+
 def token_logp(logits_fn: LogitsFn, params: Any, prompt: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """[T] log π(tokens[t] | prompt, tokens[:t]) where mask[t] > 0, 0.0 elsewhere (one forward pass)."""
     logp_all = jax.nn.log_softmax(logits_fn(params, prompt, tokens).astype(jnp.float32), axis=-1)   # [T, V]
@@ -86,3 +143,19 @@ def token_logp(logits_fn: LogitsFn, params: Any, prompt: Any, tokens: jax.Array,
     safe = jnp.where(live, tokens, 0)        # pad tokens may lie outside the policy's vocabulary
     logp = jnp.take_along_axis(logp_all, safe[:, None], axis=-1)[:, 0]                              # [T]
     return jnp.where(live, logp, 0.0)
+
+
+def token_entropy(logits_fn: LogitsFn, params: Any, prompt: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """[T] entropy of π(· | prompt, tokens[:t]) where mask[t] > 0, 0.0 elsewhere (one forward pass)."""
+    logp_all = jax.nn.log_softmax(logits_fn(params, prompt, tokens).astype(jnp.float32), axis=-1)   # [T, V]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return jnp.where(mask > 0, entropy, 0.0)
+
+
+def token_kl(logits_fn: LogitsFn, params_p: Any, params_q: Any, prompt: Any, tokens: jax.Array,
+             mask: jax.Array) -> jax.Array:
+    """[T] KL(π_p(· | prompt, tokens[:t]) ‖ π_q(· | ...)) over the whole vocabulary where
+    mask[t] > 0, 0.0 elsewhere (two forward passes)."""
+    lp = jax.nn.log_softmax(logits_fn(params_p, prompt, tokens).astype(jnp.float32), axis=-1)       # [T, V]
+    lq = jax.nn.log_softmax(logits_fn(params_q, prompt, tokens).astype(jnp.float32), axis=-1)
+    return jnp.where(mask > 0, jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1), 0.0)

@@ -13,8 +13,8 @@ The prompt is left-padded, so under "reverse" completion token t always copies t
 token at index T-1-t whatever L is. The logits at index T+t are the distribution of c_{t+1}
 (t = 0..T-1), restricted to the 10 digits: the policy cannot emit PAD or SEP. The transformer
 is `staleness.tasks.transformer.Transformer` (2 pre-LN blocks, d_model 64, 4 heads by default:
-about 100k parameters); generation recomputes the full forward pass at each of the T
-positions inside a `lax.scan` (no KV cache).
+about 100k parameters); generation decodes with a KV cache (`cache_fns`: one prefill, then one
+token per step; kv_cache=False recomputes the full forward pass at each of the T positions).
 
 Warm start: `warm_start(params, steps, config, key)` trains with supervised cross-entropy on
 correct completions of fresh random strings (lengths uniform in 1..T, so long strings are not
@@ -38,10 +38,11 @@ import optax
 from staleness.tasks.rl import lengths as _lengths
 from staleness.tasks.rl.base import PyTree, RLTask
 from staleness.tasks.rl.builders import Policy, PromptSet, check_int, from_functions
+from staleness.tasks import transformer
 from staleness.tasks.transformer import Transformer
 
 __all__ = ["NAME", "TARGETS", "PAD", "SEP", "VOCAB", "NUM_DIGITS", "DigitsConfig", "rl_digits", "warm_start",
-           "make_prompts", "target_of", "reward_of", "policy_fns"]
+           "make_prompts", "target_of", "reward_of", "policy_fns", "cache_fns"]
 
 NAME = "rl-digits"
 TARGETS = ("reverse", "sort")
@@ -104,6 +105,25 @@ def policy_fns(config: DigitsConfig):
         return logits[t:, :NUM_DIGITS]                                                               # [T, 10]
 
     return init_fn, logits_fn, functools.partial(reward_of, config.target)
+
+
+@functools.lru_cache(maxsize=None)
+def cache_fns(config: DigitsConfig):
+    """(init_cache, step): the KV-cached decode of `policy_fns(config)`'s logits_fn (see
+    `staleness.tasks.rl.decode.sample_cached`): completion token t sits at sequence index
+    T + 1 + t, and the logits at index T + t are its distribution."""
+    model = config.model()
+    t = config.max_digits
+
+    def init_cache(params: PyTree, prompt: PyTree, completion: jax.Array, upto):
+        logits, cache = transformer.prefill(model, params, _sequence(prompt["digits"], completion))   # [2T, V]
+        return jax.lax.dynamic_index_in_dim(logits, t + upto, keepdims=False)[:NUM_DIGITS], cache
+
+    def step(params: PyTree, cache, token: jax.Array, i):
+        logits, cache = transformer.decode_step(model, params, cache, token, t + 1 + i)
+        return logits[:NUM_DIGITS], cache
+
+    return init_cache, step
 
 
 def make_prompts(rng: np.random.Generator, lengths: np.ndarray, max_digits: int) -> dict[str, np.ndarray]:
@@ -182,7 +202,8 @@ def _config(options: dict[str, Any]) -> DigitsConfig:
 
 def rl_digits(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int = 0, *, num_prompts: int = 256,
               num_eval_prompts: int = 128, group_size: int = 8, prompts_per_rollout: int = 8,
-              length_rule: Any = None, warm_start_steps: int = 50, **options: Any) -> RLTask:
+              length_rule: Any = None, warm_start_steps: int = 50, actor_dtype: str = "float32",
+              kv_cache: bool = True, **options: Any) -> RLTask:
     """rl-digits (see the module docstring).
 
     Args:
@@ -194,6 +215,9 @@ def rl_digits(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
       length_rule: prompt lengths, a `lengths` rule with draw(rng, n) and high <= max_digits
         (default lognormal, median 3, sigma 0.7, at most max_digits).
       warm_start_steps: supervised steps `init_fn` runs before RL (0: a random policy).
+      actor_dtype: the precision the actors sample in ('float32', 'bfloat16', 'float16'; see
+        `staleness.tasks.rl.RLTask`): the training–inference mismatch of an inference engine.
+      kv_cache: decode with a KV cache (`cache_fns`; False: recompute every prefix).
       **options: the model's (`DigitsConfig` fields: max_digits = T, the longest prompt, 8;
         target "reverse" or "sort"; num_layers 2, d_model 64, num_heads 4) and the objective's
         parameters (eps, c, std_advantages).
@@ -212,13 +236,16 @@ def rl_digits(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
     prompts, eval_prompts = (_prompts(rule, seed, salt, n, t)
                              for salt, n in ((PROMPT_SALT, num_prompts), (EVAL_PROMPT_SALT, num_eval_prompts)))
     _, logits_fn, reward_fn = policy_fns(config)
+    init_cache, step = cache_fns(config) if kv_cache else (None, None)
     recorded = (("num_prompts", int(num_prompts)), ("num_eval_prompts", int(num_eval_prompts)),
-                *config._asdict().items(), ("length_rule", str(rule)), ("warm_start_steps", int(warm_start_steps)))
-    return from_functions(Policy(_init_fn(config, int(warm_start_steps)), logits_fn, max_length=t, pad_token=PAD),
+                *config._asdict().items(), ("length_rule", str(rule)), ("warm_start_steps", int(warm_start_steps)),
+                ("actor_dtype", actor_dtype), ("kv_cache", bool(kv_cache)))
+    return from_functions(Policy(_init_fn(config, int(warm_start_steps)), logits_fn, max_length=t, pad_token=PAD,
+                                 init_cache=init_cache, step=step),
                           PromptSet(prompts, _lengths.from_prompts("length"), eval_prompts=eval_prompts),
                           reward_fn, objective=objective, name=NAME, num_workers=num_workers, group_size=group_size,
                           prompts_per_rollout=prompts_per_rollout, seed=seed, reward_range=(0.0, 1.0),
-                          options=recorded, optimizer=OPTIMIZER, **options)
+                          options=recorded, optimizer=OPTIMIZER, actor_dtype=actor_dtype, **options)
 
 
 OPTIMIZER = "adam:lr=1e-3"
