@@ -90,11 +90,12 @@ def get(name: str, num_workers: int = 4, objective: str = "decoupled_ppo", seed:
     task_options = [p for p in inspect.signature(factory).parameters
                     if p not in ("options", "objective_params", "num_workers", "objective", "seed")]
     task_options += list(getattr(factory, "model_options", ()))
-    objective_params = objectives.param_names()
+    objective_params = list(objectives.spec(objective).defaults)   # (imports a module:name objective)
     for key in options:
         if key not in task_options and key not in objective_params:
             raise ValueError(f"{key} = {options[key]!r} is not an option of {name!r}; valid: task options "
-                             f"{', '.join(task_options)}; objective parameters {', '.join(objective_params)}")
+                             f"{', '.join(task_options)}; parameters of objective {objective!r} "
+                             f"{', '.join(objective_params)}")
     return factory(num_workers=num_workers, objective=objective, seed=seed, **options)
 
 
