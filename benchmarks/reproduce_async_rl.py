@@ -42,7 +42,8 @@ Sections (each a claim; every number is computed here, from this run):
 4. `lengths` (tinker-cookbook PR #822: pacing instead of discarding stale rollouts, nothing
    discarded where the old scheme discarded 8–13%): dropping rollouts staler than η shifts the
    consumed length distribution toward short prompts and raises the dropped share; pacing the
-   actors does neither (timing only).
+   actors (AReaL's rule here, which still drops a rollout that finishes too stale, unlike the
+   PR's admission control, which discards nothing) shifts them less (timing only).
 5. `closed_form` (Applied Compute, "Predicting and Controlling Staleness in Fully Asynchronous
    RL Training", 2026-07-03): not tested: only the post's opening could be retrieved here, not
    its formula; the section records the simulator's mean staleness over a grid of actors,
@@ -596,8 +597,8 @@ def claims(res: dict) -> list[dict]:
         share = {k: [r["dropped"] / max(r["rollouts"], 1) for r in v["seeds"]] for k, v in pols.items()}
         stal = {k: [r["mean_staleness"] for r in v["seeds"]] for k, v in pols.items()}
         held = (e_drop.side() == "below") + (e_diff.side() == "below")
-        out.append({"claim": "dropping stale rollouts shifts the consumed lengths toward short prompts; pacing does "
-                             "not (tinker-cookbook #822)",
+        out.append({"claim": "dropping stale rollouts shifts the consumed lengths toward short prompts, more than "
+                             "pacing the actors does (tinker-cookbook #822)",
                     "verdict": stats.verdict(held, 2),
                     "details": [f"{drop}: consumed − generated mean length {e_drop.text()}",
                                 f"{pace}: {e_pace.text()} ({e_pace.side()})",

@@ -165,9 +165,10 @@ plt.show()
 s = st.rollouts.summary(run(OBJECTIVE, f"rl_async:{ETA}").schedule, task_for(OBJECTIVE))
 pd.DataFrame({"generated": s["length_generated"], "consumed": s["length_consumed"]}).T'''),
     ("md", """The last table compares the mean completion length of the rollouts that were generated
-with those the learner consumed: with AReaL's pacing they agree; with `mode=drop` (try it
-below with a small η) the dropped rollouts are the slow, long ones, and the consumed lengths
-shift short.
+with those the learner consumed. Pacing holds the actors back, but a rollout that still
+finishes too stale (out of order: a long one) is dropped, so the consumed lengths shift
+somewhat short; with `mode=drop` (try it below with a small η) every late rollout is dropped
+and they shift further (`benchmarks/reproduce_async_rl.py` measures both over 8 seeds).
 
 ## 3 · Explore: η, the objective, pace or drop
 
@@ -277,7 +278,7 @@ plt.show()
 pd.DataFrame(rows).T'''),
     ("md", """The same throughput, fresher tokens on average, and the same oldest tokens: a rollout's
 first tokens keep the version it pulled (so its `pull_version`, the oldest, is what η
-bounds). `benchmarks/reproduce_async_rl.py` measures this over 5 seeds and checks that the
+bounds). `benchmarks/reproduce_async_rl.py` measures this over 8 seeds and checks that the
 mixed-version rollouts train as well as rl_async's."""),
     ("md", """Things to try:
 
@@ -287,10 +288,11 @@ mixed-version rollouts train as well as rl_async's."""),
   against the learner's own previous version; AReaL reports that the decoupled objective
   stays near η = 0's reward up to about η = 8 where naive PPO degrades.
 - **pace or drop**: dropping stale rollouts wastes generation and biases the consumed
-  data toward short completions; pacing holds the actors back instead.
+  data toward short completions; pacing holds the actors back instead, and drops fewer.
 
-`benchmarks/reproduce_async_rl.py` runs these comparisons with 5 seeds and tuned learning
-rates and reports a verdict per claim; the same specs work on the command line, e.g.
+`benchmarks/reproduce_async_rl.py` runs these comparisons with 8 seeds, the learner as AReaL
+runs it (4 minibatch steps per version) and tuned learning rates, and reports a verdict per
+claim; the same specs work on the command line, e.g.
 `staleness simulate --task rl-digits --policy rl_async:4 --cluster 1,1,1.5,3`."""),
 ]
 

@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "policies", "lr", "cluster", "tasks", "engine", "runtime", "results",
     "pipeline", "plots", "compare", "metrics", "specs", "files", "Schedule", "simulate_schedule", "simulate",
-    "sweep", "Result", "rollouts", "tracking", "stats", "explorer", "checks", "sim",
+    "sweep", "Result", "rollouts", "tracking", "stats", "explorer", "checks", "sim", "rl",
 ]
 
 _LAZY = {
@@ -37,6 +37,7 @@ _LAZY = {
     "stats": ("staleness.results.stats", None),
     "explorer": ("staleness.results.explorer", None),
     "rollouts": ("staleness.results.rollouts", None),
+    "rl": ("staleness.results.planner", None),   # st.rl.plan: the asynchronous-RL staleness planner
     "tracking": ("staleness.results.tracking", None),
     "specs": ("staleness.infra.specs", None),
     "files": ("staleness.infra.files", None),

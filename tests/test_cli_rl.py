@@ -29,7 +29,8 @@ def test_simulate_rl_bandit_prints_reward_and_rollouts(tmp_path, capsys):
                            "--no-progress", "--out", str(out)], capsys)
     assert code == 0, err
     assert "rl_async:2" in text.splitlines()[0] and "ppo(eps=0.1" in text.splitlines()[0]   # the RL default policy
-    assert "final_reward" in text and "staleness_per_token" in text and "length_consumed" in text
+    assert "final reward" in text and "token stale mean/max" in text and "-> " in text and "kl_behav" in text
+    assert not [line for line in text.splitlines() if len(line) > 100]   # RL's words, in 100 columns
     from staleness.results.result import Result
 
     r = Result.load(out)
@@ -52,7 +53,10 @@ def test_compare_rl_bandit_defaults_to_rl_policies(tmp_path, capsys):
     assert by.loc["rl_sync", "staleness_per_token"] == 0 and by.loc["rl_sync", "staleness_max"] == 0
     assert by.loc["rl_one_step_off", "staleness_max"] == 1 and by.loc["rl_async:2", "staleness_max"] <= 2
     assert (rollouts["consumed"] + rollouts["dropped"] <= rollouts["rollouts"]).all()
-    assert "staleness_per_token" in text and "rollouts.csv" in text
+    assert "token stale mean/max" in text and "upd/s" in text and "kl_behav" in text and "rollouts.csv" in text
+    wide = [line for line in text.splitlines() if len(line) > 100 and not line.startswith("wrote ")]   # (paths vary)
+    assert not wide, wide
+    assert {"updates_per_s", "sim_time_s", "kl_behav", "clip_fraction"} <= set(table.columns)
 
 
 def test_compare_rl_tunes_the_learning_rate_on_a_validation_split(tmp_path, capsys):
@@ -79,7 +83,7 @@ def test_compare_rl_digits_with_the_tasks_optimizer(tmp_path, capsys):
                            "--updates", "2", "--seeds", "0", "--no-tune", "--batch-size", "2", *TINY_DIGITS,
                            "--no-progress", "--out", str(tmp_path / "cmp")], capsys)
     assert code == 0, err
-    assert "rl-digits, decoupled_ppo" in text and "final reward" in text and "staleness_per_token" in text
+    assert "rl-digits, decoupled_ppo" in text and "final reward" in text and "token stale mean/max" in text
     table = pd.read_csv(tmp_path / "cmp" / "table.csv")
     assert table["lr"].iloc[0] == pytest.approx(1e-3) and table["updates"].iloc[0] == 2
 

@@ -228,3 +228,42 @@ def test_the_language_model_holds_out_the_tail_of_its_training_stream():
 def test_a_given_lr_is_not_tuned():
     cmp = compare(st.tasks.get("quadratic", num_workers=1), ["asp"], st.cluster.constant(1), num_updates=5, lr=0.05)
     assert cmp.tuning == {} and cmp.results[0].config["lr"] == 0.05 and "not tuned" in cmp.budget()
+
+
+def test_ctrl_c_while_tuning_is_an_interrupt_not_a_divergence(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the learning-rate tuning (inside a tuning sweep) used to leave every
+    tuning run 'stopped', which tune_lr scored as diverged: the CLI exited 2 with "every
+    learning rate of the grid [0.010000000000000002, ...] diverged". It is an interrupt:
+    exit 130, the policies tuned so far are kept in the manifest, and --resume tunes only the
+    rest and runs everything."""
+    import json
+
+    from staleness.cli import main
+    from staleness.engine import core
+    from staleness.results import compare as compare_mod
+
+    real, real_tune = core.run_chunk_batched, compare_mod._tune_one
+
+    def boom(*args, **kwargs):   # Ctrl-C inside a chunk of the tuning sweep
+        raise KeyboardInterrupt
+
+    def tune_one(runs, pol, *args):
+        if pol.describe() == "ssp:1":   # the second policy's tuning is interrupted
+            monkeypatch.setattr(core, "run_chunk_batched", boom)
+        return real_tune(runs, pol, *args)
+
+    monkeypatch.setattr(compare_mod, "_tune_one", tune_one)
+    out = tmp_path / "cmp"
+    argv = ["compare", "--task", "quadratic", "--policy", "asp", "--policy", "ssp:1", "--seeds", "0",
+            "--updates", "12", "--no-progress", "--out", str(out)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "interrupted while tuning" in err and "1 of 2 policies tuned" in err and "diverged" not in err
+    tuning = json.loads((out / "compare.json").read_text())["tuning"]
+    assert list(tuning) == ["asp"]
+    monkeypatch.setattr(core, "run_chunk_batched", real)
+    monkeypatch.setattr(compare_mod, "_tune_one", real_tune)
+    assert main(argv[:-2] + ["--out", str(out), "--resume"]) == 0
+    tuning = json.loads((out / "compare.json").read_text())["tuning"]
+    assert list(tuning) == ["asp", "ssp:1"]
+    assert len(pd.read_csv(out / "table.csv")) == 2

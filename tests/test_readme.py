@@ -61,3 +61,18 @@ def test_async_rl_block_runs_and_reports_reward_and_staleness(capsys):
     s = scope["st"].rollouts.summary(result.schedule, task)
     assert s["max_staleness"] <= 2 and abs(sum(s["staleness_per_token"]) - 1.0) < 1e-9
     assert "reward" in capsys.readouterr().out
+
+
+def test_own_rl_task_block_is_the_tested_plugin_and_runs():
+    """The README's own RL task is tests/plugins/sorttask.py (which test_rl_first_hour runs on
+    every command), and its block builds a task that simulates."""
+    import staleness as st
+
+    block = _block("**Your own RL task**")
+    plugin = (Path(__file__).resolve().parent / "plugins" / "sorttask.py").read_text()
+    assert block.split("from staleness.tasks import rl\n", 1)[1].strip() in plugin
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    task = scope["make_task"](num_workers=2)
+    r = st.simulate(task, "rl_async:1", st.cluster.heterogeneous([1.0, 2.0]), num_updates=3, eval_every=3)
+    assert r.status == "complete" and "reward" in r.history

@@ -12,7 +12,7 @@ import sys
 from staleness.infra import interrupts
 from staleness.infra.checks import ArgumentError
 from staleness.cli.common import Parser, UsageError
-from staleness.cli import pipeline_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
+from staleness.cli import pipeline_cmd, plan_cmd, run_cmd, schedule_cmd, simulate_cmd, sweep_cmd
 
 __all__ = ["main", "entry"]
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     parser.commands = sub.choices   # command name -> its Parser
     schedule_cmd.add(sub)
+    plan_cmd.add(sub)       # plan (asynchronous RL: throughput vs staleness, timing only)
     simulate_cmd.add_simulate(sub)
     simulate_cmd.add_compare(sub)
     run_cmd.add(sub)        # run, launch, replay (real devices and hosts)

@@ -104,6 +104,7 @@ def add(sub) -> None:
                    "in another order)")
     p.add_argument("--check", action="store_true", help="exit 1 unless the replay matches the recorded parameters")
     p.add_argument("--out", default=None, help="directory for the replay's Result files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_replay)
 
 
@@ -281,10 +282,12 @@ def _cmd_replay(args) -> int:
     out = check_out(args)
     t0 = time.perf_counter()
     rep, cmp = replay_trace(args.trace, args.task, lr=args.lr, lr_rule=args.lr_rule, optimizer=args.optimizer,
-                            seed=args.seed, batch_size=args.batch_size, config={"replay_of": str(args.trace)})
+                            seed=args.seed, batch_size=args.batch_size, config={"replay_of": str(args.trace)},
+                            progress=not args.no_progress)
     sched = rep.schedule
-    print(f"replayed {sched.num_updates} updates of {sched.policy} ({sched.num_gradients} gradients) in "
-          f"{time.perf_counter() - t0:.1f} s")
+    pushed = "rollouts" if sched.policy.learner else "gradients"
+    print(f"replayed {sched.num_updates} {'learner ' if sched.policy.learner else ''}updates of {sched.policy} "
+          f"({sched.num_gradients} {pushed}) in {time.perf_counter() - t0:.1f} s")
     print_table(rep.history.to_dict("records"))
     code = 0
     if cmp is not None:

@@ -11,7 +11,7 @@ from staleness.cli.config_flags import add_flags, check_values, flags_of
 from staleness.engine.settings import Settings
 from staleness.cli.common import (is_rl_task, DEFAULT_RL_POLICIES, UsageError, add_log, add_task_option, add_yes,
                                    build_task, check_out, check_pairing, check_scale, is_rl_policy,
-                                   log_callbacks, print_table, rl_task_name)
+                                   header_lines, log_callbacks, print_table, rl_estimate, rl_task_name)
 
 __all__ = ["add_simulate", "add_compare"]
 
@@ -136,9 +136,13 @@ def print_rollouts(results, task, file=None) -> None:
 
     table = rollout_table(results, task)
     if table is not None and len(table):
-        print("rollouts (staleness per token weights each rollout by its completion tokens; lengths are mean "
-              "completion lengths, generated vs consumed):", file=file)
-        print_table(table.to_dict("records"), file=file)
+        print("rollouts (medians over seeds; mean completion length generated -> consumed):", file=file)
+        print_table([{"policy": r["policy"], "rollouts": r["rollouts"], "consumed": r["consumed"],
+                      "dropped": r["dropped"], "lost": r["lost"],
+                      "stale/rollout": f"{r['staleness_per_rollout']:.2f}",
+                      "versions/rollout": f"{r['versions_per_rollout']:.2f}",
+                      "length": f"{r['length_generated']:.3g} -> {r['length_consumed']:.3g}"}
+                     for r in table.to_dict("records")], file=file)
 
 
 def add_simulate(sub) -> None:
@@ -160,6 +164,10 @@ def _cmd_simulate(args) -> int:
     check_settings(args, _TRAINING + _SIMULATE_ONLY)
     cluster = _cluster(args)
     rl = rl_task_name(args.task)
+    task = None
+    if rl is None and args.policy is None:   # a custom task: its kind picks the default policy
+        task = build_task(args, cluster.num_workers)
+        rl = is_rl_task(task)
     policy = st.policies.parse(args.policy if args.policy is not None else ("rl_async:2" if rl else "ssp:3"))
     policy.init(cluster.num_workers)
     check_pairing([policy], args.task)
@@ -170,8 +178,12 @@ def _cmd_simulate(args) -> int:
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR")
     out = check_out(args)
-    task = build_task(args, cluster.num_workers)
+    if task is None:
+        task = build_task(args, cluster.num_workers)
     check_pairing([policy], task)
+    note = rl_estimate(task, policy, updates)
+    if note:
+        print(note, file=sys.stderr)
     if not policy.local:
         settle_lr(args, task)
     elif args.inner_optimizer is None and task.optimizer is None:
@@ -190,10 +202,29 @@ def _cmd_simulate(args) -> int:
     except st.tracking.CallbackError as e:   # a --log writer failed: keep and write what was recorded
         result = e.result
         print(f"staleness: {e}", file=sys.stderr)
-    print(f"{policy.describe()} on {cluster.describe()} ({task_label(task)}, seed {args.seed}): "
-          f"{time.perf_counter() - t0:.1f} s wall")
-    print_table(result.history.to_dict("records"))
-    print_table([result.summary(target, metric)])
+    for line in header_lines([f"{policy.describe()} on {cluster.describe()}", task_label(task), f"seed {args.seed}",
+                              f"{time.perf_counter() - t0:.1f} s wall"]):
+        print(line)
+    if is_rl_task(task):   # RL's words: the reward, staleness per token, the learner's diagnostics
+        keep = ["update", "time", metric, "greedy_reward", "kl_behav", "clip_fraction", "staleness_mean"]
+        print_table(result.history[[c for c in keep if c in result.history]].to_dict("records"))
+        from staleness.results.compare import rollout_table
+
+        s = result.summary(target, metric)
+        ro = rollout_table([result], task).to_dict("records")[0]
+        row = {"updates": s["updates"], "sim s": f"{s['sim_time_s']:.4g}", "upd/s": f"{s['updates_per_s']:.3g}",
+               f"final {metric}": f"{s.get(f'final_{metric}', math.nan):.3g}",
+               "token stale mean/max": f"{ro['staleness_per_token']:.2f}/{ro['staleness_max']}",
+               "dropped": f"{ro['dropped']}/{ro['rollouts']}", "kl_behav": f"{s.get('kl_behav', math.nan):.2g}",
+               "IS max": f"{s.get('is_weight_max', math.nan):.3g}"}
+        if s["status"] != "complete":
+            row["status"] = s["status"]
+        if target is not None:
+            row[f"time to {target:g} (s)"] = f"{s[f'time_to_{metric}_{target:g}_s']:.4g}"
+        print_table([row])
+    else:
+        print_table(result.history.to_dict("records"))
+        print_table([result.summary(target, metric)])
     print_rollouts([result], task)
     if out is not None:
         def summary_png(d):
@@ -264,21 +295,35 @@ def _iv(median, lo, hi, digits: int = 3) -> str:
     return f"{median:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]"
 
 
-def compact_rows(table, metric: str, target) -> list[dict]:
-    """The comparison table for a terminal: policy, lr, time to target and final metric with
-    their intervals, staleness mean/max, waiting, communication and bytes (table.csv on disk
-    keeps every column)."""
+def compact_rows(table, metric: str, target, rollouts=None) -> list[dict]:
+    """The comparison table for a terminal (at most about 100 columns): policy, lr, time to
+    target and final metric with their intervals, then for gradient policies staleness
+    mean/max, waiting, communication and bytes; for RL (`rollouts`: the comparison's
+    `rollout_table`) learner updates per simulated second, the staleness of the consumed
+    tokens (mean/max), the dropped share and the learner's diagnostics (table.csv and
+    rollouts.csv on disk keep every column)."""
+    by = {} if rollouts is None else {r["policy"]: r for r in rollouts.to_dict("records")}
     rows = []
     for r in table.to_dict("records"):
         row = {"policy": r["policy"], "lr": f"{r['lr']:.3g}" if isinstance(r.get("lr"), float) else r.get("lr", "")}
+        if rollouts is not None:
+            row["upd/s"] = f"{r['updates_per_s']:.3g}" if math.isfinite(r.get("updates_per_s", math.nan)) else "-"
         if target is not None:
-            row[f"time to {metric} {target:g} (s)"] = (_iv(r[f"time_to_{metric}_{target:g}_s"], r["time_ci_low_s"],
-                                                          r["time_ci_high_s"]) + f" {r['reached']}")
+            row[f"time to {target:g} (s)"] = (_iv(r[f"time_to_{metric}_{target:g}_s"], r["time_ci_low_s"],
+                                                 r["time_ci_high_s"]) + f" {r['reached']}")
         row[f"final {metric}"] = _iv(r[f"final_{metric}"], r["final_ci_low"], r["final_ci_high"])
-        row["staleness mean/max"] = f"{r['staleness_mean']:.2f}/{r['staleness_max']}"
-        row["wait"] = f"{r['wait_fraction_mean']:.2f}"
-        row["comm"] = f"{r['comm_fraction_mean']:.2f}"
-        row["MB sent"] = f"{r['bytes_sent'] / 1e6:.3g}" if math.isfinite(r["bytes_sent"]) else "-"
+        if rollouts is None:
+            row["stale mean/max"] = f"{r['staleness_mean']:.2f}/{r['staleness_max']}"
+            row["wait"] = f"{r['wait_fraction_mean']:.2f}"
+            row["comm"] = f"{r['comm_fraction_mean']:.2f}"
+            row["MB sent"] = f"{r['bytes_sent'] / 1e6:.3g}" if math.isfinite(r["bytes_sent"]) else "-"
+        else:
+            ro = by.get(r["policy"], {})
+            share = ro.get("dropped", 0) / max(ro.get("rollouts", 0), 1)
+            row["token stale mean/max"] = (f"{ro['staleness_per_token']:.2f}/{ro['staleness_max']}" if ro else "-")
+            row["dropped"] = f"{100 * share:.0f}%" if ro else "-"
+            row["kl_behav"] = f"{r.get('kl_behav', math.nan):.2g}"
+            row["clip"] = f"{r.get('clip_fraction', math.nan):.2f}"
         if r["status"] != "complete" or r.get("diverged"):
             row["status"] = r["status"] + (f", {r['diverged']} diverged" if r.get("diverged") else "")
         rows.append(row)
@@ -313,6 +358,9 @@ def _cmd_compare(args) -> int:
     if task is None:
         task = build_task(args, cluster.num_workers)
     check_pairing(policies, task)
+    note = rl_estimate(task, policies[0], updates, runs=len(policies) * len(seeds))
+    if note:
+        print(note, file=sys.stderr)
     metric, target = _metric_target(args, task)
     grid = _lr_grid(args.lr_grid)
     if grid is not None and args.lr is None and not args.no_tune:
@@ -323,6 +371,10 @@ def _cmd_compare(args) -> int:
     t0 = time.perf_counter()
     if args.inner_optimizer is None and task.optimizer is None:
         args.inner_optimizer = f"sgd:lr={DEFAULT_LR:g}"
+    if args.lr is None and not args.no_tune and not args.resume_compare and not args.no_progress:
+        from staleness.results.compare import tuning_cost
+
+        print(tuning_cost(task, policies, grid, num_updates=updates), file=sys.stderr)
     try:
         cmp = compare(task, policies, cluster, seeds=seeds, max_time=max_time, num_updates=updates, lr=args.lr,
                       lr_rule=args.lr_rule, optimizer=args.optimizer, inner_optimizer=args.inner_optimizer,
@@ -333,13 +385,21 @@ def _cmd_compare(args) -> int:
         print(f"staleness: {e}" + (f"; wrote {out}/ (continue with --resume)" if out is not None else ""),
               file=sys.stderr)
         return 1
-    budget = f"{max_time:g} simulated s" if max_time else f"{updates} updates"
+    if cmp.interrupted and not any(r.status != "stopped" for r in cmp.results):   # Ctrl-C while tuning
+        tuned = [k for k, v in cmp.tuning.items() if isinstance(v, dict) and "lr" in v]
+        print(f"staleness: interrupted while tuning the learning rates ({len(tuned)} of {len(policies)} policies "
+              f"tuned); wrote {out}/ (continue with --resume)" if out is not None else
+              "staleness: interrupted while tuning the learning rates", file=sys.stderr)
+        return 130
+    budget = f"{max_time:g} simulated s" if max_time else f"{updates} {'learner ' if is_rl_task(task) else ''}updates"
     rate = f"lr {args.lr:g}" if args.lr is not None else cmp.budget()
     goal = "higher" if task.metric(metric).higher_is_better else "lower"
-    print(f"{task_label(task)} on {cluster.describe()} ({cluster.num_workers} workers), {budget} per run, "
-          f"{rate}, lr rule {args.lr_rule}, seeds {args.seeds}, metric {metric} ({goal} is better): "
-          f"{time.perf_counter() - t0:.1f} s wall")
-    print_table(compact_rows(cmp.table(), metric, cmp.target))
+    who = "actors" if is_rl_task(task) else "workers"
+    for line in header_lines([task_label(task), f"cluster {cluster.describe()} ({cluster.num_workers} {who})",
+                              f"{budget} per run", f"seeds {args.seeds}", rate, f"lr rule {args.lr_rule}",
+                              f"metric {metric} ({goal} is better)", f"{time.perf_counter() - t0:.1f} s wall"]):
+        print(line)
+    print_table(compact_rows(cmp.table(), metric, cmp.target, cmp.rollout_table() if is_rl_task(task) else None))
     for note in cmp.tuning_notes():
         print(f"note: {note}")
     local = [p.describe() for p in policies if p.local]

@@ -44,11 +44,16 @@ class Divergence(NamedTuple):
     worker: int           # its worker (pipeline: the stage)
     staleness: int        # its staleness in versions (pipeline: the stage's lag)
     where: str = ""       # more context, e.g. 'iteration 7' or 'tick 31'
-    kind: str = "worker"  # what `worker` counts: 'worker' or 'stage'
+    kind: str = "worker"  # what `worker` counts: 'worker', 'stage' or 'actor' (asynchronous RL)
 
     def message(self, lr=None) -> str:
         extra = f", {self.where}" if self.where else ""
         rate = f"now {lr:g}" if isinstance(lr, (int, float)) else f"now {lr}"
+        if self.kind == "actor":   # the learner's objective on a rollout: its rewards come first
+            return (f"non-finite objective at learner update {self.update} (a rollout of actor {self.worker}{extra}, "
+                    f"staleness {self.staleness}): check the task's reward function first (a NaN or inf reward "
+                    f"makes every advantage of its group non-finite), then the policy's logits; if those are "
+                    f"finite, try a smaller lr ({rate})")
         head = f"non-finite loss at update {self.update} (gradient of {self.kind} {self.worker}{extra}, " \
                f"staleness {self.staleness})"
         if self.update == 0:   # every gradient of update 0 is at the initial parameters: no lr has acted yet

@@ -365,6 +365,10 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     else:
         sched = stream.finish()
         sched.validate()
+        if sched.num_updates == 0:   # nothing to train: say why, in the policy's words
+            who, what = ("actor", "learner update") if policy.learner else ("worker", "update")
+            raise ValueError(f"simulate: every {who} was lost before the first {what}: nothing to train; "
+                             "check the cluster's failures (a worker that rejoins trains again)")
         result = _replay(sched, task, s)
     if ((num_updates is None or sched.num_updates < num_updates) and (max_time is None or sched.end_time < max_time)
             and result.status == "complete"):   # the events ran out before the budget: every worker was lost

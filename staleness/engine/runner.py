@@ -177,15 +177,17 @@ def _history_row(update: int, plan: Plan, train_loss: float, metrics: dict) -> d
     return row
 
 
-def divergence(losses: np.ndarray, plan: Plan, k: int) -> _chunks.Divergence | None:
-    """The first non-finite loss among the real slots of chunk k (`losses` [K, C]), or None."""
+def divergence(losses: np.ndarray, plan: Plan, k: int, kind: str = "worker") -> _chunks.Divergence | None:
+    """The first non-finite loss among the real slots of chunk k (`losses` [K, C]), or None;
+    kind 'actor' for an RL learner's rollouts."""
     view = plan.chunk_view(k)
     bad = _chunks.first_nonfinite(losses, view["mask"])
     if bad is None:
         return None
     row, slot = int(bad[0]), int(bad[1])
     return _chunks.Divergence(k * plan.chunk + row, int(view["worker"][row, slot]),
-                              int(view["staleness"][row, slot]), f"iteration {int(view['iteration'][row, slot])}")
+                              int(view["staleness"][row, slot]), f"iteration {int(view['iteration'][row, slot])}",
+                              kind)
 
 
 def run_info(member: Member, cfg: dict, index: int) -> _tracking.Run:
@@ -287,7 +289,7 @@ class _Run:
                         "staleness_mean": _chunks.update_losses(view["staleness"].astype(np.float64),
                                                                 view["mask"])[: hi - lo]}
                 h.diagnostics(lo, diag)
-            d = divergence(losses[i], m.plan, k)
+            d = divergence(losses[i], m.plan, k, "actor" if m.schedule.policy.learner else "worker")
             if d is None:
                 live.append((i, hi, float(np.mean(per_update)), {n: float(np.nanmean(v)) if np.isfinite(v).any()
                                                                  else float("nan") for n, v in diag.items()}))

@@ -26,8 +26,8 @@ from pathlib import Path
 __all__ = ["OutputError", "MARKERS", "check_out", "check_file", "check_dir", "is_output", "write_text", "write_with",
            "write_dir", "stage_dir", "swap_in"]
 
-MARKERS = ("result.json", "compare.json", "sweep.json")
-"""A directory holding one of these files is staleness output (a Result, a comparison, a sweep)."""
+MARKERS = ("result.json", "compare.json", "sweep.json", "plan.csv")
+"""A directory holding one of these files is staleness output (a Result, a comparison, a sweep, a plan)."""
 
 
 class OutputError(ValueError):

@@ -130,7 +130,11 @@ def call(spec: Spec, factory: Callable, what: str, whole: str, *, positional: tu
             kwargs[flag] = low == flag
             continue
         if slot >= len(order):
-            raise SpecError(f"{what} = {whole!r}: too many values for {spec.name!r}; its arguments are {valid}")
+            if not order:
+                raise SpecError(f"{what} = {whole!r}: {spec.name!r} takes no positional value ({a!r}); give its "
+                                f"arguments as KEY=VALUE: {valid}")
+            raise SpecError(f"{what} = {whole!r}: too many positional values for {spec.name!r} (it takes "
+                            f"{len(order)}: {', '.join(order)}); give the others as KEY=VALUE: {valid}")
         key = order[slot]
         slot += 1
         kwargs[key] = _convert(a, params[key].default, params[key].annotation, key, spec.name, what, whole)

@@ -221,6 +221,9 @@ def _bounded(name: str, eta, mode: str, learner: float, batch, inflight: bool, r
         refill = checks.finite(name, "refill", refill, low=0.0)
     if mode not in RL_MODES:
         raise ValueError(f"{name}: mode = {mode!r} must be one of {', '.join(RL_MODES)}")
+    if mode != "pace" and eta is None:   # without a bound nothing is too stale: the mode would do nothing
+        raise ValueError(f"{name}: mode = {mode!r} needs a staleness bound η ({name}:ETA:mode={mode}); without one "
+                         "no rollout is ever too stale to drop or requeue")
     gate = Capacity(eta, batch) if eta is not None and mode == "pace" else Free()
     spec = (name + ("" if eta is None else f":{eta}") + (f":mode={mode}" if mode != "pace" and eta is not None else "")
             + ("" if batch is None else f":batch={batch}"))

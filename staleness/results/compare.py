@@ -51,6 +51,14 @@ DEFAULT_POLICIES = ("bsp", "asp", "ssp:3", "ssp:15", "dssp:3:12", "softsync:4")
 DEFAULT_RL_POLICIES = ("rl_sync", "rl_one_step_off", "rl_async:2", "rl_async")   # on an RL task
 GRID_FACTORS = (0.1, 0.3, 1.0, 3.0, 10.0)   # the default lr grid, times the optimizer's learning rate
 TUNE_SEEDS = (1001, 1002)                   # seeds of the tuning runs (not the comparison's)
+RL_TUNE_SEEDS = (1001, 1002, 1003)          # an RL task's: sampling makes its runs noisier
+RL_TUNE_UPDATES = 100
+"""An RL task's tuning runs take at least this many learner updates (a comparison of fewer
+updates is tuned on this many): the reward dips in the first updates, and a run that ends
+in the dip scores the rate that barely moves the policy best."""
+RL_TUNE_FROM = 0.5
+"""An RL tuning run is scored by its mean held-out reward over the evaluations of the second
+half of the run (past the early dip), not over all of them."""
 EXTEND = 2   # times the default grid is extended by one step when its best value is at an edge
 MANIFEST = "compare.json"
 _MANIFEST_VERSION = 1
@@ -92,7 +100,8 @@ class Comparison:
             return "learning rates not tuned" + (f" ({why})" if why else "")
         sizes = sorted({len(t["grid"]) for t in tuned})
         g = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
-        return (f"learning rates tuned on a validation split: {g} values x {len(TUNE_SEEDS)} seeds per policy "
+        seeds = len(tuned[0].get("seeds", TUNE_SEEDS))
+        return (f"learning rates tuned on a validation split: {g} values x {seeds} seeds per policy "
                 f"({len(tuned)} {'policy' if len(tuned) == 1 else 'policies'})")
 
     def tuning_notes(self) -> list[str]:
@@ -156,6 +165,13 @@ class Comparison:
             row["wait_fraction_mean"] = float(np.mean([s["wait_fraction_mean"] for s in sums])) if sums else math.nan
             row["comm_fraction_mean"] = float(np.mean([s["comm_fraction_mean"] for s in sums])) if sums else math.nan
             row["bytes_sent"] = float(np.median([s["bytes_sent"] for s in sums])) if sums else math.nan
+            row["sim_time_s"] = float(np.median([s["sim_time_s"] for s in sums])) if sums else math.nan
+            row["updates_per_s"] = float(np.median([s["updates_per_s"] for s in sums])) if sums else math.nan
+            diags = [r.diagnostics for r in runs if r.diagnostics is not None]
+            for name in DIAGNOSTICS_IN_TABLE if diags else ():   # an RL learner's, medians over the runs
+                per_run = [float(d[name].max() if name == "is_weight_max" else d[name].mean()) for d in diags
+                           if name in d]
+                row[name] = float(np.median(per_run)) if per_run else math.nan
             row["diverged"] = sum(r.status == "diverged" for r in runs)
             rows.append(row)
         return pd.DataFrame(rows)
@@ -217,6 +233,11 @@ def _is_rl(task) -> bool:
     from staleness.tasks import rl   # here: importing the comparison loads no JAX
 
     return rl.is_task(task)
+
+
+DIAGNOSTICS_IN_TABLE = ("kl_behav", "clip_fraction", "masked_fraction", "is_weight_max", "kl_version")
+"""An RL learner's diagnostics in the comparison table: each run's mean over its updates
+(is_weight_max: its largest), the median over the runs."""
 
 
 def rollout_table(results, task):
@@ -283,6 +304,16 @@ def _timeline_window(result: Result) -> float:
     return max(1e-9, horizon * min(1.0, 30.0 / max(1, per_worker.min())))
 
 
+def _uses_default(policy, optimizer, task) -> bool:
+    """Whether `policy`'s optimizer names no learning rate (so the comparison's default_lr
+    is the one it uses)."""
+    from staleness.engine import optim
+
+    opt = optimizer if optimizer is not None else (policy.optimizer if policy.optimizer is not None
+                                                  else task.optimizer)
+    return opt is None or (isinstance(opt, str) and optim.get(opt).lr is None)
+
+
 def _base_lr(policy, optimizer, task, default_lr):
     """The learning rate the grid is centred on, or None if it cannot be set (an optax
     object without a learning rate in its state)."""
@@ -299,6 +330,19 @@ def _base_lr(policy, optimizer, task, default_lr):
     return None if value is None else float(value)
 
 
+def tuning_cost(task, policies, lr_grid=None, tune_seeds=None, num_updates=None) -> str:
+    """What tuning the policies' learning rates will run, in one line (said before it starts)."""
+    seeds = len(tune_seeds) if tune_seeds is not None else len(RL_TUNE_SEEDS if _is_rl(task) else TUNE_SEEDS)
+    rates = f"{len(lr_grid)}" if lr_grid is not None else f"{len(GRID_FACTORS)} (up to {len(GRID_FACTORS) + EXTEND})"
+    length = ""
+    if num_updates is not None:
+        n = max(num_updates, RL_TUNE_UPDATES) if _is_rl(task) else num_updates
+        length = f" of {n} {'learner ' if _is_rl(task) else ''}updates"
+    return (f"tuning the learning rates first: {len(policies)} {'policy' if len(policies) == 1 else 'policies'} x "
+            f"{rates} rates x {seeds} seeds = about {len(policies) * len(GRID_FACTORS) * seeds} runs{length} on a "
+            "validation split (--lr to skip it)")
+
+
 def check_tunable(task, what: str) -> None:
     """Raise ValueError (naming `what`, the argument that asks for tuning) if `task`
     has no validation split to tune learning rates on (`Task.holdout`)."""
@@ -309,12 +353,13 @@ def check_tunable(task, what: str) -> None:
 
 
 def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates, lr_rule, optimizer,
-            inner_optimizer, num_evals: int = 8) -> dict:
+            inner_optimizer, num_evals: int = 8, score_from: float = 0.0) -> dict:
     """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep).
 
     The score of a run is the mean of the validation metric over its evaluation points
     (the area under its learning curve, per evaluation: fast progress and a good end
-    both count; a final value alone is noise once every rate has plateaued); a grid
+    both count; a final value alone is noise once every rate has plateaued); score_from: only
+    the evaluations at or after this fraction of the run count (an RL reward dips first); a grid
     value's score is the median over the tuning seeds, and a value with a diverged
     seed is out. Returns {"lr": chosen, "grid": [...], "edge": chosen at an end of the
     grid, "scores": [per grid value, NaN: out], "runner_up": the second best value (or
@@ -327,18 +372,27 @@ def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates
     m = val.metric(metric)
     runs = sweep(val, [policy], cluster, seeds=seeds, lr_rules=[lr_rule], lrs=list(grid), num_updates=num_updates,
                  max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, num_evals=num_evals)
+    if any(r.status == "stopped" for r in runs):   # Ctrl-C inside the sweep: an interrupt, not a divergence
+        raise KeyboardInterrupt
     scores, per_seed = [], []
+    def score(r):
+        h = r.history
+        if r.status != "complete" or len(h) < 2:
+            return math.nan
+        late = h[h["update"] >= score_from * float(h["update"].iloc[-1])].iloc[1 if score_from == 0 else 0:]
+        return float(np.mean(late[metric].to_numpy()))
+
     for rate in grid:
-        curves = [float(np.mean(r.history[metric].to_numpy()[1:])) if r.status == "complete" and len(r.history) > 1
-                  else math.nan for r in runs if r.config["lr"] == rate]
+        curves = [score(r) for r in runs if r.config["lr"] == rate]
         curves = [c for c in curves if math.isfinite(c)]
         per_seed.append(curves)
         scores.append(float(np.median(curves)) if len(curves) == len(seeds) else math.nan)
     order = sorted((i for i, sc in enumerate(scores) if math.isfinite(sc)), key=lambda i: scores[i],
                    reverse=m.higher_is_better)
     if not order:
-        raise ValueError(f"compare: tuning {policy.describe()}: every learning rate of the grid {list(grid)} diverged "
-                         "on the validation split; give a smaller lr_grid")
+        raise ValueError(f"compare: tuning {policy.describe()}: every learning rate of the grid "
+                         f"[{', '.join(f'{g:g}' for g in grid)}] diverged on the validation split; give a smaller "
+                         "lr_grid")
     best = order[0]
     out = {"lr": float(grid[best]), "grid": [float(g) for g in grid], "edge": best in (0, len(grid) - 1),
            "scores": scores, "runner_up": None, "within_noise": False}
@@ -397,7 +451,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
             batch_size: int | None = None, metric: str | None = None, target: float | None = None,
             num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
             out=None, resume: bool = False, overwrite: bool = False, tune: bool = True, lr_grid=None,
-            tune_seeds=TUNE_SEEDS, default_lr: float | None = None, callbacks=None) -> Comparison:
+            tune_seeds=None, default_lr: float | None = None, callbacks=None) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
 
     policies: specs or Policy objects (default: `DEFAULT_POLICIES`, `DEFAULT_RL_POLICIES`
@@ -470,16 +524,23 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
                    "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals,
                    **_task_settings(task),
                    "tune": bool(lr is None and tune), "lr_grid": None if lr_grid is None else list(lr_grid),
-                   "default_lr": default_lr}
+                   # the rate an untuned policy starts from (None: its optimizer names its own)
+                   "default_lr": default_lr if any(_uses_default(p, optimizer, task) for p in pols) else None,
+                   "base_lr": {p.describe(): _base_lr(p, optimizer, task, default_lr) for p in pols}}
     runs = _Runs(task, cluster, metric, max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, num_evals,
                  default_lr)
+    if tune_seeds is None:
+        tune_seeds = RL_TUNE_SEEDS if _is_rl(task) else TUNE_SEEDS
     # a new comparison is built in a hidden sibling and swapped in when it ends (also when
     # interrupted): a failure keeps the old one and leaves nothing that blocks the next
     stage = out if out is None or resume else files.stage_dir(out, overwrite=True)
     try:
         done = _open_out(stage, resume, plan_config, planned)
-        tuning = _tuning(runs, pols, stage, resume, tune, lr_grid, tune_seeds, progress)
-        results, interrupted, failed = _run_all(runs, pols, seeds, tuning, done, stage, progress, callbacks)
+        tuning, stopped = _tuning(runs, pols, stage, resume, tune, lr_grid, tune_seeds, progress)
+        if stopped:   # Ctrl-C while tuning: the runs done before are kept, nothing more runs
+            results, interrupted, failed = list(done.values()), True, None
+        else:
+            results, interrupted, failed = _run_all(runs, pols, seeds, tuning, done, stage, progress, callbacks)
         cmp = Comparison(results, metric, target, planned, interrupted, tuning, task)
         if stage is not None:
             cmp.save(stage, results=False)
@@ -557,29 +618,40 @@ def _open_out(out, resume: bool, plan_config: dict, planned: list) -> dict:
     return done
 
 
-def _tuning(runs: _Runs, pols, out, resume: bool, tune: bool, lr_grid, tune_seeds, progress: bool) -> dict:
-    """Each policy's tuned learning rate (`tune_lr`), or the manifest's on resume;
-    {} when the rate is given or tuning is off."""
+def _tuning(runs: _Runs, pols, out, resume: bool, tune: bool, lr_grid, tune_seeds,
+            progress: bool) -> tuple[dict, bool]:
+    """(each policy's tuned learning rate (`tune_lr`), stopped): {} when the rate is given or
+    tuning is off. Each policy's choice is written into the manifest as soon as it is made,
+    so a resume tunes only the policies left; Ctrl-C stops the tuning (stopped True) and
+    keeps the choices made."""
     if runs.lr is not None or not tune:
-        return {}
+        return {}, False
+    tuning = {}
     if resume and out is not None and (out / MANIFEST).is_file():
         tuning = json.loads((out / MANIFEST).read_text()).get("tuning") or {}
-        if tuning:
-            return tuning
+        if "skipped" in tuning or all(p.describe() in tuning for p in pols):
+            return tuning, False
     from tqdm.auto import tqdm
 
-    tuning = {}
+    def keep():
+        if out is not None:   # resumable: the manifest keeps the chosen learning rates
+            meta = json.loads((out / MANIFEST).read_text())
+            files.write_text(out / MANIFEST, json.dumps({**meta, "tuning": tuning}, indent=1))
+
     try:
         _holdout(runs.task)
     except ValueError as e:
         tuning = {"skipped": str(e)}
-    else:
-        for pol in tqdm(pols, desc="tune lr", unit="policy", disable=not progress):
+        keep()
+        return tuning, False
+    try:
+        for pol in tqdm([p for p in pols if p.describe() not in tuning], desc="tune lr", unit="policy",
+                        disable=not progress):
             tuning[pol.describe()] = _tune_one(runs, pol, lr_grid, tune_seeds)
-    if out is not None:   # resumable: the manifest keeps the chosen learning rates
-        meta = json.loads((out / MANIFEST).read_text())
-        files.write_text(out / MANIFEST, json.dumps({**meta, "tuning": tuning}, indent=1))
-    return tuning
+            keep()
+    except KeyboardInterrupt:
+        return tuning, True
+    return tuning, False
 
 
 def _tune_one(runs: _Runs, pol, lr_grid, tune_seeds) -> dict:
@@ -591,6 +663,10 @@ def _tune_one(runs: _Runs, pol, lr_grid, tune_seeds) -> dict:
     grid = list(lr_grid) if lr_grid is not None else [base * f for f in GRID_FACTORS]
     kw = dict(seeds=list(tune_seeds), metric=runs.metric, max_time=runs.max_time, num_updates=runs.num_updates,
               lr_rule=runs.lr_rule, optimizer=runs.optimizer, inner_optimizer=runs.inner(pol))
+    if _is_rl(runs.task):   # past the early dip of the reward: long enough, scored on the second half
+        kw["score_from"] = RL_TUNE_FROM
+        if runs.num_updates is not None and runs.max_time is None:
+            kw["num_updates"] = max(runs.num_updates, RL_TUNE_UPDATES)
     t = tune_lr(runs.task, pol, runs.cluster, grid=grid, **kw)
     for _ in range(EXTEND if lr_grid is None else 0):   # the best at an edge: look one step beyond
         if not t["edge"]:
@@ -598,7 +674,7 @@ def _tune_one(runs: _Runs, pol, lr_grid, tune_seeds) -> dict:
         step = grid[1] / grid[0]
         grid = [grid[0] / step] + grid if t["lr"] == grid[0] else grid + [grid[-1] * step]
         t = tune_lr(runs.task, pol, runs.cluster, grid=grid, **kw)
-    return t
+    return {**t, "seeds": list(tune_seeds), "updates": kw["num_updates"]}
 
 
 def _fixed_rate(runs: _Runs, pol):

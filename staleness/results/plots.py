@@ -29,7 +29,7 @@ from staleness.schedule import Schedule
 
 __all__ = [
     "metric_vs_time", "metric_vs_updates", "staleness_histogram", "worker_timeline",
-    "wait_fraction", "comparison_figure", "save", "DPI",
+    "wait_fraction", "comparison_figure", "plan_figure", "save", "DPI",
 ]
 
 MAX_BARS = 64   # per-worker bar charts group consecutive workers above this many
@@ -258,7 +258,11 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
     _check_metric(items, metric, fn)
     if target is not None and not (isinstance(target, (int, float, np.number)) and math.isfinite(target)):
         raise ValueError(f"{fn}: target = {target!r} must be a finite number (or None)")
-    second = "loss" if metric != "loss" and all("loss" in r.history for r in items) else "train_loss"
+    rl = all(r.diagnostics is not None for r in items)   # asynchronous RL: a surrogate loss means nothing
+    if rl:
+        second = "kl_behav" if all("kl_behav" in r.history for r in items) else metric
+    else:
+        second = "loss" if metric != "loss" and all("loss" in r.history for r in items) else "train_loss"
     _check_metric(items, second, fn)
     labels = _labels(items, label_fn)
     fixed = dict(zip(items, labels))
@@ -276,10 +280,42 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
     wait_fraction(items, ax=axes[1, 1], label_fn=by_label)
     axes[0, 0].set_title(_AXIS_LABELS.get(metric, metric), fontsize="medium")
     axes[0, 1].set_title(_AXIS_LABELS.get(second, second), fontsize="medium")
-    axes[1, 0].set_title("staleness of applied gradients", fontsize="medium")
-    axes[1, 1].set_title("waiting at the gate", fontsize="medium")
+    if rl:   # RL's words: rollouts consumed by the learner, actors held back by the gate
+        axes[0, 1].set_title("KL(behaviour ‖ learner) per update (k3), mean over each interval", fontsize="medium")
+        axes[1, 0].set_title("staleness of the rollouts the learner consumed", fontsize="medium")
+        axes[1, 0].set_ylabel("fraction of consumed rollouts")
+        axes[1, 0].set_xlabel(axes[1, 0].get_xlabel().replace("staleness τ (updates)", "staleness (versions)"))
+        axes[1, 1].set_title("actors waiting at the gate", fontsize="medium")
+    else:
+        axes[1, 0].set_title("staleness of applied gradients", fontsize="medium")
+        axes[1, 1].set_title("waiting at the gate", fontsize="medium")
     fig.suptitle(_title(items))
     _one_legend(fig, axes)
+    return fig
+
+
+def plan_figure(table):
+    """The staleness planner's table (`st.rl.plan`) as two panels over η, one line per mode:
+    learner updates per simulated second, and the mean (solid) and max (dotted) staleness of
+    the consumed tokens. Returns a new Figure."""
+    fig, axes = _figure(1, 2, (11.0, 3.8))
+    axes = np.ravel(axes)
+    sweep = table[table["eta"].notna() | table["policy"].str.fullmatch(r"rl_(async|inflight|partial)(:.*)?")]
+    top = max([int(e) for e in sweep["eta"].dropna()] + [0]) + 1
+    for mode, rows in sweep.groupby("mode", sort=False):
+        x = [top if e != e or e is None else int(e) for e in rows["eta"]]   # unbounded drawn last
+        order = np.argsort(x)
+        xs = np.asarray(x)[order]
+        line, = axes[0].plot(xs, rows["updates_per_s"].to_numpy()[order], marker="o", label=mode)
+        axes[1].plot(xs, rows["staleness_mean"].to_numpy()[order], marker="o", color=line.get_color(), label=mode)
+        axes[1].plot(xs, rows["staleness_max"].to_numpy()[order], linestyle=":", color=line.get_color())
+    ticks = sorted({int(e) for e in sweep["eta"].dropna()} | {top})
+    for ax in axes:
+        ax.set_xticks(ticks, [str(t) if t != top else "∞" for t in ticks])
+        ax.set_xlabel("η (staleness bound, versions)")
+    axes[0].set(ylabel="learner updates / simulated s", title="throughput")
+    axes[1].set(ylabel="staleness of consumed tokens (versions)", title="staleness: mean (solid), max (dotted)")
+    axes[0].legend(fontsize="small")
     return fig
 
 

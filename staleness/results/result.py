@@ -221,9 +221,13 @@ class Result:
         for k in ("updates", "sim_time_s", "updates_per_s", "staleness_mean", "staleness_max",
                   "wait_fraction_mean", "comm_fraction_mean", "bytes_sent", "dropped", "lost"):
             out["wall_time_s" if real and k == "sim_time_s" else k] = s[k]
+        diag = set(self.diagnostics.columns) if self.diagnostics is not None else set()
         for k, v in self.final.items():
-            if k not in ("update", "time"):
+            if k not in ("update", "time") and k not in diag:
                 out[f"final_{k}"] = float(v)
+        for k in sorted(diag - {"update"}):   # an RL learner's: the mean over its updates (the largest weight)
+            col = self.diagnostics[k]
+            out[k] = float(col.max() if k == "is_weight_max" else col.mean())
         if target is not None:   # time_to names the valid metrics when `metric` is not in the history
             out[f"time_to_{metric}_{target:g}_s"] = self.time_to(target, metric)
         out["status"] = self.status

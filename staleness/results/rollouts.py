@@ -55,6 +55,10 @@ def _build(schedule, task, seed):
 
     if not rl.is_task(task):
         raise ValueError(f"task = {getattr(task, 'name', task)!r} is not an RL task (staleness.tasks.rl)")
+    policy = getattr(schedule, "policy", None)
+    if policy is not None and not policy.learner:
+        raise ValueError(f"schedule = a schedule of {policy.describe()!r}, whose workers push gradients: it has no "
+                         "rollouts (give the schedule of an rl_* policy)")
     cols = schedule.columns
     bits = _data_bits(schedule.seed if seed is None else seed)
     worker = np.asarray(cols["worker"], np.int64)

@@ -57,6 +57,42 @@ def compare_params(a, b) -> Comparison:
     return Comparison(bitwise, diff)
 
 
+def _rebuild(name: str, cfg: dict, num_workers: int, batch_size, data_dir):
+    """The task `name` for a replay of a run whose config is `cfg`: the recorded task rebuilt
+    from its config (an RL task's objective, group and options; a supervised task's batch
+    size, partition, seed and options), or another task named by the caller, built with its
+    defaults (the parameter check then says whether it is the recorded run's). ValueError in
+    one line: a factory's module that cannot be imported, an RL run replayed with a supervised
+    task or the other way round, a rebuilt task that differs from the recorded one."""
+    import staleness as st
+
+    recorded = cfg.get("task")
+    rl_run = "objective" in cfg
+    if name != recorded:
+        task = st.tasks.get(name, num_workers=num_workers, data_dir=data_dir)
+        if st.tasks.rl.is_task(task) != rl_run:
+            kind = "an RL run (rollouts, an objective)" if rl_run else "a supervised run (gradients of minibatches)"
+            raise ValueError(f"the recorded run is {kind} on task {recorded!r}; task {name!r} is "
+                             f"{'an RL' if st.tasks.rl.is_task(task) else 'a supervised'} task: replay with the "
+                             "task the run was recorded with")
+        return task
+    if rl_run and name in st.tasks.rl.NAMES:
+        return st.tasks.rl.from_config(cfg, num_workers)
+    if rl_run:   # the user's own RL task: its factory, called as the run called it
+        task = st.tasks.get(name, num_workers=num_workers, seed=int(cfg.get("task_seed") or 0),
+                            **(cfg.get("task_options") or {}))
+        got = task.config()
+        for key in ("objective", "objective_params", "group_size", "prompts_per_rollout", "max_length"):
+            if key in cfg and got.get(key) != cfg[key]:
+                raise ValueError(f"task {name!r} rebuilt by its factory has {key} = {got.get(key)!r}, the recorded run "
+                                 f"had {cfg[key]!r}; pass the task itself, or the options it was built with "
+                                 "(--task-option)")
+        return task
+    return st.tasks.get(name, batch_size=int(batch_size or cfg.get("batch_size") or 32), num_workers=num_workers,
+                        partition=cfg.get("partition", "iid"), seed=int(cfg.get("task_seed") or 0),
+                        data_dir=data_dir, **(cfg.get("task_options") or {}))
+
+
 def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, seed=None, batch_size=None,
                  data_dir=None, **replay_kwargs):
     """Replay `trace` in the engine with slot_mode='map'.
@@ -93,13 +129,8 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     task = task if task is not None else cfg.get("task")
     if task is None:
         raise ValueError("task is required to replay a bare trace (it has no config)")
-    if isinstance(task, str) and "objective" in cfg and task == cfg.get("task"):   # an RL task's config
-        task = st.tasks.rl.from_config(cfg, sched.num_workers)
-    elif isinstance(task, str):
-        task = st.tasks.get(task, batch_size=int(batch_size or cfg.get("batch_size") or 32),
-                            num_workers=sched.num_workers, partition=cfg.get("partition", "iid"),
-                            seed=int(cfg.get("task_seed") or 0), data_dir=data_dir,
-                            **(cfg.get("task_options") or {}))
+    if isinstance(task, str):
+        task = _rebuild(task, cfg, sched.num_workers, batch_size, data_dir)
     if recorded is not None:
         _check_shapes(task, recorded, cfg)
     if optimizer is None and cfg.get("optimizer") == "optax":

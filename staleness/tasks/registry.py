@@ -191,9 +191,9 @@ def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_op
             raise TypeError(f"task {name!r} got unknown option(s) {unknown}; its options are "
                             f"{sorted(accepted - set(_COMMON)) or 'none'}.")
     given = {k: common[k] for k in _GIVEN if common.get(k) is not None}
-    common = dict(common)
-    for key, value in defaults.items():   # the factory's own default wins over get's
-        if key not in common and (key not in named or named[key].default is inspect.Parameter.empty):
+    common = {k: v for k, v in common.items() if v is not None}   # a setting nobody gave is not passed
+    for key, value in defaults.items():   # get's default only for a parameter the factory names without one
+        if key not in common and key in named and named[key].default is inspect.Parameter.empty:
             common[key] = value
     kwargs = {k: v for k, v in {**common, **task_options}.items() if takes_all or k in accepted}
     if sig is not None:
@@ -204,10 +204,18 @@ def _call_factory(name: str, factory: Callable[..., Task], common: dict, task_op
                                f"passes ({', '.join(sorted(kwargs)) or 'none'}): {e}; give its other "
                                "parameters defaults.") from None
     task = factory(**kwargs)
-    if not isinstance(task, Task):
+    from staleness.tasks import rl
+
+    if not isinstance(task, (Task, rl.RLTask)):
         raise FactoryError(f"task = {name!r}: the factory returned {type(task).__name__}, not a "
-                           "staleness.tasks.Task (build one with staleness.tasks.from_flax or from_functions).")
+                           "staleness.tasks.Task (build one with staleness.tasks.from_flax or from_functions) or an "
+                           "RL task (staleness.tasks.rl.from_functions).")
     _check_honoured(name, task, {k: v for k, v in given.items() if k not in kwargs})
+    # the options it was called with are recorded with the task (a replay calls it so again)
+    have = dict(task.options or ())
+    extra = {k: v for k, v in task_options.items() if k not in have and isinstance(v, (bool, int, float, str))}
+    if extra:
+        task = dataclasses.replace(task, options=tuple(sorted({**have, **extra}.items())))
     return task if task.name == name else dataclasses.replace(task, name=name)
 
 

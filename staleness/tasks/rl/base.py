@@ -130,6 +130,10 @@ def _entropy(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
     return ent.reshape(b, g, t)
 
 
+SIZE_BLOCK = 64
+"""Rollouts of one actor whose sizes `RLTask.rollout_sizes` draws at once (the simulator asks
+for them one by one; one vectorized draw costs about what one draw does)."""
+
 PROBE_PROMPTS = 8
 """Held-out prompts of the probe set that `RLTask.version_kl` compares two versions on."""
 
@@ -293,11 +297,17 @@ class RLTask:
         `data_key` like the replay draws them). The simulator multiplies an actor's seconds
         per token by it (`staleness.sim.scheduler.simulate_schedule(sizes=...)`)."""
         bits = np.asarray(jax.random.key_data(data_key)) if isinstance(data_key, jax.Array) else data_key
-        lengths, prefill = self.lengths, float(self.prefill)
+        lengths, prefill = np.asarray(self.lengths), float(self.prefill)
         prompt_indices = self.prompt_indices
+        block, cache = SIZE_BLOCK, {}   # (actor, first iteration of a block) -> [SIZE_BLOCK] sizes
 
         def sizes(actor: int, iteration: int) -> float:
-            return prefill + float(np.max(lengths[prompt_indices(bits, actor, iteration)]))
+            first = iteration - iteration % block
+            got = cache.get((actor, first))
+            if got is None:   # one vectorized draw of the next SIZE_BLOCK rollouts of this actor
+                idx = prompt_indices(bits, np.full((block, 1), actor), np.arange(first, first + block)[:, None])
+                got = cache[(actor, first)] = prefill + lengths[np.asarray(idx).reshape(block, -1)].max(axis=1)
+            return float(got[iteration - first])
         return sizes
 
     @property

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-__all__ = ["LogNormal", "Zipf", "Constant", "FromPrompts", "lognormal", "zipf", "constant", "from_prompts",
-           "num_prompts", "draw", "summary"]
+__all__ = ["LogNormal", "Zipf", "Constant", "Empirical", "FromPrompts", "lognormal", "zipf", "constant", "empirical",
+           "from_prompts", "num_prompts", "draw", "summary"]
 
 
 def num_prompts(prompts: Any) -> int:
@@ -99,6 +99,33 @@ class Constant(NamedTuple):
         return f"constant({self.length})"
 
 
+class Empirical(NamedTuple):
+    """Lengths drawn (with replacement) from measured ones: `values` [K] tokens with their
+    `weights` [K] (counts or probabilities; None: equal), e.g. a histogram of a real run's
+    completion lengths."""
+
+    values: tuple
+    weights: tuple | None = None
+
+    @property
+    def low(self) -> int:
+        return int(min(self.values))
+
+    @property
+    def high(self) -> int:
+        return int(max(self.values))
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        p = None if self.weights is None else np.asarray(self.weights, np.float64) / np.sum(self.weights)
+        return rng.choice(np.asarray(self.values, np.int32), size=n, p=p).astype(np.int32)
+
+    def __call__(self, prompts: Any, rng: np.random.Generator) -> np.ndarray:
+        return self.draw(rng, num_prompts(prompts))
+
+    def __str__(self) -> str:
+        return f"empirical({len(self.values)} lengths, {self.low}..{self.high})"
+
+
 class FromPrompts(NamedTuple):
     """The length each prompt carries: prompts[field] ([N] int)."""
 
@@ -143,6 +170,22 @@ def zipf(a: float, high: int, low: int = 1) -> Zipf:
         raise ValueError(f"a = {a!r} must be a number > 0 (the Zipf exponent)")
     low, high = _bounds(low, high)
     return Zipf(float(a), high, low)
+
+
+def empirical(values, weights=None) -> Empirical:
+    """Lengths drawn from measured `values` (ints >= 1) with `weights` (>= 0, not all 0; None:
+    equal); ValueError naming a bad one."""
+    vals = np.asarray(values).reshape(-1)
+    if not len(vals) or vals.dtype.kind not in "iuf" or not np.all(np.isfinite(vals)) or np.any(vals < 1) or \
+            np.any(vals != np.round(vals)):
+        raise ValueError(f"values = {values!r} must be lengths in tokens: integers >= 1, at least one")
+    w = None
+    if weights is not None:
+        w = np.asarray(weights, np.float64).reshape(-1)
+        if w.shape != vals.shape or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
+            raise ValueError(f"weights = {weights!r} must be {len(vals)} numbers >= 0, not all 0 (one per value)")
+        w = tuple(float(x) for x in w)
+    return Empirical(tuple(int(v) for v in vals), w)
 
 
 def constant(length: int) -> Constant:
