@@ -128,8 +128,20 @@ def test_staleness_histogram_one_normalized_step_per_policy(runs):
     # one dashed mean marker per policy, at the mean
     means = [line.get_xdata()[0] for line in ax.get_lines()]
     np.testing.assert_allclose(means, [tau.mean(), 0.0])
-    assert len(_legend(ax)) == 2 and "mean τ" in _legend(ax)[0]
+    assert _legend(ax) == ["ssp:2", "bsp"]   # one entry per policy; the means are notes
+    notes = [t.get_text() for t in ax.texts]
+    assert notes == [f"mean {tau.mean():.2f}", "mean 0.00"]
     assert "τ" in ax.get_xlabel()
+
+
+def test_a_single_bin_histogram_has_integer_ticks():
+    """Reported: a single rl_sync run's histogram (τ = 0 only) had ticks at −0.45 ... 0.45."""
+    s = simulate_schedule(P.rl_sync(), CLUSTER, num_updates=5, seed=0)
+    ax = plots.staleness_histogram(s).axes[0]
+    lo, hi = ax.get_xlim()
+    shown = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert shown == [0.0]
+    assert ax.get_xlabel() == "staleness (versions)" and "rollouts" in ax.get_ylabel()
 
 
 def test_staleness_histogram_max_tau_keeps_the_tail_in_the_last_bin():
@@ -171,6 +183,20 @@ def test_worker_timeline_marks_lost_and_dropped_and_clips():
     ax = plots.worker_timeline(dropped).axes[0]
     (o_marks,) = [line for line in ax.get_lines() if line.get_marker() == "o"]
     assert len(o_marks.get_xdata()) == int(dropped["dropped"].sum()) > 0
+
+
+def test_an_rl_timeline_has_a_learner_lane_of_its_training():
+    """Reported: timelines had no learner lane. Each update's bar ends at its time and lasts
+    the learner's seconds the simulator charged (learner × mean step × rollouts / actors)."""
+    s = simulate_schedule(P.rl_async(2, learner=2.0), C.heterogeneous([1, 1, 1, 2]), num_updates=8, seed=0)
+    ax = plots.worker_timeline(s).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["learner", "0", "1", "2", "3"]
+    (lane,) = [c for c in ax.collections if c.get_label() == "learner training"]
+    boxes = [p.get_extents() for p in lane.get_paths()]
+    np.testing.assert_allclose([b.x1 for b in boxes], s.update_time)
+    np.testing.assert_allclose([b.x1 - b.x0 for b in boxes], 2.0 * 1.25 * 1 / 4 * 4)   # 4 rollouts per update
+    assert {round(b.y0 + b.height / 2, 9) for b in boxes} == {-1.0}
+    assert "rollout (decode)" in _legend(ax) and ax.get_ylabel() == "actor"
 
 
 def test_worker_timeline_max_workers_limits_rows():

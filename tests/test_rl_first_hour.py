@@ -125,3 +125,31 @@ def test_rl_tuning_uses_three_seeds_and_long_enough_runs(tmp_path):
     assert plan["default_lr"] is None and plan["base_lr"]["rl_sync"] == pytest.approx(1e-3)
     assert "tuning the learning rates first" in C.tuning_cost(task, ["rl_sync"], num_updates=4)
     assert np.isfinite(cmp.table()["kl_behav"]).all()
+
+
+def test_every_command_states_an_estimate_before_a_long_rl_run(plugins, tmp_path, capsys, monkeypatch):
+    """`--updates 5000` on rl-digits started silently (several hours). The estimate scales with
+    the budget and the runs; every command that runs RL numerics prints it (here from 0 s on)."""
+    from staleness.tasks.rl import base
+
+    task = st.tasks.get("rl-digits", num_workers=4)
+    s1, b1 = task.estimate(5000)
+    assert 300 < s1 < 3600 and b1 == 4 * task.param_count * 12   # the issue's case: 9 updates/s here, ~10 min
+    assert task.estimate(10_000, runs=3)[0] == pytest.approx(6 * s1)
+    assert "estimate: about" in task.estimate_note(5000) and task.estimate_note(10) is None
+    monkeypatch.setattr(base, "ESTIMATE_FROM", 0.0)
+    base_args = [*OWN, "--cluster", "1,1", "--no-progress", "--updates", "2"]
+    sim = tmp_path / "sim"
+    for argv in (["simulate", *base_args, "--out", str(sim)],
+                 ["compare", *base_args, "--policy", "rl_sync", "--seeds", "0", "--lr", "0.003",
+                  "--out", str(tmp_path / "cmp")],
+                 ["sweep", *base_args, "--policy", "rl_sync", "--lrs", "0.003", "--out", str(tmp_path / "sweep")]):
+        code, _, err = run(argv, capsys)
+        assert code == 0 and "estimate: about" in err and "2 learner updates" in err, (argv[0], err)
+    code, _, err = run(["replay", str(sim)], capsys)          # a replay with its progress line
+    assert code == 0 and "estimate: about" in err
+    code, _, err = run(["run", *OWN, "--policy", "rl_async:1", "--workers", "2", "--updates", "2",
+                        "--out", str(tmp_path / "real")], capsys)
+    assert code == 0 and "estimate: about" in err
+    code, _, err = run(["replay", str(sim), "--no-progress"], capsys)   # quiet when asked
+    assert code == 0 and "estimate" not in err

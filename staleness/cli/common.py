@@ -185,32 +185,12 @@ def check_scale(args, cluster, updates, max_time, runs: int = 1) -> None:
                          f"{_human(seconds, 's')} of simulation alone; give a smaller budget, or --yes to go on")
 
 
-RL_SECONDS_PER_UNIT = 5.4e-10
-"""Seconds of RL numerics per (completion × decoded token × parameter), a KV-cached decode plus
-the learner's step (measured: rl-digits, 4 rollouts of 8 × 8 completions of at most 8 tokens,
-1e5 parameters, 9 learner updates per second on a 2-core CPU); recomputing every prefix costs
-about max_length / 2 times more."""
-RL_ESTIMATE_FROM = 120.0
-"""Runs estimated at this many seconds of RL numerics or more say so before they start."""
-
-
-def rl_estimate(task, policy, updates, runs: int = 1, rollouts_per_update: int | None = None) -> str | None:
-    """A line estimating the RL numerics of `runs` runs of `updates` learner updates (the time
-    they take, in this machine class's terms, and what the replay holds in memory), or None
-    below `RL_ESTIMATE_FROM` seconds or without an update budget."""
-    if updates is None or not hasattr(task, "objective"):
+def rl_estimate(task, updates, runs: int = 1, rollouts_per_update: int | None = None) -> str | None:
+    """`RLTask.estimate_note` of an RL task (None for the others): the line a command prints
+    before a run of about two minutes or more of RL numerics."""
+    if not hasattr(task, "estimate_note"):
         return None
-    c = rollouts_per_update or task.num_workers
-    per_rollout = task.prompts_per_rollout * task.group_size * task.max_length * task.param_count
-    factor = 1.0 if getattr(task, "cached", False) else max(1.0, task.max_length / 2)
-    seconds = float(updates) * runs * c * per_rollout * RL_SECONDS_PER_UNIT * factor
-    if seconds < RL_ESTIMATE_FROM:
-        return None
-    memory = 4 * task.param_count * (task.num_workers + 8)   # the ring of versions and the optimizer, float32
-    return (f"estimate: about {_human(seconds, 's')} of RL numerics ({runs} run(s) x {updates} learner updates x "
-            f"{c} rollouts of {task.prompts_per_rollout} prompts x {task.group_size} completions of up to "
-            f"{task.max_length} tokens, {task.param_count:,} parameters), about {_human(memory, 'B')} of parameters in memory; "
-            "Ctrl-C keeps what was recorded")
+    return task.estimate_note(updates, runs, rollouts_per_update)
 
 
 def check_processes(args, n: int) -> None:

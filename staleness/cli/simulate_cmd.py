@@ -181,7 +181,7 @@ def _cmd_simulate(args) -> int:
     if task is None:
         task = build_task(args, cluster.num_workers)
     check_pairing([policy], task)
-    note = rl_estimate(task, policy, updates)
+    note = rl_estimate(task, updates)
     if note:
         print(note, file=sys.stderr)
     if not policy.local:
@@ -358,7 +358,7 @@ def _cmd_compare(args) -> int:
     if task is None:
         task = build_task(args, cluster.num_workers)
     check_pairing(policies, task)
-    note = rl_estimate(task, policies[0], updates, runs=len(policies) * len(seeds))
+    note = rl_estimate(task, updates, runs=len(policies) * len(seeds))
     if note:
         print(note, file=sys.stderr)
     metric, target = _metric_target(args, task)

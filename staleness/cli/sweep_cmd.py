@@ -32,7 +32,7 @@ import time
 from staleness import policies
 from staleness.cli.common import (is_rl_task, UsageError, add_log, add_task_option, add_yes, build_task, check_out,
                                    check_pairing, check_scale, count, declared_optimizer, log_callbacks, natural,
-                                   positive, print_table, rl_task_name, task_options)
+                                   positive, print_table, rl_estimate, rl_task_name, task_options)
 from staleness.cli.config_flags import add_flags, check_values, flags_of
 from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES, check_settings
 from staleness.engine.settings import Settings, SweepSettings
@@ -236,6 +236,9 @@ def _cmd(args) -> int:
         task = build_task(args, cluster.num_workers)
         check_pairing(pols, task)
         built.append(task)
+        note = rl_estimate(task, updates, runs=len(pols) * len(seeds) * len(rules) * len(lrs))
+        if note and writes:
+            print(note, file=sys.stderr)
         return sweeps.prepare(task, pols, cluster, seeds=seeds, lr_rules=rules, lrs=lrs, num_updates=updates,
                               max_time=args.max_time, optimizer=args.optimizer,
                               inner_optimizer=args.inner_optimizer, eval_every=args.eval_every,

@@ -42,6 +42,7 @@ _LABEL_KEYS = ("task", "cluster", "workers", "optimizer", "lr_rule", "lr", "batc
 _AXIS_LABELS = {"accuracy": "held-out accuracy", "loss": "held-out loss", "train_loss": "training loss"}
 # worker_timeline colours
 _COMPUTE, _WAIT, _NETWORK, _LOST, _DROPPED = "tab:blue", "tab:orange", "0.75", "tab:red", "0.2"
+_LEARNER = "tab:green"
 
 
 # -- public plots --------------------------------------------------------------------
@@ -68,8 +69,9 @@ def metric_vs_updates(results, metric: str = "loss", ax=None, label_fn: Callable
 def staleness_histogram(schedules_or_results, ax=None, max_tau: int | None = None,
                         label_fn: Callable | None = None):
     """Distribution of the staleness τ (updates) of applied gradients, one step
-    histogram per label (policy), as the fraction of applied gradients; runs
-    with equal labels are pooled. A dashed line marks each label's mean τ.
+    histogram per label (policy, one legend entry each), as the fraction of applied
+    gradients, with integer bins; runs with equal labels are pooled. A dashed line marks
+    (and a note gives) each label's mean τ.
 
     Args:
       schedules_or_results: a `Schedule` or `Result`, or a list of them.
@@ -104,12 +106,15 @@ def staleness_histogram(schedules_or_results, ax=None, max_tau: int | None = Non
         mean = float(tau.mean())
         # a small sideways dodge keeps identical histograms (bsp vs backup) both visible
         dodge = 0.06 * (k - (len(hists) - 1) / 2)
-        ax.stairs(freq, edges + dodge, color=colors[label], linewidth=1.6,
-                  label=f"{label} (mean τ = {mean:.2f})")
+        ax.stairs(freq, edges + dodge, color=colors[label], linewidth=1.6, label=label)   # one entry per label
         ax.axvline(mean, color=colors[label], linestyle="--", linewidth=1.0, label="_mean")
+        ax.annotate(f"mean {mean:.2f}", (mean, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -4 - 11 * k),
+                    textcoords="offset points", va="top", fontsize="x-small", color=colors[label])
     clipped = max_tau is not None and any(t.max() > top for t in hists.values())
-    ax.set_xlabel("staleness τ (updates)" + (f"; last bin: τ ≥ {top}" if clipped else ""))
-    ax.set_ylabel("fraction of applied gradients")
+    rl = all(getattr(_schedule(x).policy, "learner", False) for x in items)   # RL's words: versions, rollouts
+    ax.set_xlabel(("staleness (versions)" if rl else "staleness τ (updates)")
+                  + (f"; last bin: τ ≥ {top}" if clipped else ""))
+    ax.set_ylabel("fraction of consumed rollouts" if rl else "fraction of applied gradients")
     ax.set_xlim(edges[0] - 0.1, edges[-1] + 0.1)
     ax.set_ylim(bottom=0)
     ax.xaxis.set_major_locator(_int_locator())
@@ -122,7 +127,9 @@ def worker_timeline(schedule, ax=None, max_time: float | None = None, max_worker
     compute intervals [start, end], gate waits [pull_time - wait, pull_time],
     network time (pull: [pull_time, start], push: [end, push_time]; thinner,
     light), gradients lost to a failure (their would-be compute, red, with x)
-    and gradients dropped by the policy (o at their push).
+    and gradients dropped by the policy (o at their push). Asynchronous RL (a policy
+    with a learner) gets a learner lane on top: each update's training, from its last
+    rollout's arrival (or the previous update's end) to the update.
 
     Args:
       schedule: a `Schedule` (or a `Result`, whose schedule is drawn).
@@ -161,14 +168,21 @@ def worker_timeline(schedule, ax=None, max_time: float | None = None, max_worker
                            label=label if label not in seen else "_" + label, **kw)
             seen.add(label)
 
+    learner = bool(getattr(schedule.policy, "learner", False)) and schedule.num_updates > 0
+    work = "rollout (decode)" if learner else "compute"
     for w in range(rows):
         i = np.flatnonzero(keep & (c["worker"] == w))
         lost = c["lost"][i]
         bars(w, c["pull_time"][i], c["start"][i], w, 0.3, _NETWORK, "network (pull, push)")
         bars(w, c["end"][i], c["push_time"][i], w, 0.3, _NETWORK, "network (pull, push)")
         bars(w, begin[i], c["pull_time"][i], w, 0.8, _WAIT, "waiting at the gate")
-        bars(w, c["start"][i][~lost], c["end"][i][~lost], w, 0.8, _COMPUTE, "compute", **edge)
+        bars(w, c["start"][i][~lost], c["end"][i][~lost], w, 0.8, _COMPUTE, work, **edge)
         bars(w, c["start"][i][lost], c["end"][i][lost], w, 0.8, _LOST, "lost (worker failed)", alpha=0.35)
+    if learner:   # asynchronous RL: the learner's lane on top, one bar per update it trained
+        lo, hi = _learner_intervals(schedule)
+        if max_time is not None:
+            lo, hi = lo[lo < max_time], hi[lo < max_time]
+        bars(-1, lo, hi, -1, 0.8, _LEARNER, "learner training", **edge)
     sel = keep & c["lost"]
     if sel.any():
         ax.plot(c["end"][sel], c["worker"][sel], "x", color=_LOST, markersize=7, label="_lost")
@@ -179,15 +193,29 @@ def worker_timeline(schedule, ax=None, max_time: float | None = None, max_worker
     end = max_time if max_time is not None else (
         schedule.end_time if math.isfinite(schedule.end_time) else float(np.nanmax(c["end"], initial=1.0)))
     ax.set_xlim(0, end)
-    ax.set_ylim(rows - 0.5, -0.5)  # worker 0 on top
-    ax.set_yticks(range(rows))
-    ax.set_ylabel("worker")
+    top = -1.5 if learner else -0.5
+    ax.set_ylim(rows - 0.5, top)  # worker 0 (or the learner) on top
+    ax.set_yticks(range(-1 if learner else 0, rows))
+    if learner:
+        ax.set_yticklabels(["learner", *map(str, range(rows))])
+    ax.set_ylabel("actor" if learner else "worker")
     ax.set_xlabel("simulated time (s)")
     more = f" (workers 0–{rows - 1} of {schedule.num_workers})" if rows < schedule.num_workers else ""
     ax.set_title(f"{schedule.policy}{more}", fontsize="medium", loc="left")
     ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, fontsize="small", frameon=False,
               borderaxespad=0.1, handlelength=1.5, columnspacing=1.2)
     return fig
+
+
+def _learner_intervals(schedule) -> tuple[np.ndarray, np.ndarray]:
+    """([U] start, [U] end) of the learner's training of each update: it ends at the update's
+    time and starts when both its last rollout arrived and the previous update was trained
+    (the simulator trains the decided updates one at a time, in order)."""
+    c, a = schedule.columns, schedule.applied
+    decided = np.full(schedule.num_updates, -np.inf)
+    np.maximum.at(decided, c["apply_version"][a], c["push_time"][a])
+    previous = np.concatenate([[0.0], schedule.update_time[:-1]])
+    return np.maximum(decided, previous), np.asarray(schedule.update_time, float)
 
 
 def wait_fraction(schedules_or_results, ax=None, label_fn: Callable | None = None):
@@ -283,8 +311,6 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
     if rl:   # RL's words: rollouts consumed by the learner, actors held back by the gate
         axes[0, 1].set_title("KL(behaviour ‖ learner) per update (k3), mean over each interval", fontsize="medium")
         axes[1, 0].set_title("staleness of the rollouts the learner consumed", fontsize="medium")
-        axes[1, 0].set_ylabel("fraction of consumed rollouts")
-        axes[1, 0].set_xlabel(axes[1, 0].get_xlabel().replace("staleness τ (updates)", "staleness (versions)"))
         axes[1, 1].set_title("actors waiting at the gate", fontsize="medium")
     else:
         axes[1, 0].set_title("staleness of applied gradients", fontsize="medium")
@@ -376,7 +402,7 @@ def _has_root_kw() -> bool:
 def _int_locator():
     from matplotlib.ticker import MaxNLocator
 
-    return MaxNLocator(integer=True)
+    return MaxNLocator(integer=True, min_n_ticks=1)   # a single bin (τ = 0 only) gets the tick 0, not ±0.45
 
 
 def _items(x, fn: str, *, allow_schedules: bool) -> list:

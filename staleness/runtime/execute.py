@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from typing import Callable
@@ -51,8 +52,13 @@ def sigint_stops(stop_event: threading.Event):
         signal.signal(signal.SIGINT, old)
 
 
-def make_progress(progress):
-    """(callback or None, closer): progress=True prints a live line on stderr."""
+def make_progress(progress, spec: RunSpec | None = None):
+    """(callback or None, closer): progress=True prints a live line on stderr, after the
+    estimate of a long RL run of `spec` (`RLTask.estimate_note`)."""
+    if progress is True and spec is not None and hasattr(spec.task, "estimate_note"):
+        note = spec.task.estimate_note(spec.num_updates)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     if progress is True:
         line = ProgressLine()
         return line, line.close

@@ -117,7 +117,7 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
     elif not isinstance(server_device, jax.Device):
         raise ValueError(f"server_device = {server_device!r} must be a jax device")
     callbacks = tracking.as_callbacks(callbacks)
-    callback, close_progress = make_progress(progress)
+    callback, close_progress = make_progress(progress, spec)
     stop_event = stop_event or threading.Event()
     built = build(spec, devs, server_device, server_devices=server_devices, stop_event=stop_event,
                   progress=callback)

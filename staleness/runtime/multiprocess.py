@@ -146,14 +146,14 @@ def _run_process(coord, task, policy, cluster, *, num_updates, num_workers, init
         if coord.rejoining:
             raise RuntimeError(f"process {pid} cannot rejoin a job under sync='collective' (every round needs "
                                "every process): restart the whole job")
-        callback, close_progress = make_progress(progress if pid == 0 else False)
+        callback, close_progress = make_progress(progress if pid == 0 else False, spec)
         built = build.collective(spec, jax.devices(), stop_event=stop_event, progress=callback, coord=coord,
                                  liveness_wait=heartbeat_timeout + 2.0)   # compiles: every process takes part
         return execute(built, spec, stop_event, close_progress, ready=lambda: _ready(coord, None, init_timeout),
                        main=None if pid == 0 else lambda built, spec: _serve_collective(built.server, pid))
     if coord.rejoining and pid == 0:
         raise RuntimeError("process 0 cannot rejoin a running job (the server's state died with it)")
-    callback, close_progress = make_progress(progress if pid == 0 else False)
+    callback, close_progress = make_progress(progress if pid == 0 else False, spec)
     built = build.distributed(spec, coord, stop_event=stop_event, progress=callback)
     return execute(built, spec, stop_event, close_progress,
                    ready=lambda: _ready(coord, built.worker_link, init_timeout),

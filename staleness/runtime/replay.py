@@ -13,6 +13,7 @@ and the scanned program (autotuning, fusion), so compare with a tolerance.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -149,5 +150,10 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
         replay_kwargs["config"] = {**replay_kwargs.get("config", {}), "recorded_sync": cfg["sync"]}
     if "eval_every" not in replay_kwargs and cfg.get("eval_every"):
         replay_kwargs["eval_every"] = int(cfg["eval_every"])
+    if replay_kwargs.get("progress") is True and hasattr(task, "estimate_note") and sched.num_updates:
+        note = task.estimate_note(sched.num_updates, rollouts_per_update=max(
+            1, round(int(sched.applied.sum()) / sched.num_updates)))
+        if note:   # a long RL replay says so before it starts
+            print(note, file=sys.stderr, flush=True)
     rep = st.engine.replay(sched, task, slot_mode="map", **kw, **replay_kwargs)
     return rep, (compare_params(recorded.params, rep.params) if recorded is not None else None)

@@ -185,6 +185,24 @@ def _seed_bits(seed: Any, xp) -> Any:
     return seed.reshape(-1)[:2].astype(xp.uint32)
 
 
+ESTIMATE_SECONDS = 5.4e-10
+"""Seconds of RL numerics per (completion × decoded token × parameter), a KV-cached decode plus
+the learner's step (measured: rl-digits, 4 rollouts of 8 × 8 completions of at most 8 tokens,
+1e5 parameters, 9 learner updates per second on a 2-core CPU); recomputing every prefix costs
+about max_length / 2 times more."""
+ESTIMATE_FROM = 120.0
+"""Runs estimated at this many seconds of RL numerics or more say so before they start."""
+
+
+def _human(n: float, unit: str) -> str:
+    if unit == "B":
+        for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if n < 1024 or suffix == "TiB":
+                return f"{n:.3g} {suffix}"
+            n /= 1024
+    return f"{n:.3g} s" if n < 3600 else f"{n / 3600:.3g} h"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RLTask:
     """One RL problem: policy, prompts, reward, length rule and objective.
@@ -422,6 +440,32 @@ class RLTask:
         """Number of scalar parameters."""
         shapes = jax.eval_shape(self.init_fn, jax.random.key(0))
         return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes)))
+
+    def estimate(self, updates: int, runs: int = 1, rollouts_per_update: int | None = None) -> tuple[float, int]:
+        """(seconds, bytes): the RL numerics of `runs` runs of `updates` learner updates of
+        `rollouts_per_update` rollouts each (default: one per actor), in a 2-core CPU's terms
+        (`ESTIMATE_SECONDS`; a GPU is faster), and the parameters a replay holds (the ring of
+        versions and the optimizer's state, float32)."""
+        c = rollouts_per_update or self.num_workers
+        per_rollout = self.prompts_per_rollout * self.group_size * self.max_length * self.param_count
+        factor = 1.0 if self.cached else max(1.0, self.max_length / 2)
+        seconds = float(updates) * runs * c * per_rollout * ESTIMATE_SECONDS * factor
+        return seconds, 4 * self.param_count * (self.num_workers + 8)
+
+    def estimate_note(self, updates: int | None, runs: int = 1, rollouts_per_update: int | None = None,
+                      at_least: float | None = None) -> str | None:
+        """The line a command prints before a run of `estimate`d `at_least` (default
+        `ESTIMATE_FROM`) seconds or more; else None, and None without an update budget."""
+        if updates is None:
+            return None
+        seconds, nbytes = self.estimate(updates, runs, rollouts_per_update)
+        if seconds < (ESTIMATE_FROM if at_least is None else at_least):
+            return None
+        c = rollouts_per_update or self.num_workers
+        return (f"estimate: about {_human(seconds, 's')} of RL numerics on 2 CPU cores ({runs} run(s) x {updates} "
+                f"learner updates x {c} rollouts of {self.prompts_per_rollout} prompts x {self.group_size} "
+                f"completions of up to {self.max_length} tokens, {self.param_count:,} parameters), about "
+                f"{_human(nbytes, 'B')} of parameters in memory; Ctrl-C keeps what was recorded")
 
     def metric(self, name: str):
         """The `staleness.results.metrics.Metric` `name` (ValueError naming the valid ones)."""
