@@ -36,7 +36,7 @@ import jax  # noqa: E402
 
 import staleness.pipeline as pp  # noqa: E402
 from staleness import cluster as C  # noqa: E402
-from staleness.results.result import DivergenceError  # noqa: E402
+from staleness.engine.result import DivergenceError  # noqa: E402
 
 
 def devices_part(ptask, n: int) -> dict:
@@ -75,7 +75,7 @@ def memory_part(ptask) -> dict:
     import jax.numpy as jnp
 
     from staleness.engine import core
-    from staleness.engine.optim import get as get_optimizer
+    from staleness.tasks.optim import get as get_optimizer
     from staleness.pipeline import sim
     from staleness.pipeline import stage as S
 

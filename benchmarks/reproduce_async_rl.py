@@ -689,6 +689,10 @@ def report(res: dict, out: Path, meta: dict) -> Path:
          "below 5).", "", "## Conventions (matched to the anchors' code)", ""]
     L += [line.strip() for line in __doc__.split("The anchors' conventions matched")[1].split("Sections")[0]
           .split("\n") if line.strip()] + [""]
+    missing = [s for s in SECTIONS if s not in res]
+    if missing:
+        L += [f"**Sections not in this run:** {', '.join(missing)} (their claims are absent below; "
+              f"`python benchmarks/reproduce_async_rl.py --resume --sections {','.join(missing)}` adds them).", ""]
     L += ["## Claims", "", "| claim | verdict |", "|---|---|"]
     cl = claims(res)
     L += [f"| {c['claim']} | {c['verdict'].split(':')[0] if ':' in c['verdict'] else c['verdict']} |" for c in cl] + [""]

@@ -215,7 +215,7 @@ def memory_and_invariants(task: str) -> dict:
     import jax
 
     from staleness.engine import core
-    from staleness.engine.optim import resolve as resolve_optimizer
+    from staleness.tasks.optim import resolve as resolve_optimizer
     from staleness.pipeline import sim
     from staleness.pipeline import stage as St
 

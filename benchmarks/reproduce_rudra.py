@@ -395,7 +395,7 @@ def runtime_child(path: str) -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", RUNTIME_DEVICES)
-    from staleness.results.result import DivergenceError
+    from staleness.engine.result import DivergenceError
 
     rows = []
     for lam, spec, updates in RUNTIME_CONFIGS:

@@ -273,7 +273,7 @@ learning rate and seeds. BSP (eight gradients per update) and the one-gradient-p
 policies are replayed in two sweeps, so padding wastes little. `Comparison` is what
 `staleness compare` prints: time to the target accuracy (median and range over seeds),
 final accuracy, staleness and waiting. With `STALENESS_FULL=1` all three scenarios run."""),
-    ("code", '''from staleness.compare import Comparison
+    ("code", '''from staleness.results.compare import Comparison
 
 task = st.tasks.get("digits-mlp", num_workers=8)
 TARGET = 0.9

@@ -16,6 +16,8 @@ def actors(draw, max_workers: int = 4):
 
 
 def bounded_policy(draw) -> tuple:
-    """(eta, mode, learner, batch) of rl_async / rl_inflight / rl_partial."""
-    return (draw(hst.sampled_from([None, 0, 1, 3])), draw(hst.sampled_from(P.RL_MODES)),
-            draw(hst.sampled_from([0.0, 0.5, 2.0])), draw(hst.sampled_from([None, 1, 3])))
+    """(eta, mode, learner, batch) of rl_async / rl_inflight / rl_partial (a mode other than
+    pacing needs a bound η)."""
+    eta = draw(hst.sampled_from([None, 0, 1, 3]))
+    mode = "pace" if eta is None else draw(hst.sampled_from(P.RL_MODES))
+    return (eta, mode, draw(hst.sampled_from([0.0, 0.5, 2.0])), draw(hst.sampled_from([None, 1, 3])))

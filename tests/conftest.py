@@ -9,7 +9,11 @@ tests start jobs of several JAX processes form one unit, so at most one such job
 at a time (on a loaded 2-core machine two at once starve each other's heartbeats).
 """
 
+import gc
 import os
+import sys
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -54,3 +58,41 @@ def scheduling_unit(nodeid: str) -> str:
     'multiprocess' for every file of MULTIPROCESS_FILES."""
     file = nodeid.split("::", 1)[0]
     return "multiprocess" if file.rsplit("/", 1)[-1] in MULTIPROCESS_FILES else file
+
+
+# XLA:CPU maps each compiled program's code and data into the process with mmap, and jit
+# caches keep every program alive: one xdist worker that runs half the suite collected
+# ~30,000 mappings and, past the kernel's vm.max_map_count (65,530), XLA aborted in the
+# middle of a compilation ("Fatal Python error: Aborted", the worker lost). After each test
+# file, a worker holding more than MAPPINGS_LIMIT mappings drops its compiled programs.
+MAPPINGS_LIMIT = 16_000
+
+
+def mapping_count() -> int:
+    """How many memory mappings this process holds (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # pragma: no cover (not Linux)
+        return 0
+
+
+def release_compiled_programs(limit: int = MAPPINGS_LIMIT) -> bool:
+    """Clear JAX's caches (and collect) when this process holds more than `limit` mappings;
+    returns whether it did."""
+    if "jax" not in sys.modules or mapping_count() <= limit:
+        return False
+    sys.modules["jax"].clear_caches()
+    gc.collect()
+    return True
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_compiled_programs(request):
+    yield
+    before = mapping_count()
+    released = release_compiled_programs()
+    log = os.environ.get("STALENESS_MAPPINGS_LOG")
+    if log:
+        with open(f"{log}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "a") as f:
+            f.write(f"{request.module.__name__} {before} {mapping_count()} {released}\n")

@@ -21,8 +21,8 @@ from flax import nnx
 
 import staleness as st
 from staleness.cli import main
-from staleness.results.metrics import Metric
-from staleness.results.result import flatten_params, unflatten_params
+from staleness.tasks.metrics import Metric
+from staleness.engine.result import flatten_params, unflatten_params
 from staleness.tasks import errors
 
 RNG = np.random.default_rng(0)

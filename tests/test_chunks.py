@@ -19,7 +19,7 @@ from staleness.infra import checkpoint
 from staleness import cluster as C
 from staleness import policies as P
 from staleness.engine import chunks
-from staleness.results.result import DivergenceError
+from staleness.engine.result import DivergenceError
 
 MESSAGE = r"non-finite loss at update \d+ \(gradient of {kind} \d+, .*staleness \d+\); try a smaller lr"
 

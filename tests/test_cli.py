@@ -60,7 +60,7 @@ def test_simulate_writes_result(tmp_path, capsys):
     code, text, _ = run(["simulate", "--policy", "softsync:2", "--cluster", "1,1,2,2", "--updates", "40",
                          "--lr-rule", "per_gradient", "--no-progress", "--out", str(out)], capsys)
     assert code == 0 and "accuracy" in text
-    from staleness.results.result import Result
+    from staleness.engine.result import Result
 
     r = Result.load(out)
     assert r.config["lr_rule"] == "per_gradient" and r.history["update"].iloc[-1] == 40

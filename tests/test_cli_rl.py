@@ -31,7 +31,7 @@ def test_simulate_rl_bandit_prints_reward_and_rollouts(tmp_path, capsys):
     assert "rl_async:2" in text.splitlines()[0] and "ppo(eps=0.1" in text.splitlines()[0]   # the RL default policy
     assert "final reward" in text and "token stale mean/max" in text and "-> " in text and "kl_behav" in text
     assert not [line for line in text.splitlines() if len(line) > 100]   # RL's words, in 100 columns
-    from staleness.results.result import Result
+    from staleness.engine.result import Result
 
     r = Result.load(out)
     assert {"reward", "greedy_reward"} <= set(r.history.columns) and r.history["update"].iloc[-1] == 4

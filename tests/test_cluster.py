@@ -219,6 +219,16 @@ def test_failures_events_sorted():
     assert len(c.sampler(0).membership_events()) == 8
 
 
+def test_failures_layers_combine_as_the_union_of_their_down_intervals():
+    # an earlier failures() call's interval no longer forbids an overlapping one in a later call
+    c = C.constant(2).failures([(1, 1, None)]).failures([(1, 50, 60)])
+    assert c.sampler(0).membership_events() == [(1.0, "fail", 1)]
+    c = C.constant(2).failures([(1, 10, 50)]).failures([(1, 20, 30), (0, 5, 6)]).failures([(1, 40, 70)])
+    assert c.sampler(0).membership_events() == [(5.0, "fail", 0), (6.0, "join", 0), (10.0, "fail", 1),
+                                                (70.0, "join", 1)]
+    assert [k for _, k, _ in c.sampler(0).membership()] == ["fail", "join", "fail", None, None, None, None, "join"]
+
+
 def test_failures_touching_intervals_join_before_fail():
     ev = C.constant(1).failures([(0, 10, 20), (0, 20, 30)]).sampler(0).membership_events()
     assert ev == [(10.0, "fail", 0), (20.0, "join", 0), (20.0, "fail", 0), (30.0, "join", 0)]
@@ -377,7 +387,7 @@ def clusters(draw):
                            draw(subset), draw(st.floats(-100, 100)))
         elif m == "network":
             c = c.network(draw(st.floats(0, 1)), draw(st.floats(0, 1)), draw(st.floats(0, 1)))
-        elif not any(isinstance(x, C.Failures) for x in c.modifiers):
+        else:   # several failures layers combine (their down intervals' union)
             w = draw(st.integers(0, W - 1))
             f = draw(st.floats(0, 1e4))
             c = c.failures([(w, f, draw(st.none() | st.floats(f + 1, 2e4)))])
@@ -486,8 +496,6 @@ def test_parse_errors_from_values_name_the_argument():
     (lambda: C.constant(2).failures([]), "failures: events is empty"),
     (lambda: C.constant(2).failures([(0, 1, 10), (0, 5, 20)]),
      "failures: worker 0 has overlapping down intervals [1, 10) and [5, 20)"),
-    (lambda: C.constant(2).failures([(1, 1, None)]).failures([(1, 50, 60)]),
-     "failures: worker 1 has overlapping down intervals [1, never) and [50, 60)"),
     (lambda: C.constant(2).sampler(-1), "Cluster.sampler: seed = -1 must be an integer >= 0"),
     (lambda: C.constant(2).sampler(1.5), "Cluster.sampler: seed = 1.5"),
 ])

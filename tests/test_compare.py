@@ -47,7 +47,7 @@ def test_time_to_target_follows_the_metric_direction_not_its_name():
 def test_a_float32_metric_exactly_at_the_target_reaches_it():
     """342/360 correct is 0.95, stored as float32 0.94999999: it meets a 0.95 target (it
     did not: time to target came at a later evaluation, or never)."""
-    from staleness.results.metrics import get
+    from staleness.tasks.metrics import get
 
     acc = float(np.float32(342) / np.float32(360))
     assert acc < 0.95

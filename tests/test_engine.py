@@ -11,7 +11,7 @@ import staleness as st
 from staleness import cluster as C
 from staleness import policies as P
 from staleness.engine import core
-from staleness.results.result import DivergenceError, Result
+from staleness.engine.result import DivergenceError, Result
 from staleness.schedule import Schedule
 
 

@@ -14,7 +14,7 @@ from staleness.results import explorer
 from staleness.cli import _attach_dash_values, build_parser
 from staleness.cli.simulate_cmd import _cmd_compare, _seeds
 from staleness.results.compare import compare
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 SETTINGS = [
     explorer.Settings(),

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 import staleness as st
 from staleness.infra import files
 from staleness.cli import main
-from staleness.results.result import FileFormatError, Result
+from staleness.engine.result import FileFormatError, Result
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def test_a_nan_at_update_zero_blames_the_loss_or_data_not_the_lr():
     """A loss that is NaN at update 0 (staleness 0) suggested a smaller learning rate."""
     import jax.numpy as jnp
 
-    from staleness.results.result import DivergenceError
+    from staleness.engine.result import DivergenceError
 
     task = st.tasks.from_functions(
         lambda key: {"w": jnp.zeros(3)}, lambda p, b: jnp.log(jnp.sum(p["w"] * b)),   # log(0) at the start
@@ -263,7 +263,7 @@ def test_lr_tuning_says_when_its_choice_is_noise():
 def test_a_run_whose_workers_all_died_is_failed_not_complete(tmp_path, capsys):
     """`+fail=0@10,1@10,2@10,3@10` reported status 'complete' after 36 of 50 updates."""
     from staleness.cli import main
-    from staleness.results.result import Result
+    from staleness.engine.result import Result
 
     cluster = "1*4+fail=0@10,1@10,2@10,3@10"
     r = st.simulate("quadratic", "asp", cluster, num_updates=50, num_evals=2)

@@ -1,33 +1,38 @@
-"""The layer folders (sim/, results/, infra/) keep every public name working: `st.X`,
-`from staleness import X`, and the modules' old import paths (the same module objects)."""
+"""The layer folders (sim/, results/, infra/) keep every public name working (`st.X`,
+`from staleness import X`); the modules' old dotted paths (`staleness.compare`) are gone
+with the import hook that served them (issue 37): importing staleness changes no
+interpreter-wide state."""
 
 import importlib
 import subprocess
 import sys
 
+import pytest
+
 import staleness as st
 
-MOVED = {"compare": "results.compare", "stats": "results.stats", "metrics": "results.metrics",
-         "plots": "results.plots", "explorer": "results.explorer", "tracking": "results.tracking",
-         "rollouts": "results.rollouts", "files": "infra.files", "specs": "infra.specs", "checks": "infra.checks",
-         "checkpoint": "infra.checkpoint", "procs": "infra.procs", "interrupts": "infra.interrupts",
-         "sim_pool": "sim.pool", "inflight": "sim.inflight"}
+PUBLIC = {"compare": "results.compare", "stats": "results.stats", "metrics": "tasks.metrics",
+          "plots": "results.plots", "explorer": "results.explorer", "tracking": "infra.tracking",
+          "rollouts": "results.rollouts", "files": "infra.files", "specs": "infra.specs", "checks": "infra.checks"}
 
 
-def test_old_module_paths_import_the_moved_modules():
-    for old, new in MOVED.items():
-        module = importlib.import_module(f"staleness.{new}")
-        assert importlib.import_module(f"staleness.{old}") is module, old
-        assert module.__spec__.name == f"staleness.{new}" and module.__name__ == f"staleness.{new}"
+def test_public_names_are_the_layer_modules():
+    for name, where in PUBLIC.items():
+        assert getattr(st, name) is importlib.import_module(f"staleness.{where}"), name
 
 
-def test_a_fresh_process_imports_by_the_old_paths():
-    code = ("from staleness.compare import Comparison\nimport staleness.plots\nfrom staleness import stats\n"
-            "import staleness as st\nassert st.plots is staleness.plots and st.stats is stats\n"
-            "assert Comparison is st.compare.Comparison and st.results.Result is st.Result\n"
-            "assert st.sim.simulate_schedule is st.simulate_schedule\n")
+def test_no_import_hook_and_the_old_dotted_paths_are_gone():
+    code = ("import sys\nimport staleness as st\nfrom staleness import plots, stats\n"
+            "ours = [f for f in sys.meta_path if getattr(f, '__module__', '').split('.')[0] == 'staleness']\n"
+            "assert not ours, ours\n"
+            "assert plots is st.plots and stats is st.stats and st.results.Result is st.Result\n"
+            "assert st.sim.simulate_schedule is st.simulate_schedule\n"
+            "try:\n    import staleness.compare\nexcept ModuleNotFoundError:\n    pass\n"
+            "else:\n    raise AssertionError('staleness.compare still imports')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("staleness.sim_pool")
 
 
 def test_public_names_listed_and_no_import_leaks():

@@ -20,7 +20,8 @@ import pytest
 import staleness as st
 import staleness.pipeline as pp
 import staleness.runtime as rt
-from staleness.engine import core, optim
+from staleness.engine import core
+from staleness.tasks import optim
 from staleness.pipeline import model as pmodel
 from staleness.pipeline import tasks as ptasks
 from staleness.runtime.replay import replay_trace

@@ -3,7 +3,7 @@
 import pytest
 
 from staleness.cli import main
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 
 def run(argv, capsys):

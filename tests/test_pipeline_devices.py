@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import staleness.pipeline as pp
-from staleness.engine import core, optim
+from staleness.engine import core
+from staleness.tasks import optim
 from staleness.pipeline import devices as D
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 ATOL = 1e-6
 

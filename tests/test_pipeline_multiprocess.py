@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from staleness.cli import main
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE = 400   # seconds: hard limit for the processes of one test (compiles on a loaded 2-core machine)

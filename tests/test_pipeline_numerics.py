@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import staleness.pipeline as pp
-from staleness.engine import core, optim, update
+from staleness.engine import core, update
+from staleness.tasks import optim
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 

@@ -212,7 +212,8 @@ def test_stash_stores_its_weights():
     import jax
     import jax.numpy as jnp
 
-    from staleness.engine import core, optim
+    from staleness.engine import core
+    from staleness.tasks import optim
     from staleness.pipeline import sim
     from staleness.pipeline import stage as S
 

@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle, StepPatch
 from staleness import cluster as C
 from staleness.results import plots
 from staleness import policies as P
-from staleness.results.result import Result
+from staleness.engine.result import Result
 from staleness.sim.scheduler import simulate_schedule
 
 CLUSTER = C.heterogeneous([1, 2.6]).jitter(0.1)

@@ -24,7 +24,7 @@ def test_parse_defaults_are_the_factories_for_every_policy():
 
 @pytest.mark.parametrize(
     "spec, fragment",
-    [("ssp:-1", "staleness"), ("ssp:1:2", "too many values"), ("foo", "unknown policy"),
+    [("ssp:-1", "staleness"), ("ssp:1:2", "too many positional values for .ssp. \\(it takes 1: staleness\\)"), ("foo", "unknown policy"),
      ("ssp:x", "must be an integer"), ("softsync:0", "n = 0"), ("dssp:-1:3", "s_low"), ("", "is empty"),
      ("ssp:k=1", "no argument 'k'"), ("ssp:", "empty"), ("asp+x", "no '\\+' modifiers")],
 )

@@ -39,7 +39,7 @@ def test_command_line_examples_parse(capsys):
         if getattr(args, "cluster", None):
             cluster.parse(args.cluster)
         if getattr(args, "optimizer", None):
-            from staleness.engine import optim
+            from staleness.tasks import optim
             optim.get(args.optimizer)
 
 

@@ -87,16 +87,14 @@ class TimedLocalSteps:
     def timing(self, one_step, steps, num_workers):
         return (lambda w, it, start: steps[w] * one_step(w, it, start)), None
 
-    def payload_bytes(self, shapes):
-        from staleness.engine import payload
+    numerics = "local"   # the engine's local steps (`engine.local.NUMERICS`)
 
-        n = payload.tree_bytes(shapes)
+    def payload_bytes(self, shapes):
+        n = st.policies.payload.tree_bytes(shapes)
         return n, n
 
-    def engine_local(self, inner_tx, max_steps, masked, shapes):
-        from staleness.engine import local
-
-        return local.Local(inner_tx, max_steps, masked)
+    def numerics_options(self, shapes):
+        return {}
 
     def replay_settings(self):
         return ()

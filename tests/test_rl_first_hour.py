@@ -90,7 +90,7 @@ def test_a_nan_reward_names_the_reward_function():
         st.tasks.rl.Policy(base.init_fn, base.logits_fn, 1),
         st.tasks.rl.PromptSet(base.prompts, st.tasks.rl.lengths.constant(1)),
         lambda prompt, completion, length: jnp.where(completion[0] == 0, jnp.nan, 1.0), num_workers=2)
-    from staleness.results.result import DivergenceError
+    from staleness.engine.result import DivergenceError
 
     with pytest.raises(DivergenceError, match="check the task.s reward function first"):
         st.simulate(task, "rl_sync", st.cluster.heterogeneous([1.0, 1.0]), num_updates=2)

@@ -169,7 +169,7 @@ def test_inflight_and_partial_runs_replay_bitwise():
     task = rl.get("rl-digits", num_workers=3, **SMALL)
     for spec, refill in (("rl_inflight:1", False), ("rl_partial:1", True)):
         pol = st.policies.parse(spec)
-        assert pol.work.engine_local(None, 0, False, None).reprefill is refill
+        assert st.engine.local.configure(pol.work).reprefill is refill
         res = st.simulate(task, pol, cluster, num_updates=8, eval_every=4, lr=0.1)
         assert res.schedule.meta.get("segments"), spec
         again = st.engine.replay(res.schedule, task, slot_mode="map", eval_every=4, lr=0.1)

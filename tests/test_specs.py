@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from staleness import cluster, lr, policies
 from staleness.infra import specs
 from staleness.cli import main
-from staleness.engine import optim
+from staleness.tasks import optim
 
 # Characters specs are made of, plus a few that are never valid.
 _ALPHABET = "abcdefghiklmnoprstuvwxyz_0123456789.:,=+-*@e "
@@ -30,7 +30,7 @@ def test_grammar_positional_keyword_and_comma_forms_agree():
 
 
 @pytest.mark.parametrize("parse, spec, fragment", [
-    (policies.parse, "ssp:1:2", "too many values"),
+    (policies.parse, "ssp:1:2", "too many positional values for 'ssp' (it takes 1: staleness)"),
     (policies.parse, "ssp:staleness=1,staleness=2", "given twice"),
     (policies.parse, "ssp:staleness=1:2", "positional '2' after KEY=VALUE"),
     (policies.parse, "dssp:1.5", "must be an integer"),

@@ -19,7 +19,7 @@ from staleness import cluster as C
 from staleness import policies as P
 from staleness.engine import core
 from staleness.engine import plan as engine_plan
-from staleness.results.result import DivergenceError
+from staleness.engine.result import DivergenceError
 from staleness.schedule import Schedule
 from staleness.sim.scheduler import stream_schedule
 

@@ -24,7 +24,7 @@ from staleness import cluster as C
 from staleness import policies as P
 from staleness.cli import main
 from staleness.engine import sweeps
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 DEADLINE = 300   # seconds: hard limit for the child processes of one test
 
@@ -256,3 +256,13 @@ def test_sweep_schedules_carry_the_task_payload_as_simulate_does(digits4):
     single = st.simulate(digits4, "asp", cluster, seed=0, lr=0.1, num_updates=12, eval_every=6)
     assert swept.schedule.equals(single.schedule)
     assert swept.schedule.columns["push_bytes"].max() > 0
+
+
+def test_a_policy_that_is_no_policy_is_a_type_error():
+    """`st.sweep(task, [42], ...)` raised AttributeError (it skipped `policies.resolve`);
+    `simulate` raises the documented TypeError, and so does the sweep now."""
+    task = st.tasks.get("quadratic", num_workers=4)
+    with pytest.raises(TypeError, match="policy = 42 must be a staleness.policies.Policy"):
+        st.sweep(task, [42], CLUSTER, num_updates=2)
+    with pytest.raises(TypeError, match="policies = 'ssp:3' must be a list"):
+        st.sweep(task, "ssp:3", CLUSTER, num_updates=2)

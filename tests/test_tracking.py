@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import staleness as st
-from staleness.results import tracking
+from staleness.infra import tracking
 from staleness.pipeline import tasks as ptasks
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 KW = dict(num_updates=20, num_evals=4, lr=0.05)
 HAS_WANDB = importlib.util.find_spec("wandb") is not None   # the `dev` extra installs it

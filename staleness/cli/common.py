@@ -210,8 +210,8 @@ def add_log(p) -> None:
 
 
 def log_callbacks(args) -> list:
-    """The `staleness.results.tracking` writers of --log, built (lazily: no file yet) before any run."""
-    from staleness.results import tracking
+    """The `staleness.infra.tracking` writers of --log, built (lazily: no file yet) before any run."""
+    from staleness.infra import tracking
 
     try:
         return [tracking.parse(spec, what="--log") for spec in getattr(args, "log", None) or []]

@@ -166,8 +166,8 @@ def _cmd(args) -> int:
     elif args.devices:
         _want_cpu_devices(k)
     import staleness.pipeline as pp
-    from staleness.results.result import DivergenceError
-    from staleness.results.tracking import CallbackError
+    from staleness.engine.result import DivergenceError
+    from staleness.infra.tracking import CallbackError
 
     delays = args.delays
     if args.schedule.strip().lower() == "dsp" and delays is None:

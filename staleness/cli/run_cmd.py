@@ -201,7 +201,7 @@ def _cmd_run(args) -> int:
     if multi:
         _set_cpu_devices(args.cpu_devices)  # before jax.distributed.initialize
     import staleness as st
-    from staleness.results.result import DivergenceError
+    from staleness.engine.result import DivergenceError
     from staleness.runtime import RunFailure
 
     kwargs = dict(values_of(args, Settings), progress=not args.no_progress)

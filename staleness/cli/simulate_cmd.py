@@ -90,7 +90,7 @@ def _metric_target(args, task):
 def check_specs(args) -> None:
     """Parse --lr-rule and --optimizer up front (a bad spec is one line before any work)."""
     from staleness import lr as _lr
-    from staleness.engine import optim
+    from staleness.tasks import optim
 
     _lr.get(args.lr_rule)
     if getattr(args, "inner_optimizer", None) is not None:
@@ -105,7 +105,7 @@ def check_specs(args) -> None:
 def settle_lr(args, task) -> None:
     """The learning rate of a run: --lr, else the optimizer's own (its spec's lr=, or
     the task's default optimizer), else DEFAULT_LR for a spec that names none."""
-    from staleness.engine import optim
+    from staleness.tasks import optim
 
     if args.lr is not None:
         return
@@ -159,7 +159,7 @@ def add_simulate(sub) -> None:
 def _cmd_simulate(args) -> int:
     import staleness as st
     from staleness.results import plots
-    from staleness.results.result import DivergenceError
+    from staleness.engine.result import DivergenceError
 
     check_settings(args, _TRAINING + _SIMULATE_ONLY)
     cluster = _cluster(args)
@@ -331,6 +331,27 @@ def compact_rows(table, metric: str, target, rollouts=None) -> list[dict]:
     return [{k: row.get(k, "") for k in keys} for row in rows]
 
 
+def _print_comparison(args, cmp, task, cluster, policies, metric, max_time, updates, wall: float) -> None:
+    """The comparison's header (at most 100 columns), its compact table and its notes."""
+    rl = is_rl_task(task)
+    budget = f"{max_time:g} simulated s" if max_time else f"{updates} {'learner ' if rl else ''}updates"
+    rate = f"lr {args.lr:g}" if args.lr is not None else cmp.budget()
+    goal = "higher" if task.metric(metric).higher_is_better else "lower"
+    who = "actors" if rl else "workers"
+    for line in header_lines([task_label(task), f"cluster {cluster.describe()} ({cluster.num_workers} {who})",
+                              f"{budget} per run", f"seeds {args.seeds}", rate, f"lr rule {args.lr_rule}",
+                              f"metric {metric} ({goal} is better)", f"{wall:.1f} s wall"]):
+        print(line)
+    print_table(compact_rows(cmp.table(), metric, cmp.target, cmp.rollout_table() if rl else None))
+    for note in cmp.tuning_notes():
+        print(f"note: {note}")
+    local = [p.describe() for p in policies if p.local]
+    if local:
+        print(f"note: for {', '.join(local)}, an update (table.csv's `updates`) is an outer round of "
+              "H inner steps per worker")
+    print_rollouts(cmp.results, task)
+
+
 def _cmd_compare(args) -> int:
     import staleness as st
     from staleness.results.compare import DEFAULT_POLICIES, check_tunable, compare
@@ -391,22 +412,7 @@ def _cmd_compare(args) -> int:
               f"tuned); wrote {out}/ (continue with --resume)" if out is not None else
               "staleness: interrupted while tuning the learning rates", file=sys.stderr)
         return 130
-    budget = f"{max_time:g} simulated s" if max_time else f"{updates} {'learner ' if is_rl_task(task) else ''}updates"
-    rate = f"lr {args.lr:g}" if args.lr is not None else cmp.budget()
-    goal = "higher" if task.metric(metric).higher_is_better else "lower"
-    who = "actors" if is_rl_task(task) else "workers"
-    for line in header_lines([task_label(task), f"cluster {cluster.describe()} ({cluster.num_workers} {who})",
-                              f"{budget} per run", f"seeds {args.seeds}", rate, f"lr rule {args.lr_rule}",
-                              f"metric {metric} ({goal} is better)", f"{time.perf_counter() - t0:.1f} s wall"]):
-        print(line)
-    print_table(compact_rows(cmp.table(), metric, cmp.target, cmp.rollout_table() if is_rl_task(task) else None))
-    for note in cmp.tuning_notes():
-        print(f"note: {note}")
-    local = [p.describe() for p in policies if p.local]
-    if local:
-        print(f"note: for {', '.join(local)}, an update (table.csv's `updates`) is an outer round of "
-              "H inner steps per worker")
-    print_rollouts(cmp.results, task)
+    _print_comparison(args, cmp, task, cluster, policies, metric, max_time, updates, time.perf_counter() - t0)
     if cmp.interrupted:
         done = sum(r.status != "stopped" for r in cmp.results)
         print(f"staleness: interrupted after {done} of {len(cmp.planned)} runs; wrote {out}/ "

@@ -9,8 +9,9 @@
 
 Configurations are policies × seeds × lr rules × learning rates (in that
 order; `--local-steps` expands every local-update policy over its inner steps
-H). Every configuration is replayed in one compiled, vmapped call per
-evaluation chunk (`staleness.sweep`); with --devices the configuration axis is
+H). Every configuration is replayed in one compiled call per evaluation chunk
+(`staleness.sweep`; each configuration runs the ops of its own `simulate`, so its
+Result is bitwise that run's on CPU); with --devices the configuration axis is
 sharded over local devices, with processes each process computes a contiguous
 share and process 0 gathers them. The Results are the same bits either way.
 
@@ -58,7 +59,7 @@ _HELP = {"num_updates": {"help": f"server updates per run (default {DEFAULT_UPDA
 def add(sub) -> None:
     p = sub.add_parser("sweep", help="replay a grid of policies x seeds x lr rules x lrs in one compiled call",
                        description="Replay every configuration of a grid (policies x seeds x lr rules x learning "
-                       "rates) in one compiled, vmapped program per evaluation chunk; shard it over local devices "
+                       "rates) in one compiled program per evaluation chunk, each bitwise its simulate; shard it over local devices "
                        "(--devices) or processes (--launch-local, --coordinator); write one table row per "
                        "configuration plus every Result.")
     p.add_argument("--policy", action="append", default=None,
@@ -155,7 +156,8 @@ def _check(args):
     from staleness import cluster as C
     from staleness import lr as _lr
     from staleness.cli.simulate_cmd import DEFAULT_LR, check_specs
-    from staleness.engine import optim, settings
+    from staleness.engine import settings
+    from staleness.tasks import optim
     from staleness.tasks import registry
 
     check_settings(args, _SETTINGS)

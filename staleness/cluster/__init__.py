@@ -32,6 +32,15 @@ Modifiers (each returns a new Cluster; ``Cluster.modifiers`` holds them as
     .allreduce('ring' | 'tree', bandwidth, latency=0.0)   synchronous rounds all-reduce
     .failures([(worker, fail_at, rejoin_at_or_None), ...])
 
+Membership (:mod:`staleness.cluster.membership`): a layer that takes workers
+down (``.failures``, or a layer of your own) adds down intervals, and the layers
+combine: a worker is up only when every layer has it up, so its down time is
+the union of every layer's down intervals (``fail=3@10-50+fail=3@20-30`` keeps
+worker 3 down from 10 s to 50 s). :meth:`ClusterSampler.membership` generates
+the changes lazily, merged in time order across layers (at equal times joins
+come first, then workers by id), so a periodic layer needs no horizon;
+``membership_events(until=)`` lists them.
+
 Network model (:mod:`staleness.cluster.network`): a transfer of B bytes takes
 latency + B / bandwidth; links in series add their latencies and the
 smallest bandwidth is the bottleneck; the server link's bandwidth is shared by
@@ -62,7 +71,7 @@ Spec grammar (the CLI's ``--cluster``; :func:`parse`, and
                | 'net=' BANDWIDTH [ ':' LATENCY [ ':' WORKERS ] ]  per-worker links
                | 'server=' BANDWIDTH [ ':' LATENCY ]              shared server link
                | 'allreduce=' ( 'ring' | 'tree' ) ':' BANDWIDTH [ ':' LATENCY ]
-               | 'fail=' event ( ',' event )*
+               | 'fail=' event ( ',' event )*       several fail= layers combine (a union)
     BANDWIDTH := NUMBER UNIT   UNIT: bps kbps mbps gbps (bits/s) or B/s kB/s MB/s GB/s (bytes/s)
     LATENCY   := NUMBER [ 's' | 'ms' | 'us' ]   a bare number is seconds
     event     := WORKER '@' FAIL_AT [ '-' [ REJOIN_AT ] ]   no REJOIN_AT: never rejoins
@@ -165,7 +174,8 @@ __all__ = [
 ]
 
 # The submodules, documented by name (e.g. :mod:`staleness.cluster.network`).
-_SUBMODULES = ("bases", "layers", "model", "modifiers", "network", "presets", "sampler", "spec", "trace")
+_SUBMODULES = ("bases", "layers", "membership", "model", "modifiers", "network", "presets", "sampler", "spec",
+               "trace")
 
 # The term types were private (``_Failures``) while this package was a single
 # module; the old names still resolve, for isinstance checks and for pickles

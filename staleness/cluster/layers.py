@@ -2,7 +2,8 @@
 
 A :class:`Layer` answers the simulator's questions about one worker and one
 iteration: compute seconds, push and pull latency, the worker's link
-bandwidth, the server link, the all-reduce model, membership events. The
+bandwidth, the server link, the all-reduce model, the workers' down intervals
+(:mod:`staleness.cluster.membership`: a worker is up only when every layer has it up). The
 base layer answers them for the bare workers; each modifier wraps the layer
 below it (as brax's environment wrappers wrap an ``Env``): every answer
 defaults to the inner layer's, and a modifier replaces only the ones it
@@ -21,12 +22,15 @@ that keep state (straggler episodes) keep it in the layer, explicitly, per worke
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["CHUNK", "GROUP", "Layer", "base_layer", "jitter", "stragglers", "periodic",
+from staleness.cluster.membership import Outages
+
+__all__ = ["CHUNK", "GROUP", "Layer", "Outages", "base_layer", "jitter", "stragglers", "periodic",
            "latency", "links", "server", "allreduce", "failures"]
 
 #: Iterations per pre-drawn random block (a power of two: index with shifts).
@@ -80,7 +84,10 @@ class Layer:
       bandwidth: [W] bytes/s of each worker's link (inf: no limit).
       server: None, or (bandwidth bytes/s, latency s) of the server's shared link.
       allreduce: None, or (algorithm, bandwidth bytes/s, latency s).
-      events: membership events ``(time, 'fail' | 'join', worker)``, unsorted.
+      outages: every layer's down intervals so far, one
+        :class:`~staleness.cluster.membership.Outages` per (layer, worker): a layer that
+        takes workers down adds its own (``inner.outages + (...)``); the layers' down
+        intervals combine as a union (see :mod:`staleness.cluster.membership`).
       constant_seconds, base_compute_time: the bare workers' [W] seconds (None for
         traces) and the base's compute_time: a layer whose compute_time is still
         the base's may read the seconds directly (see :func:`jitter`).
@@ -96,7 +103,7 @@ class Layer:
             self.bandwidth = inner.bandwidth
             self.server = inner.server
             self.allreduce = inner.allreduce
-            self.events = inner.events
+            self.outages = inner.outages
             self.constant_seconds = inner.constant_seconds
             self.base_compute_time = inner.base_compute_time
 
@@ -124,7 +131,7 @@ def base_layer(per_worker: list[float] | None = None,
     layer.push_latency = layer.pull_latency = _zero
     layer.bandwidth = (math.inf,) * layer.num_workers
     layer.server = layer.allreduce = None
-    layer.events = ()
+    layer.outages = ()
     return layer
 
 
@@ -294,12 +301,12 @@ def allreduce(inner: Layer, algorithm: str, bandwidth: float, lat: float) -> Lay
 
 
 def failures(inner: Layer, events) -> Layer:
-    """Workers that fail at given times and possibly rejoin."""
+    """Workers that fail at given times and possibly rejoin: `events` holds
+    ``(worker, fail_at, rejoin_at_or_None)``; one Outages per worker, in order of fail_at."""
     layer = Layer(inner)
-    new = []
+    by_worker: dict[int, list] = {}
     for w, f, r in events:
-        new.append((f, "fail", w))
-        if r is not None:
-            new.append((r, "join", w))
-    layer.events = tuple(inner.events) + tuple(new)
+        by_worker.setdefault(w, []).append((f, r))
+    layer.outages = inner.outages + tuple(Outages(w, functools.partial(iter, tuple(sorted(iv, key=lambda x: x[0]))))
+                                          for w, iv in sorted(by_worker.items()))
     return layer

@@ -250,9 +250,13 @@ class Cluster:
           events: iterable of ``(worker, fail_at, rejoin_at)``: the worker is
             gone from ``fail_at`` seconds until ``rejoin_at`` seconds
             (``None``: never rejoins). ``0 <= fail_at < rejoin_at``, both
-            finite. A worker may fail several times, but its down intervals
-            (including those of earlier ``failures`` calls) must not overlap.
-        The simulator reads them from :meth:`ClusterSampler.membership_events`.
+            finite. A worker may fail several times, but within one call its
+            down intervals must not overlap (it rejoins before it fails again).
+        Each call is a layer of its own, and layers combine: a worker is up only
+        when every layer has it up (the union of their down intervals, e.g.
+        ``fail=3@10-50+fail=3@20-30`` keeps worker 3 down from 10 to 50 s; see
+        :mod:`staleness.cluster.membership`). The simulator reads the result
+        lazily from :meth:`ClusterSampler.membership`.
         """
         fn = "failures"
         if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
@@ -277,10 +281,9 @@ class Cluster:
         if not new:
             raise ValueError(f"{fn}: events is empty; give at least one "
                              f"(worker, fail_at, rejoin_at_or_None)")
-        # Overlap check over this call's events and every earlier failures().
-        old = [e for m in self.modifiers if isinstance(m, Failures) for e in m.events]
+        # Overlap check over this call's events; other layers' outages combine with these.
         by_worker: dict[int, list] = {}
-        for e in old + new:
+        for e in new:
             by_worker.setdefault(e[0], []).append(e)
         for w, evs in by_worker.items():
             evs.sort(key=lambda e: e[1])

@@ -157,7 +157,8 @@ class AllReduce:
 @dataclass(frozen=True)
 class Failures:
     """Down intervals: each event ``(worker, fail_at, rejoin_at)`` takes the worker
-    away from ``fail_at`` seconds until ``rejoin_at`` (None: for good)."""
+    away from ``fail_at`` seconds until ``rejoin_at`` (None: for good). With other
+    layers' down intervals they combine as a union (:mod:`staleness.cluster.membership`)."""
 
     events: tuple[tuple[int, float, float | None], ...]
 

@@ -5,14 +5,18 @@ the cluster's base wrapped by each of its modifiers in order. It knows
 nothing of the modifier types: each term of a :class:`Cluster` builds its
 own layer (``base.layer()``, ``modifier.wrap(inner, seed, stream)``), so
 adding a modifier touches one term and one layer function, not a dispatch here.
+The layers' down intervals combine here, lazily (:mod:`staleness.cluster.membership`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from staleness.cluster.layers import CHUNK, GROUP, Layer
+from staleness.cluster.membership import events as membership_changes
 from staleness.cluster.network import allreduce_parts
+from staleness.infra import checks
 
 __all__ = ["CHUNK", "GROUP", "ClusterSampler"]
 
@@ -41,16 +45,23 @@ class ClusterSampler:
         self.seed = seed
         self.num_workers = cluster.num_workers
         layer: Layer = cluster.base.layer()
+        names: list[str] = []   # the layer (its spec text) that added each of layer.outages
         for k, m in enumerate(cluster.modifiers):
             # each modifier owns streams 16(k+1) .. 16(k+1)+15
             layer = m.wrap(layer, seed, 16 * (k + 1))
+            if len(layer.outages) > len(names):
+                names += [m.describe()] * (len(layer.outages) - len(names))
         self.layer = layer
         self.bandwidth = layer.bandwidth
         self.server = layer.server
         self.allreduce = layer.allreduce
-        # At equal times a join sorts before a fail (a worker that rejoins at t
-        # and fails again at t is down throughout), then by worker id.
-        self._events = sorted(layer.events, key=lambda e: (e[0], e[1] != "join", e[2]))
+        for o, name in zip(layer.outages, names):
+            checks.worker_id(name, "Outages.worker", o.worker, self.num_workers)
+            if not callable(o.intervals):
+                raise TypeError(f"{name}: Outages.intervals = {o.intervals!r} must be a function returning a fresh "
+                                "iterator of (fail_at, rejoin_at_or_None) seconds")
+        self._outages, self._outage_layers = layer.outages, names
+        self._endless = [name for o, name in zip(layer.outages, names) if o.endless]
         # The per-instance closures shadow the documented methods below; they
         # avoid attribute lookups in the simulator's hottest calls.
         self.compute_time = layer.compute_time
@@ -101,9 +112,30 @@ class ClusterSampler:
         algorithm, bw, lat = self.allreduce
         return sum(allreduce_parts(algorithm, nbytes, participants, bw, lat))
 
-    def membership_events(self) -> list[tuple[float, str, int]]:
-        """``(time_seconds, 'fail' | 'join', worker)`` sorted by time (a new list)."""
-        return list(self._events)
+    def membership(self) -> Iterator[tuple[float, str | None, int]]:
+        """The workers' membership changes, generated lazily in time order: an iterator of
+        ``(time_seconds, 'fail' | 'join' | None, worker)``. A worker is up only when every
+        layer has it up (its down time is the union of the layers' down intervals); None
+        marks a layer's boundary that the union hides, for readers to skip. At equal
+        times joins come first, then workers by id (see :mod:`staleness.cluster.membership`)."""
+        return membership_changes(self._outages, self.num_workers, self._outage_layers)
+
+    def membership_events(self, until: float | None = None) -> list[tuple[float, str, int]]:
+        """The changes of :meth:`membership` up to `until` seconds (None: all of them, for a
+        cluster whose layers' outages all end), ``(time_seconds, 'fail' | 'join', worker)``
+        in time order (a new list)."""
+        if until is None and self._endless:
+            raise ValueError(f"membership_events: until = None, but cluster {self.cluster.describe()!r} takes workers "
+                             f"down without end ({', '.join(dict.fromkeys(self._endless))}); give until= (seconds) "
+                             "or read the events lazily with membership()")
+        end = math.inf if until is None else checks.finite("membership_events", "until", until)
+        out = []
+        for t, kind, w in self.membership():
+            if t > end:
+                break
+            if kind is not None:
+                out.append((t, kind, w))
+        return out
 
     def __repr__(self) -> str:
         return f"ClusterSampler({self.cluster.describe()!r}, seed={self.seed})"

@@ -12,22 +12,27 @@ import importlib
 __all__ = ["simulate", "sweep", "replay", "keys", "optimizer", "Optimizer", "OptimizerSpec", "Plan", "make_plan",
            "resolve_task", "scale_by_staleness", "server_update", "Settings"]
 
-_NAMES = {"keys": ("core", "keys"), "Optimizer": ("optim", "Optimizer"), "OptimizerSpec": ("optim", "OptimizerSpec"),
-          "optimizer": ("optim", "resolve"), "Plan": ("plan", "Plan"), "make_plan": ("plan", "make_plan"),
+_NAMES = {"keys": ("core", "keys"), "Optimizer": ("tasks.optim", "Optimizer"),
+          "OptimizerSpec": ("tasks.optim", "OptimizerSpec"), "optimizer": ("tasks.optim", "resolve"), "Plan": ("plan", "Plan"), "make_plan": ("plan", "make_plan"),
           "replay": ("run", "replay"), "resolve_task": ("run", "resolve_task"), "simulate": ("run", "simulate"),
           "sweep": ("run", "sweep"), "scale_by_staleness": ("update", "scale_by_staleness"),
           "server_update": ("update", "server_update"), "Settings": ("settings", "Settings")}
 
-_MODULES = ("chunks", "core", "distributed", "grid", "local", "optim", "payload", "plan", "rollout", "run", "runner",
-            "settings", "sweeps", "update")
+_MODULES = ("chunks", "core", "distributed", "grid", "local", "optim", "payload", "plan", "result", "rollout", "run",
+            "runner", "settings", "sweeps", "update")
+
+
+def _where(module: str) -> str:
+    # the optimizers moved under the tasks (a task declares its own): `engine.optim` is that module
+    return "tasks.optim" if module in ("optim", "tasks.optim") else f"engine.{module}"
 
 
 def __getattr__(name):
     if name in _NAMES:
         module, attr = _NAMES[name]
-        return getattr(importlib.import_module(f"staleness.engine.{module}"), attr)
+        return getattr(importlib.import_module(f"staleness.{_where(module)}"), attr)
     if name in _MODULES:
-        return importlib.import_module(f"staleness.engine.{name}")
+        return importlib.import_module(f"staleness.{_where(name)}")
     raise AttributeError(f"module 'staleness.engine' has no attribute {name!r}")
 
 

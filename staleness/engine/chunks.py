@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from staleness.infra import interrupts
-from staleness.results.result import DivergenceError, Result
+from staleness.engine.result import DivergenceError, Result
 
 __all__ = ["Divergence", "History", "run", "first_nonfinite", "update_losses", "chunk_length"]
 

@@ -29,7 +29,7 @@ from jax import lax
 
 from staleness.engine import local as _local
 from staleness.engine import update as _update
-from staleness.engine.optim import Optimizer, set_lr
+from staleness.tasks.optim import Optimizer, set_lr
 from staleness.engine.rollout import SEGMENT_VERSION
 
 __all__ = ["Carry", "Static", "Setup", "Variant", "keys", "init_carry", "grow_ring", "init_carry_batched", "gradient", "run_chunk",

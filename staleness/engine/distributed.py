@@ -79,7 +79,7 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
     import jax
 
     from staleness.engine import sweeps
-    from staleness.results.result import Result
+    from staleness.engine.result import Result
 
     jax.distributed.initialize(coordinator, num_processes, process_id,
                                initialization_timeout=int(init_timeout),

@@ -28,7 +28,10 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-__all__ = ["Local", "local_delta", "streaming_delta", "init_states", "fragment_keys", "fragmented", "quantize"]
+from staleness.policies.payload import fragment_keys   # noqa: F401 (public here too)
+
+__all__ = ["Local", "NUMERICS", "configure", "local_delta", "streaming_delta", "init_states", "fragment_keys",
+           "fragmented", "quantize"]
 
 
 class Local(NamedTuple):
@@ -56,6 +59,35 @@ class Local(NamedTuple):
 
     learner = False   # not asynchronous RL's learner step (`engine.rollout.Learner`)
     inflight = False  # no in-flight segments
+
+
+def _learner(options, inner_tx, max_steps, masked):
+    from staleness.engine import rollout
+
+    return rollout.Learner(**options)
+
+
+NUMERICS = {
+    "gradient": lambda options, inner_tx, max_steps, masked: None,
+    "local": lambda options, inner_tx, max_steps, masked: Local(
+        **{"inner": inner_tx, "max_steps": max_steps, "masked": masked, **options}),
+    "learner": _learner,
+}
+"""The engine's per-worker steps by the name a work declares (`Work.numerics`): a maker of
+(the work's `numerics_options(shapes)`, the inner optimizer's transformation, H_max, masked)
+-> the step's static configuration (None: one gradient; `Local`: local steps;
+`engine.rollout.Learner`: asynchronous RL's learner). A new kind of numerics adds its maker."""
+
+
+def configure(work, inner_tx=None, max_steps: int = 0, masked: bool = False, shapes=None):
+    """The static configuration of `work`'s per-worker step (`NUMERICS[work.numerics]`);
+    `shapes` (the parameter pytree's shapes) is needed by works whose options depend on it
+    (Streaming DiLoCo's fragments)."""
+    kind = getattr(work, "numerics", None)
+    if kind not in NUMERICS:
+        raise ValueError(f"work {work.describe()!r}: numerics = {kind!r} is not one of the engine's per-worker "
+                         f"steps ({', '.join(NUMERICS)})")
+    return NUMERICS[kind](work.numerics_options(shapes), inner_tx, max_steps, masked)
 
 
 def local_delta(task, local: Local, params, inner_state, data_key, worker, round_, steps):
@@ -97,19 +129,6 @@ def quantize(x, bits: int):
     e = jnp.round(jnp.log2(jnp.where(mag > 0, mag, 1.0)))
     keep = (mag > 0) & (e > -levels)
     return jnp.where(keep, jnp.sign(x) * scale * jnp.exp2(jnp.maximum(e, -(levels - 1))), 0.0).astype(x.dtype)
-
-
-def fragment_keys(params, fragments: int) -> tuple[tuple[str, ...], ...]:
-    """Streaming DiLoCo's fragments of a dict of parameters: its top-level modules in
-    order, strided (module j in fragment j mod P), as in the paper's default."""
-    if not isinstance(params, dict):
-        raise ValueError("streaming_diloco splits the parameters by their top-level modules: the task's params "
-                         f"must be a dict, not {type(params).__name__}")
-    keys = list(params)
-    if len(keys) < fragments:
-        raise ValueError(f"streaming_diloco: fragments = {fragments} but the model has only {len(keys)} top-level "
-                         f"modules ({', '.join(map(str, keys))}); use fewer fragments")
-    return tuple(tuple(k for j, k in enumerate(keys) if j % fragments == p) for p in range(fragments))
 
 
 def fragmented(tx, frag_keys: tuple) -> optax.GradientTransformationExtraArgs:

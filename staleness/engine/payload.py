@@ -17,45 +17,19 @@ push_bytes=)`:
   total over P, rounded up), so P syncs move the whole model's bytes (up to
   the rounding) and peak bandwidth falls as 1/P.
 
-Only shapes and dtypes are read (`jax.eval_shape`): nothing is computed.
+Only shapes and dtypes are read (`jax.eval_shape`): nothing is computed. The arithmetic
+(`tree_bytes`, `quantized_bytes`) is `staleness.policies.payload`'s, where each work's
+`payload_bytes` uses it.
 """
 
 from __future__ import annotations
 
-import math
-
 import jax
-import numpy as np
+
+from staleness.policies.payload import SCALE_BYTES, quantized_bytes, tree_bytes   # noqa: F401 (public here too)
 
 
-__all__ = ["tree_bytes", "quantized_bytes", "payload_bytes"]
-
-#: Bytes of the one scale sent with each quantized tensor (a float32).
-SCALE_BYTES = 4
-
-
-def _leaves(tree):
-    out = []
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
-            leaf = np.asarray(leaf)
-        out.append((int(math.prod(leaf.shape)), np.dtype(leaf.dtype).itemsize))
-    return out
-
-
-def tree_bytes(tree) -> int:
-    """Bytes of a pytree of arrays (or `jax.ShapeDtypeStruct`s): Σ size · itemsize over its leaves."""
-    return sum(n * item for n, item in _leaves(tree))
-
-
-def quantized_bytes(tree, bits: int) -> int:
-    """Bytes of a pytree sent quantized to `bits` bits per value (32: as is, `tree_bytes`):
-    Σ over its non-empty leaves of ceil(size · bits / 8) + one float32 scale."""
-    if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 32:
-        raise ValueError(f"quantized_bytes: bits = {bits!r} must be an integer in 1..32")
-    if bits >= 32:
-        return tree_bytes(tree)
-    return sum(-(-n * bits // 8) + SCALE_BYTES for n, _ in _leaves(tree) if n)
+__all__ = ["tree_bytes", "quantized_bytes", "payload_bytes", "SCALE_BYTES"]
 
 
 def payload_bytes(task, policy) -> tuple[int, int]:

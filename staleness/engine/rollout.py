@@ -192,7 +192,7 @@ def _diagnostics(task, params, rollouts, prox, mask, many: bool) -> dict:
 
 
 class Learner(NamedTuple):
-    """Static configuration of the learner step (a jit static argument; `Work.engine_local`
+    """Static configuration of the learner step (a jit static argument; `engine.local.configure`
     of `policies.Rollout`). It keeps no per-worker state.
 
     inflight: rollouts carry in-flight segments: the replay step's `index` input is

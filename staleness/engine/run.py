@@ -23,16 +23,16 @@ import numpy as np
 from staleness.infra import checks
 from staleness import lr as _lr
 from staleness import policies as _policies
-from staleness.results import tracking as _tracking
+from staleness.infra import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
 from staleness.engine import grid as _grid
 from staleness.engine import local as _local_mod
-from staleness.engine import optim as _optim
+from staleness.tasks import optim as _optim
 from staleness.engine import runner as _runner
 from staleness.engine import settings as _settings
 from staleness.engine.plan import LOOKAHEAD, PlanStream, chunk_inputs, make_plan, segment_count
-from staleness.results.result import Result
+from staleness.engine.result import Result
 from staleness.schedule import Schedule
 from staleness.sim.scheduler import ScheduleStream, stream_schedule
 from staleness.sim.pool import simulate_schedules
@@ -98,7 +98,7 @@ def local_setup(schedules, task, inner_optimizer):
     steps = [s.meta.get("local_steps") for s in schedules]
     if all(x is None for x in steps):
         works = {s.policy.work for s in schedules}
-        step = [w.engine_local(None, 0, False, None) for w in works]   # None: a gradient; else e.g. RL's learner
+        step = [_local_mod.configure(w) for w in works]   # None: a gradient; else e.g. RL's learner
         if any(x is not None for x in step):
             # learners of other settings (in-flight segments, minibatches) share a sweep: each
             # configuration replays with its own (`configure`, a `core.Variant` of the sweep)
@@ -125,7 +125,7 @@ def local_setup(schedules, task, inner_optimizer):
 def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
     """(engine.local.Local, inner Optimizer) of local-update work values `works` whose
     workers take `steps` [B, λ] inner steps per iteration, for `rounds` iterations.
-    Each work gives its own configuration (`Work.engine_local`); works whose settings
+    Each work gives its own configuration (`engine.local.configure`); works whose settings
     compiled into the replay differ (`Work.replay_settings`) need one sweep each."""
     h_max = int(steps.max())
     inner = inner_optimizer if inner_optimizer is not None else (task.optimizer or "sgd")
@@ -136,7 +136,7 @@ def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
                 else "their workers compute different things")
         raise ValueError(f"sweep: {names} need one sweep each: {what}")
     shapes = jax.eval_shape(task.init_fn, jax.random.key(0))
-    return works[0].engine_local(inner_opt.tx, h_max, bool((steps != h_max).any()), shapes), inner_opt
+    return _local_mod.configure(works[0], inner_opt.tx, h_max, bool((steps != h_max).any()), shapes), inner_opt
 
 
 def configure(schedule, task, *, optimizer, inner_optimizer, lr, rule, slot_mode: str = "vmap",
@@ -201,7 +201,7 @@ def replay(
       optimizer: the server optimizer: any optax transformation (e.g.
         `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`) or a
         spec string ('sgd', 'momentum:0.9', 'adamw:lr=1e-3,wd=0.1,clip=1+cosine');
-        see `staleness.engine.optim`. None: the policy's (a local-update method's
+        see `staleness.tasks.optim`. None: the policy's (a local-update method's
         outer optimizer), else the task's own, else 'sgd'.
       inner_optimizer: local-update methods: the workers' inner optimizer (an optax
         transformation or spec; default the task's, else 'sgd'); each worker keeps its
@@ -218,12 +218,12 @@ def replay(
       config: extra entries of the Result's config; a 'label' entry names the run for
         the callbacks (default 'POLICY seed=S lr=LR').
       callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a
-        list of them, called with a `staleness.results.tracking.Evaluation` at every evaluation
+        list of them, called with a `staleness.infra.tracking.Evaluation` at every evaluation
         (each history row, the initial one included, as it is recorded; on resume only
-        the new ones); see `staleness.results.tracking`.
+        the new ones); see `staleness.infra.tracking`.
     Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
     non-finite loss, naming the update, worker and staleness, and
-    `staleness.results.tracking.CallbackError` (with `.results`) when a callback raises.
+    `staleness.infra.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
@@ -434,7 +434,9 @@ def prepare(task, policies, cluster, **settings) -> _grid.Grid:
     from staleness.engine import payload as _payload
 
     s = _settings.check_sweep(_settings.SweepSettings(**settings))
-    pols = [_policies.parse(p) if isinstance(p, str) else p for p in policies]
+    if isinstance(policies, (str, _policies.Policy)) or not hasattr(policies, "__iter__"):
+        raise TypeError(f"sweep: policies = {policies!r} must be a list of policies (values or spec strings)")
+    pols = [_policies.resolve(p) for p in policies]
     rules = [_lr.get(r) if isinstance(r, str) else r for r in s.lr_rules]
     lrs = [checks.learning_rate(v, allow_none=True) for v in s.lrs]
     seeds = [int(x) for x in s.seeds]

@@ -23,7 +23,7 @@ per-update train loss, the first non-finite loss (raised as `DivergenceError`,
 or marked 'diverged' while the other configurations go on), `stop_after`,
 checkpoints and resume, the progress bar, Ctrl-C, each Result's config
 (`config`: assembled here only), and the tracking callbacks
-(`staleness.results.tracking`: one call per history row, as it is recorded; a run
+(`staleness.infra.tracking`: one call per history row, as it is recorded; a run
 resumed from a checkpoint calls them only for its new rows). The loop itself
 is `engine.chunks.run`.
 """
@@ -40,10 +40,10 @@ import jax
 import numpy as np
 
 from staleness.infra import checkpoint as _checkpoint
-from staleness.results import tracking as _tracking
+from staleness.infra import tracking as _tracking
 from staleness.engine import chunks as _chunks
 from staleness.engine import core
-from staleness.engine.optim import get_lr
+from staleness.tasks.optim import get_lr
 from staleness.engine.plan import Plan, chunk_inputs, fingerprint
 
 __all__ = ["Program", "Member", "Options", "run", "single", "config", "learning_rate", "run_info"]
@@ -89,7 +89,7 @@ class Options:
       checkpoint: directory to checkpoint into after every chunk (one configuration);
         resume: continue from the checkpoint found there.
       progress: show a progress bar, labelled `desc`.
-      callbacks: `staleness.results.tracking` callbacks (a tuple of callables), called with an
+      callbacks: `staleness.infra.tracking` callbacks (a tuple of callables), called with an
         `Evaluation` at every history row: the initial evaluation of every member in
         order, then after each chunk every member still running, in order.
     """

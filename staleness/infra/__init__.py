@@ -5,11 +5,12 @@
 - `files`: atomic writes and output directories;
 - `checkpoint`: checkpoint files;
 - `procs`: child processes with deadlines;
-- `interrupts`: Ctrl-C that stops loops and keeps what was recorded.
+- `interrupts`: Ctrl-C that stops loops and keeps what was recorded;
+- `tracking`: experiment tracking (a callback per evaluation; TensorBoard and W&B writers).
 """
 
 __all__: list[str] = []
 
 
 def __dir__():
-    return ["checkpoint", "checks", "files", "interrupts", "procs", "specs"]
+    return ["checkpoint", "checks", "files", "interrupts", "procs", "specs", "tracking"]

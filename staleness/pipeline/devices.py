@@ -36,7 +36,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from staleness.engine.optim import Optimizer
+from staleness.tasks.optim import Optimizer
 from staleness.pipeline import packing, sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.plan import TickPlan

@@ -71,7 +71,7 @@ def train_distributed(ptask, schedule, num_batches: int, *, log=None, callbacks=
     cluster, seed, lr, optimizer, eval_every, num_evals, backward_ratio and recompute_cost
     (`training.RunArgs`; an unknown one is a TypeError). log: a callable taking one line of
     progress; callbacks:
-    `staleness.results.tracking` callbacks, called in process 0 at every evaluation as it is made
+    `staleness.infra.tracking` callbacks, called in process 0 at every evaluation as it is made
     (the other processes ignore theirs: give them None).
 
     Returns the `Result` in process 0 (history, simulated timeline, params,
@@ -86,7 +86,7 @@ def train_distributed(ptask, schedule, num_batches: int, *, log=None, callbacks=
         raise ValueError(f"this job has {jax.process_count()} processes but the pipeline has {ptask.num_stages} "
                          "stages; run one process per stage (connect first)")
     args = RunArgs(schedule, num_batches, **settings)
-    from staleness.results import tracking
+    from staleness.infra import tracking
 
     return _train(ptask, args, jax.process_index(), log or (lambda line: None), tracking.as_callbacks(callbacks))
 

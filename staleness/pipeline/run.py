@@ -17,13 +17,13 @@ import time
 
 import jax
 
-from staleness.results import tracking as _tracking
+from staleness.infra import tracking as _tracking
 from staleness.engine import core
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.schedules import PipelineSchedule
 from staleness.pipeline.training import DEFAULT_OPTIMIZER, Engine, Host, RunArgs, Setup, drive, set_up
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 __all__ = ["run_devices", "simulate", "train"]
 
@@ -52,7 +52,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
         (bitwise the uninterrupted run).
       stop_after: stop (status 'stopped') after the chunk that reaches this many batches.
       callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list
-        of them, called with a `staleness.results.tracking.Evaluation` at every evaluation (each
+        of them, called with a `staleness.infra.tracking.Evaluation` at every evaluation (each
         history row, as it is recorded; on resume only the new ones): step = batches
         applied, time = simulated seconds, wall_time = the row's wall_time; run.label is
         config['label'] if given, else 'SCHEDULE seed=S lr=LR'.
@@ -66,7 +66,7 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       path and wall-clock seconds (excluding compilation) on devices.
       Raises `DivergenceError` (with `.result`) on a non-finite loss, naming the
       batch, the stage that computed the loss, its lag and the tick, and
-      `staleness.results.tracking.CallbackError` (with `.results`) when a callback raises.
+      `staleness.infra.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     callbacks = _tracking.as_callbacks(callbacks)
     setup = set_up(ptask, RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from staleness.engine.optim import Optimizer
+from staleness.tasks.optim import Optimizer
 from staleness.pipeline import stage as S
 from staleness.pipeline.plan import TickPlan
 

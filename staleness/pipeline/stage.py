@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from staleness.engine.optim import Optimizer
+from staleness.tasks.optim import Optimizer
 from staleness.engine.update import apply as apply_update
 
 __all__ = ["Context", "StageConfig", "StageState", "backward", "forward", "init_state", "match_varying"]

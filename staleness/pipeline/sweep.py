@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from staleness.infra import checks
-from staleness.results import tracking as _tracking
+from staleness.infra import tracking as _tracking
 from staleness.engine import core
-from staleness.engine import optim as _optim
+from staleness.tasks import optim as _optim
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.model import join_params
@@ -135,7 +135,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
       lrs: learning rates (> 0); seeds: run seeds (>= 0; initial params and minibatches).
       optimizer: per-stage optimizer spec (its learning rate comes from `lrs`).
       eval_every: batches between held-out evaluations (default num_batches / num_evals).
-      callbacks: `staleness.results.tracking` callbacks (a callable, a spec or a list), called at
+      callbacks: `staleness.infra.tracking` callbacks (a callable, a spec or a list), called at
         every evaluation of every member still running, in member order, as it is made
         (`Evaluation.time` is NaN: a sweep has no cluster, see the module docstring); a
         failing one raises `CallbackError` (no partial SweepResult).
@@ -214,7 +214,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
 
 
 def _tracker(callbacks, members, schedule, plan: TickPlan, opt, num_batches: int):
-    """The `staleness.results.tracking.Tracker` of a sweep's members (one `Run` each, in member order)."""
+    """The `staleness.infra.tracking.Tracker` of a sweep's members (one `Run` each, in member order)."""
     name = schedule if isinstance(schedule, str) else schedule.describe()
     runs = [_tracking.Run(_tracking.label(name, s, lr), name, int(s), float(lr), "", i,
                           {"schedule": name, "batches": num_batches, "lr": float(lr), "seed": int(s),

@@ -9,7 +9,7 @@
 `staleness.pipeline.multiprocess` (one stage per process) differ only in the
 engine they build; `set_up` checks the arguments and resolves everything that
 does not depend on it, `drive` runs it chunk by chunk (`staleness.engine.chunks.run`):
-evaluate, record the history, call the tracking callbacks (`staleness.results.tracking`;
+evaluate, record the history, call the tracking callbacks (`staleness.infra.tracking`;
 one per history row as it is recorded, only the new ones on resume), check for
 divergence, checkpoint, assemble the `Result`. `resolve_schedule` and
 `eval_chunk` (the schedule argument, the evaluation chunk) are shared with
@@ -31,15 +31,15 @@ import numpy as np
 from staleness.infra import checkpoint as _checkpoint
 from staleness.infra import checks
 from staleness import cluster as _cluster
-from staleness.results import tracking as _tracking
+from staleness.infra import tracking as _tracking
 from staleness.engine import chunks as _chunks
-from staleness.engine import optim as _optim
+from staleness.tasks import optim as _optim
 from staleness.pipeline.model import join_params
 from staleness.pipeline.plan import IDLE, TickPlan, make_plan
 from staleness.pipeline.schedules import PipelineSchedule, parse
 from staleness.pipeline.settings import DEFAULT_OPTIMIZER, RunArgs, check
 from staleness.pipeline.timing import simulate_timing
-from staleness.results.result import DivergenceError, Result
+from staleness.engine.result import DivergenceError, Result
 
 __all__ = ["DEFAULT_OPTIMIZER", "Engine", "Host", "RunArgs", "Setup", "drive", "eval_chunk", "resolve_schedule",
            "set_up"]
@@ -132,7 +132,7 @@ class Host:
     lead: bool = True                 # this process evaluates, records and returns the `Result`
     #                                   (the others return None and raise `DivergenceError` without one)
     log: Callable | None = None       # a callable taking one line after every chunk (None: quiet)
-    callbacks: tuple = ()             # `staleness.results.tracking` callbacks, called at every history row
+    callbacks: tuple = ()             # `staleness.infra.tracking` callbacks, called at every history row
     #                                   (where `lead`)
 
 

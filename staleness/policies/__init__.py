@@ -13,8 +13,10 @@ methods will do, and the layers ask it rather than test its type):
   (backup workers);
 - a **work** (`Work`, `work`) says what a worker computes between a pull and a
   push: `Gradient()`, `LocalSteps(H)` (Local SGD, DiLoCo), `Streaming(...)`
-  (Streaming DiLoCo), `Rollout(learner, inflight, refill)` (asynchronous RL's actors), and answers every question the simulator, the engine,
-  the network model, the runtime and the CLI ask about it.
+  (Streaming DiLoCo), `Rollout(learner, inflight, refill)` (asynchronous RL's actors), and
+  answers every question the simulator, the engine, the network model, the runtime and the
+  CLI ask about it (its bytes through `payload`'s shape arithmetic; the engine's step it
+  runs by name, `Work.numerics`).
 
     ssp(3)          == Policy(ClockBound(3), EachGradient(), "ssp:3")
     bsp()           == Policy(ClockBound(0), AllLive(), "bsp")
@@ -26,6 +28,7 @@ factory returning a `Policy`, named on every command as
 (module `registry`; `parse` turns spec strings into policies).
 """
 
+from staleness.policies import payload
 from staleness.policies.aggregations import (AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh,
                                              Minibatches, Window)
 from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd,
@@ -42,7 +45,7 @@ __all__ = [
     "EachGradient", "Window", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
     "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES",
-    "dssp_controller", "parse", "resolve", "register", "names", "spec_help", "recorded",
+    "dssp_controller", "parse", "resolve", "register", "names", "spec_help", "recorded", "payload",
 ]
 
 

@@ -82,7 +82,7 @@ def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = Fals
     which every other worker that arrives is synchronized too, and all of them restart at
     the window's last synchronization (`Window`: the asyncdiloco notebook's
     `max_wait_time`; 0: none). The outer optimizer defaults to DiLoCo's; the paper's
-    Delayed Nesterov is `staleness.engine.optim.delayed_nesterov` (spec
+    Delayed Nesterov is `staleness.tasks.optim.delayed_nesterov` (spec
     `delayed_nesterov:N`)."""
     if bound is not None:
         checks.integer("async_diloco", "bound", bound, low=0)

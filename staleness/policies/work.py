@@ -13,17 +13,18 @@ runtime                `collective_round`: every worker's iteration can be one
 sim                    `steps_per_worker(mean_seconds)`, `timing(one_step, steps,
                        num_workers)`: the compute time of an iteration
 sim (network model)    `payload_bytes(shapes)`: bytes pulled and pushed
-engine, runtime        `engine_local(inner_tx, max_steps, masked, shapes)`: the
-                       engine's per-worker local-step configuration (None: a gradient)
+engine, runtime        `numerics` and `numerics_options(shapes)`: which of the engine's
+                       per-worker steps it runs ("gradient", "local", "learner") and
+                       that step's options, plain values (`engine.local.configure`)
 CLI tables             `iterations_per_sync`: iterations between two synchronizations
                        of the same parameters (H = steps per iteration times it)
 sweeps, CLI            `replay_settings()`: the settings compiled into the replay
                        (a sweep needs one value of them), `compiled_what` names them
 =====================  ==========================================================
 
-The control-plane methods are plain Python; the two numeric ones
-(`payload_bytes`, `engine_local`) import the engine when called, so that
-`staleness.policies` itself imports no JAX.
+Every method is plain Python over plain values: a work declares what the engine runs
+(`numerics`) and never imports the engine; the shape and byte arithmetic is
+`policies.payload`'s, so `staleness.policies` itself imports no JAX.
 
 - `Gradient`: one minibatch gradient per iteration (the seeds' parameter-server family);
 - `LocalSteps(steps, dynamic)`: H inner steps, then a delta (Local SGD, DiLoCo, async DiLoCo);
@@ -45,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from staleness.infra import checks
+from staleness.policies import payload
 
 __all__ = ["Work", "Gradient", "LocalSteps", "Streaming", "Rollout", "ComputeTime"]
 
@@ -64,8 +66,10 @@ class Work(Protocol):
     def steps_per_worker(self, mean_seconds: Sequence[float]) -> tuple[int, ...] | None: ...
     def timing(self, one_step: ComputeTime, steps: tuple[int, ...] | None,
                num_workers: int) -> tuple[ComputeTime, Callable[[int], None] | None]: ...
+    numerics: str
+
     def payload_bytes(self, shapes) -> tuple[int, int]: ...
-    def engine_local(self, inner_tx, max_steps: int, masked: bool, shapes) -> Any: ...
+    def numerics_options(self, shapes) -> dict[str, Any]: ...
     def replay_settings(self) -> tuple: ...
     def describe(self) -> str: ...
 
@@ -77,6 +81,7 @@ class Gradient:
     local: ClassVar[bool] = False
     collective_round: ClassVar[bool] = True
     compiled_what: ClassVar[str] = "nothing"
+    numerics: ClassVar[str] = "gradient"
     iterations_per_sync: ClassVar[int] = 1
 
     def steps_per_worker(self, mean_seconds) -> tuple[int, ...] | None:
@@ -89,14 +94,12 @@ class Gradient:
 
     def payload_bytes(self, shapes) -> tuple[int, int]:
         """(pull, push) bytes: the parameters, then a gradient of the same pytree."""
-        from staleness.engine import payload
-
         n = payload.tree_bytes(shapes)
         return n, n
 
-    def engine_local(self, inner_tx, max_steps, masked, shapes):
-        """None: the engine's per-worker step is one gradient."""
-        return None
+    def numerics_options(self, shapes) -> dict:
+        """The engine's gradient step takes no options."""
+        return {}
 
     def replay_settings(self) -> tuple:
         return ()
@@ -123,6 +126,7 @@ class LocalSteps:
     local: ClassVar[bool] = True
     collective_round: ClassVar[bool] = False
     compiled_what: ClassVar[str] = "nothing"
+    numerics: ClassVar[str] = "local"
     iterations_per_sync: ClassVar[int] = 1
 
     def __post_init__(self):
@@ -145,17 +149,13 @@ class LocalSteps:
 
     def payload_bytes(self, shapes) -> tuple[int, int]:
         """(pull, push) bytes: the parameters, then a delta of the same pytree."""
-        from staleness.engine import payload
-
         n = payload.tree_bytes(shapes)
         return n, n
 
-    def engine_local(self, inner_tx, max_steps, masked, shapes):
-        """The engine's local-step configuration: `max_steps` H_max inner steps of
-        `inner_tx`, masked when workers take different numbers of steps."""
-        from staleness.engine import local
-
-        return local.Local(inner_tx, max_steps, masked)
+    def numerics_options(self, shapes) -> dict:
+        """The engine's local steps (`engine.local.Local`: H_max inner steps of the inner
+        optimizer, masked when workers take different numbers) need nothing more."""
+        return {}
 
     def replay_settings(self) -> tuple:
         return ()   # H is data of the replay (steps per worker), not compiled into it
@@ -237,21 +237,17 @@ class Streaming(LocalSteps):
     def payload_bytes(self, shapes) -> tuple[int, int]:
         """(pull, push) bytes of one synchronization: one fragment (the mean over
         fragments, rounded up), pushed quantized to `bits`."""
-        from staleness.engine import local, payload
-
-        frags = local.fragment_keys(shapes, self.fragments)
+        frags = payload.fragment_keys(shapes, self.fragments)
         full = sum(payload.tree_bytes({k: shapes[k] for k in keys}) for keys in frags)
         sent = sum(payload.quantized_bytes({k: shapes[k] for k in keys}, self.bits) for keys in frags)
         p = len(frags)
         return -(-full // p), -(-sent // p)
 
-    def engine_local(self, inner_tx, max_steps, masked, shapes):
-        """The engine's configuration: fragments of the parameter pytree `shapes`,
-        the overlap, the mixing factor and the bits, compiled into the replay."""
-        from staleness.engine import local
-
-        keys = local.fragment_keys(shapes, self.fragments)
-        return local.Local(inner_tx, max_steps, False, self.fragments, self.overlap, self.alpha, self.bits, keys)
+    def numerics_options(self, shapes) -> dict:
+        """The engine's local steps with fragments of the parameter pytree `shapes`, the
+        overlap, the mixing factor and the bits, compiled into the replay (unmasked)."""
+        return {"masked": False, "fragments": self.fragments, "overlap": self.overlap, "alpha": self.alpha,
+                "bits": self.bits, "fragment_keys": payload.fragment_keys(shapes, self.fragments)}
 
     def replay_settings(self) -> tuple:
         return (self.steps, self.fragments, self.overlap, self.alpha, self.bits)
@@ -315,6 +311,7 @@ class Rollout:
     local: ClassVar[bool] = False
     collective_round: ClassVar[bool] = False
     compiled_what: ClassVar[str] = "nothing"
+    numerics: ClassVar[str] = "learner"
     iterations_per_sync: ClassVar[int] = 1
 
     def __post_init__(self):
@@ -345,16 +342,12 @@ class Rollout:
 
     def payload_bytes(self, shapes) -> tuple[int, int]:
         """(pull, push) bytes: the parameters (the weight sync), then nothing modelled."""
-        from staleness.engine import payload
-
         return payload.tree_bytes(shapes), 0
 
-    def engine_local(self, inner_tx, max_steps, masked, shapes):
-        """The engine's learner step (`engine.rollout.Learner`): generate at the pulled
-        version, the objective's gradient at the current one."""
-        from staleness.engine import rollout
-
-        return rollout.Learner(inflight=self.inflight, minibatches=self.minibatches, reprefill=self.refill is not None)
+    def numerics_options(self, shapes) -> dict:
+        """The engine's learner step (`engine.rollout.Learner`: generate at the pulled
+        version, the objective's gradient at the current one)."""
+        return {"inflight": self.inflight, "minibatches": self.minibatches, "reprefill": self.refill is not None}
 
     def replay_settings(self) -> tuple:
         return ()

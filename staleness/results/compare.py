@@ -41,8 +41,8 @@ from staleness.infra import files
 from staleness.infra import interrupts
 from staleness import policies as _policies
 from staleness.results import stats
-from staleness.results.result import DivergenceError, Result
-from staleness.results.tracking import CallbackError
+from staleness.engine.result import DivergenceError, Result
+from staleness.infra.tracking import CallbackError
 
 __all__ = ["Comparison", "compare", "DEFAULT_POLICIES", "DEFAULT_RL_POLICIES", "MANIFEST", "ResumeError",
            "rollout_table"]
@@ -307,7 +307,7 @@ def _timeline_window(result: Result) -> float:
 def _uses_default(policy, optimizer, task) -> bool:
     """Whether `policy`'s optimizer names no learning rate (so the comparison's default_lr
     is the one it uses)."""
-    from staleness.engine import optim
+    from staleness.tasks import optim
 
     opt = optimizer if optimizer is not None else (policy.optimizer if policy.optimizer is not None
                                                   else task.optimizer)
@@ -317,7 +317,7 @@ def _uses_default(policy, optimizer, task) -> bool:
 def _base_lr(policy, optimizer, task, default_lr):
     """The learning rate the grid is centred on, or None if it cannot be set (an optax
     object without a learning rate in its state)."""
-    from staleness.engine import optim
+    from staleness.tasks import optim
 
     opt = optimizer if optimizer is not None else (policy.optimizer if policy.optimizer is not None
                                                   else task.optimizer)
@@ -478,7 +478,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list of
       them, called at every evaluation of every run that runs (policy major, seed minor;
       not the tuning sweeps, nor the runs a resumed comparison loads): see
-      `staleness.results.tracking`. A callback that raises stops the comparison like Ctrl-C
+      `staleness.infra.tracking`. A callback that raises stops the comparison like Ctrl-C
       (everything recorded is written, resumable) and then raises its `CallbackError`,
       whose `comparison` is the interrupted Comparison.
     A run that diverges is kept with status 'diverged' (its history stops there).
@@ -486,7 +486,7 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     progress has status 'stopped', and (with out=) everything is written.
     """
     from staleness import cluster as _cluster
-    from staleness.results import tracking
+    from staleness.infra import tracking
     from staleness.engine.run import resolve_task
 
     callbacks = tracking.as_callbacks(callbacks)
@@ -681,7 +681,7 @@ def _fixed_rate(runs: _Runs, pol):
     """The learning rate of an untuned run: the given one; else None (the optimizer's
     own) for a local-update method's outer optimizer and for an optimizer that names
     its rate (a task's 'adam:lr=1e-3', an optax object); else `default_lr`."""
-    from staleness.engine import optim
+    from staleness.tasks import optim
 
     if runs.lr is not None:
         return runs.lr

@@ -11,7 +11,7 @@ and the `staleness compare` command line that reproduces the settings.
 
 The explorer runs each policy's seeds with `st.sweep` and the command line runs
 them with `staleness compare` (one `simulate` per seed): the same schedules and
-the same training, equal up to float rounding (`vmap` reorders sums). Both
+the same training, bitwise on CPU (a sweep's configuration is its `simulate`). Both
 evaluate `NUM_EVALS` times, at a fixed learning rate (`--lr`, so compare does not
 tune it), with the task's default optimizer, batch size and partition.
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from staleness.results.result import Result
+from staleness.engine.result import Result
 from staleness.schedule import Schedule
 
 __all__ = [

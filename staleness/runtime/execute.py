@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from staleness.results.result import DivergenceError, Result
+from staleness.engine.result import DivergenceError, Result
 from staleness.runtime.errors import RunFailure, WorkerLostError
 from staleness.runtime.progress import ProgressLine
 from staleness.runtime.result import build_result

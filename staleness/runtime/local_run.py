@@ -24,8 +24,8 @@ import threading
 
 import jax
 
-from staleness.results import tracking
-from staleness.results.result import DivergenceError, Result
+from staleness.infra import tracking
+from staleness.engine.result import DivergenceError, Result
 from staleness.runtime.build import build
 from staleness.runtime.execute import execute, make_progress
 from staleness.runtime.spec import make_spec
@@ -96,7 +96,7 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
       progress: True for a live line on stderr, or a callable(dict).
       stop_event: a threading.Event; setting it stops the run (status 'stopped').
 
-      callbacks: `staleness.results.tracking` callbacks or specs ('tensorboard:DIR', 'wandb:PROJECT'),
+      callbacks: `staleness.infra.tracking` callbacks or specs ('tensorboard:DIR', 'wandb:PROJECT'),
         called with every history row when the run ends (a real run evaluates its kept
         snapshots after serving, so as not to stall the server; `st.simulate` calls them live).
 

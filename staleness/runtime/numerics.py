@@ -22,7 +22,7 @@ from staleness.engine import core
 from staleness.engine import local as _local
 from staleness.engine import rollout as _rollout
 from staleness.engine import update as _update
-from staleness.engine.optim import Optimizer
+from staleness.tasks.optim import Optimizer
 
 __all__ = ["Numerics", "INDEX_BLOCK"]
 

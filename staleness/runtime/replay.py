@@ -105,8 +105,8 @@ def replay_trace(trace, task=None, *, lr=None, lr_rule=None, optimizer=None, see
     Returns: (replay Result, Comparison with the recorded parameters or None).
     """
     import staleness as st
-    from staleness.engine.optim import TASK_OPTAX
-    from staleness.results.result import Result
+    from staleness.tasks.optim import TASK_OPTAX
+    from staleness.engine.result import Result
     from staleness.schedule import Schedule
 
     recorded = None

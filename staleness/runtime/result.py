@@ -18,7 +18,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from staleness.results.result import Result
+from staleness.engine.result import Result
 
 __all__ = ["evaluate_snapshots", "build_result"]
 

@@ -254,6 +254,7 @@ def _check_real(policy, cluster, num_workers: int) -> None:
 def _numerics(task, policy, cluster, s: Settings, num_workers: int, num_updates: int, seed: int, lr):
     """(task, opt, local, inner, local steps) of a real run: the task built, the optimizer
     resolved, and a local-update method's (or RL learner's) step configuration."""
+    from staleness.engine import local as _local
     from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
 
     task = resolve_task(task, num_workers, s.batch_size, s.data_dir)
@@ -272,7 +273,7 @@ def _numerics(task, policy, cluster, s: Settings, num_workers: int, num_updates:
         raise ValueError(f"inner_optimizer is for local-update methods; the policy {policy.describe()!r} "
                          "computes gradients")
     else:
-        local = policy.work.engine_local(None, 0, False, None)   # asynchronous RL's learner step, else None
+        local = _local.configure(policy.work)   # asynchronous RL's learner step, else None
     if task.num_workers < num_workers:
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
                          f"run's {num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax "

@@ -83,7 +83,30 @@ EVENTS_PER_BLOCK = 2048
 """Events a `ScheduleStream` runs with Ctrl-C held (about 10 ms): an interrupt is raised
 between two blocks, so the simulation it stops can still be finished."""
 
-_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE = range(9)
+_PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE, _HIDDEN = range(10)
+
+# Membership changes (`ClusterSampler.membership`) as heap entries: `_HIDDEN` is a layer's
+# boundary that the union of the layers' outages hides (nothing happens). Their sequence
+# numbers start below every other entry's, so a fail or join comes before any other event
+# at the same time, in the order the cluster gives them.
+_MEMBERSHIP = {"fail": _FAIL, "join": _JOIN, None: _HIDDEN}
+_MEMBERSHIP_SEQ = -(1 << 62)
+
+
+def _membership_feed(sampler, push):
+    """Queue the cluster's membership changes one at a time, as they are generated (a
+    periodic layer's never end): `push(time, seq, kind, worker)` the first now, and the
+    next one each time the returned `feed()` is called (when a membership entry is handled)."""
+    changes = sampler.membership()
+    seq = itertools.count(_MEMBERSHIP_SEQ)
+
+    def feed() -> None:
+        change = next(changes, None)
+        if change is not None:
+            t, kind, w = change
+            push(float(t), next(seq), _MEMBERSHIP[kind], int(w))
+    feed()
+    return feed
 
 
 def _bytes_arg(name: str, value) -> int | None:
@@ -219,8 +242,8 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
         return driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
                                   end_time=float(now), meta=meta)
 
-    return ScheduleStream(events, driver, finish, budgets, not sampler.membership_events(), cluster.describe(),
-                          int(seed), meta)
+    steady = next(sampler.membership(), None) is None
+    return ScheduleStream(events, driver, finish, budgets, steady, cluster.describe(), int(seed), meta)
 
 
 class ScheduleStream:
@@ -499,8 +522,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
     schedule, move, due, arrive_at = _push_queue(heap, seq, span, sampler, compute_time, nbytes, overlap, learner)
     window = _Window(driver.policy.grace, arrive_at, inflight) if driver.policy.grace else None
 
-    for t, kind, w in sampler.membership_events():
-        heappush(heap, (float(t), next(seq), _FAIL if kind == "fail" else _JOIN, int(w), -1))
+    feed = _membership_feed(sampler, lambda t, s, kind, w: heappush(heap, (t, s, kind, w, -1)))
     for rel in driver.start(0.0):
         schedule(rel, 0.0)
 
@@ -514,6 +536,9 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
         if t > time_budget:
             now = time_budget
             break
+        if kind == _HIDDEN:
+            feed()
+            continue
         now = t
         if kind == _PUSH:
             if ep != epoch[w] or s != due[w]:
@@ -534,6 +559,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             for v, end in learner.interrupt(t, inflight):
                 move(v, inflight[v][0], epoch[v], end)
         elif kind == _FAIL:
+            feed()
             if not live[w]:
                 continue
             step = driver.fail(w, t, *span[w])
@@ -542,6 +568,7 @@ def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bo
             if forget is not None:
                 forget(w)
         else:  # _JOIN
+            feed()
             if live[w]:
                 continue
             step = driver.join(w, t)
@@ -587,7 +614,7 @@ class _NetworkRun:
         self.rec.row_bytes = self.default_bytes
         self.link = SharedLink(sampler.server[0]) if sampler.server is not None and not collective else None
         self.allreduce = sampler.allreduce if collective else None
-        self.membership = sampler.membership_events()
+        self.sampler = sampler
         # per worker, for its in-flight iteration
         self.iteration = [0] * lam
         self.span: list = [None] * lam          # (start, end) once its start is known
@@ -775,19 +802,23 @@ class _NetworkRun:
         """Run the events until the budgets (updates, seconds, gradients) run out (a generator
         yielding after each event that completed updates); the stop time."""
         time_budget = budgets[1]
-        for t, kind, w in self.membership:
-            self.push_event(float(t), _FAIL if kind == "fail" else _JOIN, int(w), -1)
+        heap = self.heap
+        feed = _membership_feed(self.sampler, lambda t, s, kind, w: heapq.heappush(heap, (t, s, kind, w, -1)))
         for rel in self.driver.start(0.0):
             self.release(rel, 0.0)
         handlers = {_PULLED: self.on_pulled, _COMPUTED: self.on_computed, _PUSH: self.on_push,
                     _FAIL: self.on_fail, _JOIN: self.on_join}
-        epoch, heap, heappop = self.epoch, self.heap, heapq.heappop
+        epoch, heappop = self.epoch, heapq.heappop
         now = 0.0
         completed = 0
         while heap:
             t, _, kind, a, b = heappop(heap)
             if t > time_budget:
                 return time_budget
+            if kind in (_FAIL, _JOIN, _HIDDEN):
+                feed()
+                if kind == _HIDDEN:
+                    continue
             now = t
             if kind == _LINK:
                 self.on_link(t, a, b)

@@ -18,41 +18,33 @@ accepts `--task package.module:factory`. Per-worker partitions: iid, shard,
 dirichlet:ALPHA, sizes:F1,...,Fλ (`partitions`).
 """
 
-from staleness.tasks import cifar, data, models, partitions, rl
-from staleness.tasks.base import Task
-from staleness.tasks.batches import NO_EXAMPLE, concat_batches
-from staleness.tasks.builders import from_flax, from_functions
-from staleness.tasks.classification import classification_task
-from staleness.tasks.errors import (DataError, FactoryError, LabelShapeError, LossError, ModelKindError,
-                                    MutableStateError, TaskError)
-from staleness.tasks.flax_models import load_into
-from staleness.tasks.partitions import PARTITIONS
-from staleness.tasks.registry import get, names, options, register, resolve
+import importlib
 
-__all__ = [
-    "NO_EXAMPLE",
-    "PARTITIONS",
-    "DataError",
-    "FactoryError",
-    "LabelShapeError",
-    "LossError",
-    "ModelKindError",
-    "MutableStateError",
-    "Task",
-    "TaskError",
-    "cifar",
-    "classification_task",
-    "concat_batches",
-    "data",
-    "from_flax",
-    "from_functions",
-    "get",
-    "load_into",
-    "models",
-    "names",
-    "options",
-    "partitions",
-    "register",
-    "resolve",
-    "rl",
-]
+_NAMES = {
+    "Task": "base", "NO_EXAMPLE": "batches", "concat_batches": "batches", "from_flax": "builders",
+    "from_functions": "builders", "classification_task": "classification", "DataError": "errors",
+    "FactoryError": "errors", "LabelShapeError": "errors", "LossError": "errors", "ModelKindError": "errors",
+    "MutableStateError": "errors", "TaskError": "errors", "load_into": "flax_models", "PARTITIONS": "partitions",
+    "get": "registry", "names": "registry", "options": "registry", "register": "registry", "resolve": "registry",
+}
+"""Each public name and the module it lives in, loaded on first use: the metrics and the
+optimizer specs (`metrics`, `optim`) load without the models, the data sets or JAX's models."""
+
+_MODULES = ("cifar", "data", "metrics", "models", "optim", "partitions", "rl")
+
+__all__ = sorted([*_NAMES, *_MODULES])
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"staleness.tasks.{_NAMES[name]}"), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"staleness.tasks.{name}")
+    else:
+        raise AttributeError(f"module 'staleness.tasks' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return list(__all__)

@@ -66,7 +66,7 @@ class Task:
         (quadratic, linreg), else None. Pytree leaves.
       hessian: Hessian of the training loss where it is a constant matrix over
         the flattened params (quadratic), else None. Pytree leaf.
-      metrics: the `staleness.results.metrics.Metric` of each name in metric_names
+      metrics: the `staleness.tasks.metrics.Metric` of each name in metric_names
         (direction and range); default: known by name (loss, accuracy, mse, ...).
       gather_fn: (data, index [μ] int32, key, worker, iteration) -> batch, for
         tasks whose minibatches are training examples drawn by
@@ -104,10 +104,10 @@ class Task:
     holdout_fn: Callable[["Task", float, int], "Task"] | None = None
 
     def __post_init__(self):
-        # Directions of the metrics: declared (staleness.results.metrics.Metric values) or
+        # Directions of the metrics: declared (staleness.tasks.metrics.Metric values) or
         # known by name; a metric without a known direction is an error here, not
         # a wrong "time to target" later.
-        from staleness.results import metrics as _metrics
+        from staleness.tasks import metrics as _metrics
 
         declared = _metrics.resolve(self.metric_names, self.metrics or None)
         if self.metrics and tuple(m.name for m in self.metrics) != tuple(self.metric_names):
@@ -118,13 +118,13 @@ class Task:
             raise ValueError(f"task {self.name!r}: batch_size = {self.batch_size} is more than its {self.train_size} "
                              f"training examples; give a batch_size of at most {self.train_size}")
         if isinstance(self.optimizer, str):   # a spec string: a bad one is an error now, not at the first run
-            from staleness.engine import optim as _optim
+            from staleness.tasks import optim as _optim
 
             _optim.get(self.optimizer, f"task {self.name!r}: optimizer")
 
     def metric(self, name: str):
-        """The `staleness.results.metrics.Metric` `name` of this task (ValueError naming the valid ones)."""
-        from staleness.results import metrics
+        """The `staleness.tasks.metrics.Metric` `name` of this task (ValueError naming the valid ones)."""
+        from staleness.tasks import metrics
 
         return metrics.find(self.metrics, name, self.name)
 

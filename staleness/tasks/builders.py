@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness.results import metrics as _metrics
-from staleness.results.metrics import Metric
+from staleness.tasks import metrics as _metrics
+from staleness.tasks.metrics import Metric
 from staleness.tasks import data as _data
 from staleness.tasks import partitions as _partitions
 from staleness.tasks.base import Task
@@ -107,7 +107,7 @@ def from_flax(
       metrics: held-out metrics: None (cross_entropy: loss, accuracy; mse: mse;
         next_token: loss, bits_per_byte; callable loss: loss), a sequence of names
         (built in: loss, accuracy, error, mse, mae, bits_per_byte, perplexity, as the
-        loss allows) or `staleness.results.metrics.Metric` values, or a dict {name or Metric:
+        loss allows) or `staleness.tasks.metrics.Metric` values, or a dict {name or Metric:
         fn(outputs, batch) -> [B] per-example values, or None for the built-in}.
         A name without a known direction must be declared as a Metric.
       optimizer: the task's default optimizer (optax transformation or spec string).
@@ -355,7 +355,7 @@ def from_functions(
         `data`, evaluate(params, data); the names are exactly `metrics`.
       batch_size: per-worker minibatch μ (recorded; `sample` decides the batch).
       num_workers: workers λ.
-      metrics: the metric names `evaluate` returns, or `staleness.results.metrics.Metric`
+      metrics: the metric names `evaluate` returns, or `staleness.tasks.metrics.Metric`
         values (names without a known direction must be declared so).
       data: optional pytree of arrays the functions read, passed to them as jit
         arguments (not compile-time constants), e.g. training and test arrays.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from staleness.results.metrics import Metric
+from staleness.tasks.metrics import Metric
 from staleness.tasks.batches import PyTree
 from staleness.tasks.errors import LabelShapeError, LossError, TaskError
 from staleness.tasks.flax_models import first_line
@@ -100,7 +100,7 @@ def _builtin_metric(name: str, loss_name: str | None, per_example_loss, input_ke
 
 def metric_table(metrics, loss_name: str | None, per_example_loss, input_key: str = "x"):
     """[(Metric, per-example fn, finalize or None)] from `metrics` (see from_flax)."""
-    from staleness.results import metrics as _metrics
+    from staleness.tasks import metrics as _metrics
 
     builtin = _BUILTIN_METRICS[loss_name]
     if metrics is None:
@@ -113,7 +113,7 @@ def metric_table(metrics, loss_name: str | None, per_example_loss, input_key: st
         metric = key if isinstance(key, Metric) else None
         name = metric.name if metric is not None else key
         if not isinstance(name, str) or not name:
-            raise TaskError(f"metrics: {key!r} must be a metric name or a staleness.results.metrics.Metric.")
+            raise TaskError(f"metrics: {key!r} must be a metric name or a staleness.tasks.metrics.Metric.")
         if metric is None:
             metric = _metrics.get(name)   # ValueError: no known direction (declare a Metric)
         metric.validate()

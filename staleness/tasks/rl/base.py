@@ -230,7 +230,7 @@ class RLTask:
       eval_lengths: [num_eval_prompts] int32 completion lengths of the held-out prompts.
       eval_samples: completions sampled per held-out prompt for `evaluate`'s "reward".
       pad_token: token id stored past each completion's length.
-      metrics: `staleness.results.metrics.Metric` of "reward" and "greedy_reward" (higher is better).
+      metrics: `staleness.tasks.metrics.Metric` of "reward" and "greedy_reward" (higher is better).
       options: ((key, value), ...) the task-specific options it was built with.
       optimizer: the learner's optimizer when a run names none (a spec or an optax
         transformation); None: 'sgd'.
@@ -468,8 +468,8 @@ class RLTask:
                 f"{_human(nbytes, 'B')} of parameters in memory; Ctrl-C keeps what was recorded")
 
     def metric(self, name: str):
-        """The `staleness.results.metrics.Metric` `name` (ValueError naming the valid ones)."""
-        from staleness.results import metrics
+        """The `staleness.tasks.metrics.Metric` `name` (ValueError naming the valid ones)."""
+        from staleness.tasks import metrics
 
         return metrics.find(self.metrics, name, self.name)
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from staleness.results import metrics as _metrics
+from staleness.tasks import metrics as _metrics
 from staleness.tasks.errors import TaskError
 from staleness.tasks.rl import lengths as _lengths
 from staleness.tasks.rl import objectives

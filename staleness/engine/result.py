@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from staleness.infra import files, interrupts
-from staleness.results import metrics as _metrics
-from staleness.results.metrics import Metric
+from staleness.tasks import metrics as _metrics
+from staleness.tasks.metrics import Metric
 from staleness.schedule import FileFormatError, Schedule
 
 __all__ = ["Result", "FORMAT_VERSION", "DivergenceError", "FileFormatError", "STATUSES", "flatten_params",
@@ -192,7 +192,7 @@ class Result:
         return self.history.iloc[-1].to_dict() if len(self.history) else {}
 
     def metric(self, name: str) -> Metric:
-        """The `staleness.results.metrics.Metric` `name` (direction and range) as the run's task
+        """The `staleness.tasks.metrics.Metric` `name` (direction and range) as the run's task
         declared it (config['metrics']), else as known by name."""
         info = self.config.get("metrics") or {}
         if name in info:

@@ -94,15 +94,15 @@ def as_callbacks(callbacks, what: str = "callbacks") -> tuple:
         return ()
     items = [callbacks] if isinstance(callbacks, str) or callable(callbacks) else callbacks
     if not isinstance(items, (list, tuple)):
-        raise TypeError(f"{what} = {callbacks!r} must be a callable of one staleness.results.tracking.Evaluation, a spec "
+        raise TypeError(f"{what} = {callbacks!r} must be a callable of one staleness.infra.tracking.Evaluation, a spec "
                         f"({SPECS}), or a list of them")
     out = []
     for c in items:
         if isinstance(c, str):
             c = parse(c, what=what)
         if not callable(c):
-            raise TypeError(f"{what}: {c!r} is not callable; give a function of one staleness.results.tracking.Evaluation, "
-                            f"a writer such as staleness.results.tracking.TensorBoard(logdir), or a spec ({SPECS})")
+            raise TypeError(f"{what}: {c!r} is not callable; give a function of one staleness.infra.tracking.Evaluation, "
+                            f"a writer such as staleness.infra.tracking.TensorBoard(logdir), or a spec ({SPECS})")
         out.append(c)
     return tuple(out)
 
@@ -244,7 +244,7 @@ class TensorBoard:
         try:
             import tensorboardX  # noqa: F401
         except ImportError:
-            raise ImportError("staleness.results.tracking.TensorBoard needs tensorboardX: pip install 'tensorboardX>=2.6'") \
+            raise ImportError("staleness.infra.tracking.TensorBoard needs tensorboardX: pip install 'tensorboardX>=2.6'") \
                 from None
         self.logdir = Path(logdir)
         self.flush_secs = int(flush_secs)
@@ -347,7 +347,7 @@ def _wandb():
     try:
         import wandb
     except ImportError:
-        raise ImportError("staleness.results.tracking.WandB needs the wandb package: pip install 'staleness[wandb]'") \
+        raise ImportError("staleness.infra.tracking.WandB needs the wandb package: pip install 'staleness[wandb]'") \
             from None
     return wandb
 
