@@ -44,13 +44,27 @@ def pytest_xdist_make_scheduler(config, log):
     no longer lets it do, so its groups are silently ignored."""
     if config.getvalue("dist") != "loadfile":
         return None
+    return scheduler_class()(config, log)
+
+
+def scheduler_class():
+    """xdist's LoadFileScheduling with our units, and a crashed worker's finished units kept
+    out of the queue: xdist 3.8 re-queues every unit the crashed worker was given, finished
+    ones too, and a worker then handed a finished unit is sent no test, so nothing ever asks
+    the scheduler for more work and the run waits forever (CI's 90 minutes)."""
     from xdist.scheduler import LoadFileScheduling
 
     class Scheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scheduling_unit(nodeid)
 
-    return Scheduling(config, log)
+        def remove_node(self, node):
+            workload = self.assigned_work.get(node, {})
+            for scope in [s for s, unit in workload.items() if all(unit.values())]:
+                del workload[scope]
+            return super().remove_node(node)
+
+    return Scheduling
 
 
 def scheduling_unit(nodeid: str) -> str:

@@ -90,7 +90,7 @@ def test_settings_are_checked_and_canonical():
 
 def test_policy_and_cluster_specs():
     specs = [explorer.policy_spec(k, s=2, r_max=5, n=6, num_workers=4) for k in explorer.POLICY_KINDS]
-    assert specs == ["bsp", "asp", "ssp:2", "dssp:2:5", "dssp:2:5:nocap", "softsync:4"]
+    assert specs == ["bsp", "asp", "ssp:2", "dssp:2:5", "dssp:2:5:nocap", "softsync:4", "backup:1"]
     for spec in specs:
         assert st.policies.parse(spec).describe() == spec
     with pytest.raises(ValueError, match="kind"):
@@ -128,3 +128,15 @@ def test_run_caches_and_figure_and_table_show_every_policy():
     assert (t["final_ci_low"] <= t["final_loss"]).all() and (t["final_loss"] <= t["final_ci_high"]).all()
     with pytest.raises(ValueError, match="empty"):
         explorer.figure(s, [])
+
+
+def test_the_policy_menu_comes_from_the_registry(monkeypatch):
+    """A registered gradient policy joins the explorer's menu (no list to edit); RL and
+    local-update policies, which the explorer's tasks cannot run, do not."""
+    from staleness.policies import registry
+
+    menu = explorer.policy_kinds()
+    assert "rl_async" not in menu and "diloco" not in menu and "dssp (no cap)" in menu
+    monkeypatch.setitem(registry._REGISTERED, "capped_asp", (lambda staleness=3: st.policies.ssp(staleness), None))
+    assert explorer.policy_kinds()[-1] == "capped_asp" and "capped_asp" in explorer.POLICY_KINDS
+    assert explorer.policy_spec("capped_asp", s=5) == "ssp:5"

@@ -11,6 +11,9 @@ lazily), and the errors of bad outages.
 import dataclasses
 import hashlib
 import itertools
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,21 +105,9 @@ def test_golden_schedules_with_failures_and_joins(cluster, policy, payload, dige
 
 
 # -- recipe 3's example: a periodic preemption layer ----------------------------------------------
-# As written in ARCHITECTURE.md's recipe 3 (its `spot = ...` line is the first test's cluster).
-@dataclasses.dataclass(frozen=True)
-class Preempt:   # spot preemption: each of `workers` is down `down` s every `period` s, from `phase` s
-    workers: tuple
-    period: float
-    down: float
-    phase: float = 0.0
-    def describe(self):
-        return f"preempt={','.join(map(str, self.workers))}:{self.period:g}:{self.down:g}:{self.phase:g}"
-
-    def wrap(self, inner, seed, stream):
-        intervals = lambda: ((t, t + self.down) for t in (self.phase + k * self.period for k in itertools.count()))
-        layer = layers.Layer(inner)
-        layer.outages = inner.outages + tuple(layers.Outages(w, intervals, endless=True) for w in self.workers)
-        return layer
+# As written in ARCHITECTURE.md's recipe 3: tests/plugins/user_clusters.py, with its spec keyword.
+sys.path.insert(0, str(Path(__file__).parent / "plugins"))
+from user_clusters import Preempt  # noqa: E402
 
 
 def _windows(period, down, phase, until):
@@ -126,7 +117,7 @@ def _windows(period, down, phase, until):
 def test_recipe_a_periodic_preemption_layer():
     spot = st.cluster.parse("1*4+fail=3@100-200").with_modifier(Preempt((3,), 40.0, 10.0, 5.0))
     sched = st.simulate_schedule("asp", spot, num_updates=1000, seed=1)   # no horizon needed
-    assert spot.describe() == "4+fail=3@100-200+preempt=3:40:10:5" and sched.end_time > 250.0
+    assert spot.describe() == "4+fail=3@100-200+user_clusters:preempt=3:40:10:5" and sched.end_time > 250.0
     # worker 3 is down in the union of [5 + 40k, 15 + 40k) and [100, 200), up in between
     down = [(5.0, 15.0), (45.0, 55.0), (85.0, 95.0), (100.0, 200.0), (205.0, 215.0), (245.0, 255.0)]
     for (a, b), (c, _) in zip(down, down[1:]):
@@ -155,7 +146,7 @@ def test_endless_membership_is_read_lazily():
     assert list(itertools.islice(s.membership(), 3)) == [(1.0, "fail", 0), (3.0, "join", 0), (11.0, "fail", 0)]
     assert not stream_schedule("asp", c, num_updates=5).steady
     with pytest.raises(ValueError, match=r"membership_events: until = None, but cluster .* takes workers down "
-                                         r"without end \(preempt=0:10:2:1\); give until="):
+                                         r"without end \(user_clusters:preempt=0:10:2:1\); give until="):
         s.membership_events()
 
 
@@ -233,8 +224,39 @@ def test_bad_outages_name_the_layer_worker_and_interval(make, needle):
 def test_bad_until_and_bad_preemption_arguments():
     with pytest.raises(ValueError, match=r"^membership_events: until = 'soon' must be a real number$"):
         C.constant(2).sampler(0).membership_events(until="soon")
-    with pytest.raises(ValueError, match=r"^preempt=0:40:10:-5: worker 0's down interval \(-5.0, 5.0\): fail_at = "
+    with pytest.raises(ValueError, match=r"^user_clusters:preempt=0:40:10:-5: worker 0's down interval \(-5.0, 5.0\): fail_at = "
                                          r"-5.0 must be a finite number >= 0 "):
         simulate_schedule("asp", C.constant(2).with_modifier(Preempt((0,), 40.0, 10.0, -5.0)), num_updates=5)
     with pytest.raises(ValueError, match="failures: worker 0 has overlapping down intervals"):
         C.constant(2).failures([(0, 1, 10), (0, 5, 20)])   # within one layer, still a mistake
+
+
+def test_a_registered_modifier_is_a_spec_keyword_on_the_cli(capsys):
+    """cluster.register_modifier (recipe 3): `user_clusters:preempt=...` imports the module and
+    builds its layer; the spec round-trips, the keyword joins the grammar and the "known" list,
+    and the CLI simulates it (worker 3 pushes nothing while it is down)."""
+    from staleness.cli import main
+
+    spec = "1*4+fail=3@100-200+user_clusters:preempt=3:40:10:5"
+    c = C.parse(spec)
+    assert c == C.parse("1*4+fail=3@100-200").with_modifier(Preempt((3,), 40.0, 10.0, 5.0))
+    assert C.parse(c.describe()) == c and C.parse("1*4+preempt=3:40:10:5") == C.constant(4).with_modifier(
+        Preempt((3,), 40.0, 10.0, 5.0))
+    assert "'preempt=' WORKERS ':' PERIOD ':' DOWN" in C.grammar() and "preempt" in C.keywords()
+    with pytest.raises(ValueError, match="known: jitter, .*preempt"):
+        C.parse("1*4+preemt=3:40:10")
+    with pytest.raises(ValueError, match="preempt down = 50 must be > 0 and < period = 40"):
+        C.parse("1*4+preempt=3:40:50")
+    with pytest.raises(ValueError, match="registered no modifier 'nope'"):
+        C.parse("1*4+user_clusters:nope=1")
+    with pytest.raises(ValueError, match="'jitter' is already a cluster spec keyword"):
+        C.register_modifier("jitter", lambda c, v: c, "X")
+    base = ["schedule", "--policy", "asp", "--updates", "300", "--json", "--cluster"]
+    assert main(base + ["1*4+fail=3@100-200"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + [spec]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["cluster"] == c.describe() and plain["lost"] == 0 and got["lost"] > 0   # 300 updates: 81 s
+    assert main(base + ["1*4+preemt=3:40:10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown modifier 'preemt'; known: jitter" in err[0]

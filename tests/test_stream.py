@@ -75,9 +75,25 @@ def test_a_streamed_simulate_is_bitwise_the_replay_of_the_finished_schedule(digi
     _same_run(r, st.engine.replay(whole, digits4, lr=0.1, seed=1, eval_every=16))
 
 
+def _streamable_specs() -> list[str]:
+    """Every registered policy that streams with its defaults (from the registry: a new
+    streamable policy is covered without editing this test), plus tighter parameters."""
+    def streams(name):
+        try:
+            return P.parse(name).streamable(4) is not None
+        except (ValueError, TypeError):   # a registered factory without defaults
+            return False
+    return [n for n in P.names() if streams(n)] + ["ssp:1", "softsync:2", "dssp:1:4"]
+
+
+def test_the_ring_growth_cases_cover_every_streamable_policy():
+    assert {"asp", "ssp", "dssp", "softsync"} <= set(_streamable_specs())
+    assert all(P.parse(s).streamable(4) is not None for s in _streamable_specs())
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=hs.integers(0, 10_000), chunk=hs.integers(1, 40), n=hs.integers(1, 120),
-       policy=hs.sampled_from(["asp", "ssp:1", "softsync:2", "softsync:4", "dssp:1:4"]), jitter=hs.floats(0.0, 0.5),
+       policy=hs.sampled_from(_streamable_specs()), jitter=hs.floats(0.0, 0.5),
        slow=hs.floats(1.0, 30.0), ring=hs.one_of(hs.none(), hs.integers(1, 6)))
 def test_a_plan_filled_while_simulating_is_the_plan_of_the_finished_schedule(seed, chunk, n, policy, jitter, slow,
                                                                               ring):

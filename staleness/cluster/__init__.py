@@ -64,7 +64,7 @@ Spec grammar (the CLI's ``--cluster``; :func:`parse`, and
                  gpus(...), e.g. "gtx1080ti*4,gtx1060*4"; the optional '@SECONDS'
                  sets the reference GPU's seconds per iteration (default 1):
                  "v100*8@0.25"
-    modifier  := 'jitter=' SIGMA
+    modifier  := 'jitter=' SIGMA                    (grammar() lists every registered keyword)
                | 'stragglers=' PROB ':' SLOWDOWN ':' DURATION [ ':' WORKERS ]
                | 'periodic=' PERIOD ':' DURATION ':' SLOWDOWN [ ':' WORKERS [ ':' PHASE ] ]
                | 'network=' PUSH ':' PULL [ ':' JITTER ]          seconds
@@ -76,6 +76,9 @@ Spec grammar (the CLI's ``--cluster``; :func:`parse`, and
     LATENCY   := NUMBER [ 's' | 'ms' | 'us' ]   a bare number is seconds
     event     := WORKER '@' FAIL_AT [ '-' [ REJOIN_AT ] ]   no REJOIN_AT: never rejoins
     WORKERS   := 'all' | range ( ',' range )*   with range := ID [ '-' ID ] (inclusive)
+
+A new modifier gets its keyword with :func:`register_modifier` (ARCHITECTURE.md, recipe
+3); a spec names one of a module not imported yet as ``package.module:NAME=VALUE``.
 
 Examples: ``"gtx1080ti*4,gtx1060*4+jitter=0.1+stragglers=0.01:4:5"
 "+network=0.01:0.01+periodic=100:10:3+fail=3@100-200"``;
@@ -134,7 +137,7 @@ from staleness.cluster.network import (
 )
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import CHUNK, GROUP, ClusterSampler
-from staleness.cluster.spec import parse, resolve
+from staleness.cluster.spec import grammar, keywords, parse, register_modifier, resolve
 from staleness.cluster.trace import from_trace_csv
 
 __all__ = [
@@ -148,6 +151,9 @@ __all__ = [
     "heterogeneous",
     "parse",
     "resolve",
+    "register_modifier",
+    "keywords",
+    "grammar",
     "PRESETS",
     "CHUNK",
     "GROUP",

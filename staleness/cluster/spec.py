@@ -5,14 +5,16 @@
 
 from __future__ import annotations
 
+import importlib
 import re
+from typing import Callable, NamedTuple
 
 from staleness.cluster.model import Cluster, constant, gpus, heterogeneous
 from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.trace import from_trace_csv
 
-__all__ = ["parse"]
+__all__ = ["parse", "register_modifier", "keywords", "grammar", "Value", "Keyword"]
 
 _FLOAT = r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _EVENT_RE = re.compile(rf"^(\d+)@({_FLOAT})(?:-({_FLOAT})?)?$")
@@ -98,78 +100,186 @@ def _parse_base(spec: str, text: str) -> Cluster:
     return heterogeneous(values)
 
 
+class Value:
+    """The text after a modifier's ``NAME=``, split at ':' into `fields`, with parsers whose
+    errors quote the whole spec: what a registered modifier's `build` reads."""
+
+    def __init__(self, spec: str, key: str, text: str):
+        self.spec, self.key, self.text = spec, key, text
+        self.fields = [f.strip() for f in text.split(":")]
+
+    def bad(self, why: str) -> ValueError:
+        """The ValueError to raise for a bad value (it quotes the spec and points to the grammar)."""
+        return _bad(self.spec, why)
+
+    def count(self, lo: int, hi: int, what: str) -> None:
+        """Refuse fewer than `lo` or more than `hi` fields (`what`: the keyword's grammar)."""
+        if not lo <= len(self.fields) <= hi:
+            raise self.bad(f"{self.key} takes {what}, got {self.text!r}")
+
+    def number(self, i: int, what: str, default: float | None = None) -> float:
+        """Field `i` as a float (`default` when there is no field `i`)."""
+        if i >= len(self.fields) and default is not None:
+            return default
+        return _pnum(self.spec, f"{self.key} {what}", self.fields[i])
+
+    def workers(self, i: int) -> list[int] | None:
+        """Field `i` as worker ids ('all', or ids/ranges like '0-3,6'; None for all or no field)."""
+        return _pworkers(self.spec, self.fields[i]) if i < len(self.fields) else None
+
+    def bandwidth(self, i: int, what: str) -> float:
+        """Field `i` as bytes per second (e.g. '1gbps', '100MB/s')."""
+        try:
+            return parse_bandwidth(self.fields[i], f"{self.key} {what}")
+        except ValueError as e:
+            raise self.bad(str(e)) from None
+
+    def latency(self, i: int, what: str) -> float:
+        """Field `i` as seconds (e.g. '5ms'); 0 when there is no field `i`."""
+        if i >= len(self.fields):
+            return 0.0
+        try:
+            return parse_latency(self.fields[i], f"{self.key} {what}")
+        except ValueError as e:
+            raise self.bad(str(e)) from None
+
+
+class Keyword(NamedTuple):
+    """A spec keyword: ``NAME=VALUE`` builds `build(cluster, Value)`; `grammar` is its value's
+    grammar (e.g. ``SIGMA``) and `help` one line on what it does."""
+
+    name: str
+    build: Callable[[Cluster, Value], Cluster]
+    grammar: str
+    help: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+_KEYWORDS: dict[str, Keyword] = {}
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def register_modifier(name: str, build: Callable[[Cluster, Value], Cluster], grammar: str, help: str = "",
+                      aliases: tuple[str, ...] = (), overwrite: bool = False) -> Keyword:
+    """Give a cluster modifier its spec keyword: ``+NAME=VALUE`` calls `build(cluster, value)`
+    (`value` a `Value`: fields, number, workers, bandwidth, latency, bad) for the cluster so
+    far, which returns the cluster with the modifier (`cluster.with_modifier(...)`). The
+    keyword's grammar, help and the "known" list of an unknown keyword come from here. A spec
+    names a keyword of a module not imported yet as ``package.module:NAME=VALUE``."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"register_modifier: name = {name!r} must be lower-case letters, digits and '_', "
+                         "starting with a letter")
+    if not callable(build):
+        raise TypeError(f"register_modifier: build = {build!r} must be a function (cluster, value) -> Cluster")
+    for n in (name, *aliases):
+        if n in _KEYWORDS and not overwrite and _KEYWORDS[n].build is not build:
+            raise ValueError(f"register_modifier: {n!r} is already a cluster spec keyword; pass overwrite=True "
+                             "to replace it")
+    entry = Keyword(name, build, grammar, help, tuple(aliases))
+    for n in (name, *aliases):
+        _KEYWORDS[n] = entry
+    return entry
+
+
+def keywords() -> dict[str, Keyword]:
+    """Every cluster spec keyword by name (aliases not repeated), built-ins first."""
+    return {k: e for k, e in _KEYWORDS.items() if k == e.name}
+
+
+def grammar() -> str:
+    """The ``modifier :=`` rule of the spec grammar, one line per registered keyword."""
+    lines = [f"'{e.name}=' {e.grammar}" + (f"    {e.help}" if e.help else "") for e in keywords().values()]
+    return "modifier  := " + "\n           | ".join(lines)
+
+
+def _keyword(spec: str, key: str) -> Keyword:
+    if ":" in key:
+        module, _, name = key.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise _bad(spec, f"modifier {key!r}: cannot import {module!r} ({e}); is it on the Python path?") from None
+        if name not in _KEYWORDS:
+            raise _bad(spec, f"importing {module!r} registered no modifier {name!r} (call "
+                             "staleness.cluster.register_modifier(name, build, grammar) in it)")
+        return _KEYWORDS[name]
+    if key not in _KEYWORDS:
+        raise _bad(spec, f"unknown modifier {key!r}; known: {', '.join(keywords())}, or package.module:name "
+                         "of one your module registers")
+    return _KEYWORDS[key]
+
+
 def _parse_modifier(spec: str, c: Cluster, text: str) -> Cluster:
     key, eq, val = text.partition("=")
     key = key.strip().lower()
     if not eq or not val.strip():
         raise _bad(spec, f"modifier {text!r} must look like name=value")
-    fields = [f.strip() for f in val.split(":")]
+    entry = _keyword(spec, key)
+    return entry.build(c, Value(spec, key.rpartition(":")[2], val))
 
-    def nums(lo, hi, what):
-        if not lo <= len(fields) <= hi:
-            raise _bad(spec, f"{key} takes {what}, got {val!r}")
 
-    if key == "jitter":
-        nums(1, 1, "SIGMA")
-        return c.jitter(_pnum(spec, "jitter sigma", fields[0]))
-    if key == "stragglers":
-        nums(3, 4, "PROB:SLOWDOWN:DURATION[:WORKERS]")
-        p, s, d = (_pnum(spec, f"stragglers {n}", x)
-                   for n, x in zip(("prob", "slowdown", "duration"), fields))
-        w = _pworkers(spec, fields[3]) if len(fields) > 3 else None
-        return c.stragglers(p, s, d, w)
-    if key == "periodic":
-        nums(3, 5, "PERIOD:DURATION:SLOWDOWN[:WORKERS[:PHASE]]")
-        p, d, s = (_pnum(spec, f"periodic {n}", x)
-                   for n, x in zip(("period", "duration", "slowdown"), fields))
-        w = _pworkers(spec, fields[3]) if len(fields) > 3 else None
-        ph = _pnum(spec, "periodic phase", fields[4]) if len(fields) > 4 else 0.0
-        return c.periodic(p, d, s, w, ph)
-    if key == "network":
-        nums(2, 3, "PUSH:PULL[:JITTER]")
-        vals = [_pnum(spec, f"network {n}", x) for n, x in zip(("push", "pull", "jitter"), fields)]
-        return c.network(*vals)
-    def bw(text, what):
-        try:
-            return parse_bandwidth(text, what)
-        except ValueError as e:
-            raise _bad(spec, str(e)) from None
+def _stragglers(c: Cluster, v: Value) -> Cluster:
+    v.count(3, 4, "PROB:SLOWDOWN:DURATION[:WORKERS]")
+    return c.stragglers(v.number(0, "prob"), v.number(1, "slowdown"), v.number(2, "duration"), v.workers(3))
 
-    def lat(text, what):
-        try:
-            return parse_latency(text, what)
-        except ValueError as e:
-            raise _bad(spec, str(e)) from None
 
-    if key == "net":
-        # WORKERS may hold commas but no ':'; BANDWIDTH and LATENCY hold neither
-        nums(1, 3, "BANDWIDTH[:LATENCY[:WORKERS]], e.g. net=1gbps:5ms")
-        w = _pworkers(spec, fields[2]) if len(fields) > 2 else None
-        return c.links(bw(fields[0], "net bandwidth"),
-                       lat(fields[1], "net latency") if len(fields) > 1 else 0.0, w)
-    if key == "server":
-        nums(1, 2, "BANDWIDTH[:LATENCY], e.g. server=10gbps")
-        return c.server(bw(fields[0], "server bandwidth"),
-                        lat(fields[1], "server latency") if len(fields) > 1 else 0.0)
-    if key == "allreduce":
-        nums(2, 3, "ring|tree:BANDWIDTH[:LATENCY], e.g. allreduce=ring:10gbps:1ms")
-        algo = fields[0].lower()
-        if algo not in ALGORITHMS:
-            raise _bad(spec, f"allreduce algorithm {fields[0]!r} must be one of {', '.join(ALGORITHMS)}")
-        return c.allreduce(algo, bw(fields[1], "allreduce bandwidth"),
-                           lat(fields[2], "allreduce latency") if len(fields) > 2 else 0.0)
-    if key in ("fail", "failures"):
-        events = []
-        for ev in val.split(","):
-            m = _EVENT_RE.match(ev.strip())
-            if not m:
-                raise _bad(spec, f"failure event {ev.strip()!r} must be WORKER@FAIL_AT"
-                                 f"[-REJOIN_AT], e.g. '3@100-200' or '3@100'")
-            events.append((int(m.group(1)), float(m.group(2)),
-                           None if m.group(3) is None else float(m.group(3))))
-        return c.failures(events)
-    raise _bad(spec, f"unknown modifier {key!r}; known: jitter, stragglers, periodic, "
-                     f"network, net, server, allreduce, fail")
+def _periodic(c: Cluster, v: Value) -> Cluster:
+    v.count(3, 5, "PERIOD:DURATION:SLOWDOWN[:WORKERS[:PHASE]]")
+    return c.periodic(v.number(0, "period"), v.number(1, "duration"), v.number(2, "slowdown"), v.workers(3),
+                      v.number(4, "phase", 0.0))
+
+
+def _net(c: Cluster, v: Value) -> Cluster:
+    # WORKERS may hold commas but no ':'; BANDWIDTH and LATENCY hold neither
+    v.count(1, 3, "BANDWIDTH[:LATENCY[:WORKERS]], e.g. net=1gbps:5ms")
+    return c.links(v.bandwidth(0, "bandwidth"), v.latency(1, "latency"), v.workers(2))
+
+
+def _allreduce(c: Cluster, v: Value) -> Cluster:
+    v.count(2, 3, "ring|tree:BANDWIDTH[:LATENCY], e.g. allreduce=ring:10gbps:1ms")
+    algo = v.fields[0].lower()
+    if algo not in ALGORITHMS:
+        raise v.bad(f"allreduce algorithm {v.fields[0]!r} must be one of {', '.join(ALGORITHMS)}")
+    return c.allreduce(algo, v.bandwidth(1, "bandwidth"), v.latency(2, "latency"))
+
+
+def _failures(c: Cluster, v: Value) -> Cluster:
+    events = []
+    for ev in v.text.split(","):
+        m = _EVENT_RE.match(ev.strip())
+        if not m:
+            raise v.bad(f"failure event {ev.strip()!r} must be WORKER@FAIL_AT[-REJOIN_AT], e.g. '3@100-200' or "
+                        "'3@100'")
+        events.append((int(m.group(1)), float(m.group(2)), None if m.group(3) is None else float(m.group(3))))
+    return c.failures(events)
+
+
+def _jitter(c: Cluster, v: Value) -> Cluster:
+    v.count(1, 1, "SIGMA")
+    return c.jitter(v.number(0, "sigma"))
+
+
+def _network(c: Cluster, v: Value) -> Cluster:
+    v.count(2, 3, "PUSH:PULL[:JITTER]")
+    return c.network(v.number(0, "push"), v.number(1, "pull"), v.number(2, "jitter", 0.0))
+
+
+def _server(c: Cluster, v: Value) -> Cluster:
+    v.count(1, 2, "BANDWIDTH[:LATENCY], e.g. server=10gbps")
+    return c.server(v.bandwidth(0, "bandwidth"), v.latency(1, "latency"))
+
+
+register_modifier("jitter", _jitter, "SIGMA", "lognormal noise of mean 1 on every compute time")
+register_modifier("stragglers", _stragglers, "PROB ':' SLOWDOWN ':' DURATION [ ':' WORKERS ]",
+                  "random slow episodes")
+register_modifier("periodic", _periodic, "PERIOD ':' DURATION ':' SLOWDOWN [ ':' WORKERS [ ':' PHASE ] ]",
+                  "a slow window every PERIOD s")
+register_modifier("network", _network, "PUSH ':' PULL [ ':' JITTER ]", "fixed transfer seconds")
+register_modifier("net", _net, "BANDWIDTH [ ':' LATENCY [ ':' WORKERS ] ]", "per-worker links")
+register_modifier("server", _server, "BANDWIDTH [ ':' LATENCY ]", "shared server link")
+register_modifier("allreduce", _allreduce, "( 'ring' | 'tree' ) ':' BANDWIDTH [ ':' LATENCY ]", "collective cost")
+register_modifier("fail", _failures, "event ( ',' event )*", "several fail= layers combine (a union)",
+                  aliases=("failures",))
 
 
 def resolve(cluster, *, allow_none: bool = False) -> Cluster | None:

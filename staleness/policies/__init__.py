@@ -35,7 +35,8 @@ from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_wo
                                           rl_async, rl_inflight, rl_one_step_off, rl_partial, rl_sync, softsync, ssp, streaming_diloco)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, Gate, RoundBound, RoundLag, dssp_controller
 from staleness.policies.policy import Policy, Unknown
-from staleness.policies.registry import names, parse, recorded, register, resolve, spec_help
+from staleness.policies import registry
+from staleness.policies.registry import factory, names, parse, recorded, register, resolve, spec_help
 from staleness.policies.state import ClockTable, PushOutcome, SyncState
 from staleness.policies.work import Gradient, LocalSteps, Rollout, Streaming, Work
 
@@ -45,7 +46,7 @@ __all__ = [
     "EachGradient", "Window", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
     "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES",
-    "dssp_controller", "parse", "resolve", "register", "names", "spec_help", "recorded", "payload",
+    "dssp_controller", "parse", "resolve", "register", "names", "factory", "registry", "spec_help", "recorded", "payload",
 ]
 
 

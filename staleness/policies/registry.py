@@ -24,7 +24,7 @@ from staleness.infra import specs
 from staleness.policies import factories as F
 from staleness.policies.policy import Policy
 
-__all__ = ["parse", "resolve", "register", "names", "spec_help", "recorded"]
+__all__ = ["parse", "resolve", "register", "names", "factory", "spec_help", "recorded"]
 
 # spec name -> (factory, the parameters positional values bind to); aliases map to the same factory.
 _BUILTIN: dict[str, tuple[Callable[..., Policy], tuple[str, ...]]] = {
@@ -77,6 +77,17 @@ def register(name: str, factory: Callable[..., Policy] | None = None, *, positio
 def names() -> list[str]:
     """The policy names `parse` knows: the built-ins, then the registered ones."""
     return [*_BUILTIN, *_REGISTERED]
+
+
+def factory(name: str) -> Callable[..., Policy]:
+    """The factory `parse(name)` calls: a built-in (or alias) or a registered name; ValueError
+    naming the valid ones."""
+    key = _ALIASES.get(name, name)
+    if key in _BUILTIN:
+        return _BUILTIN[key][0]
+    if key in _REGISTERED:
+        return _REGISTERED[key][0]
+    raise ValueError(f"factory: name = {name!r} is not a policy name; valid: {', '.join(names())}")
 
 
 def _usage(name: str, factory: Callable, positional: tuple[str, ...] | None) -> str:

@@ -22,6 +22,7 @@ so the tests can check it without a kernel.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import shlex
 
@@ -34,8 +35,9 @@ __all__ = [
     "policy_spec", "cluster_spec", "run", "figure", "table",
 ]
 
-# The policy menu: each kind's parameters come from the explorer's s / r_max / n controls.
-POLICY_KINDS = ("bsp", "asp", "ssp", "dssp", "dssp (no cap)", "softsync")
+# The policy menu comes from the policy registry (`policy_kinds`): each kind's parameters are
+# set from the explorer's s / r_max / n controls (CONTROLS), the others keep their defaults.
+CONTROLS = {"staleness": "s", "s_low": "s", "r_max": "r_max", "n": "n"}
 # Built-in tasks small enough to re-run on every change of a control (seconds on a laptop CPU).
 TASKS = ("digits-mlp", "mnist1d-mlp", "linreg", "quadratic")
 LR_RULES = ("constant", "per_gradient", "per_update", "delay_adaptive")   # delay_adaptive: N = the workers
@@ -45,21 +47,45 @@ STRAGGLER_SLOWDOWN = 4.0  # a straggling iteration takes this many times longer 
 STRAGGLER_SECONDS = 10.0  # ... for this many simulated seconds (the cluster's `stragglers` modifier)
 
 
+def policy_kinds() -> tuple[str, ...]:
+    """The explorer's policy menu: every registered policy (built-ins first) that trains with
+    gradients (`work.numerics == "gradient"`) and builds from its defaults, plus a
+    "NAME (no FLAG)" entry for each boolean parameter that is on by default (e.g. "dssp (no cap)")."""
+    out = []
+    for name in _policies.names():
+        factory = _policies.factory(name)
+        try:
+            ok = _policies.parse(name).work.numerics == "gradient"
+        except (ValueError, TypeError):
+            ok = False
+        if ok:
+            out.append(name)
+            out += [f"{name} (no {k})" for k, p in inspect.signature(factory).parameters.items()
+                    if p.default is True]
+    return tuple(out)
+
+
+def __getattr__(name: str):
+    if name == "POLICY_KINDS":   # the menu as it is now (a module registered later adds its policies)
+        return policy_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def policy_spec(kind: str, s: int = 3, r_max: int = 12, n: int = 4, num_workers: int = 8) -> str:
-    """The policy spec (`staleness.policies.parse` grammar) of one of `POLICY_KINDS` with
-    the explorer's parameters: s is SSP's bound and DSSP's s_low (clocks), r_max DSSP's
-    range (clocks), n softsync's n (clamped to `num_workers`). Returns e.g. 'dssp:3:12'."""
-    if kind == "ssp":
-        p = _policies.ssp(staleness=s)
-    elif kind in ("dssp", "dssp (no cap)"):
-        p = _policies.dssp(s_low=s, r_max=r_max, cap=kind == "dssp")
-    elif kind == "softsync":
-        p = _policies.softsync(n=min(n, num_workers))
-    elif kind in ("bsp", "asp"):
-        p = _policies.parse(kind)
-    else:
-        raise ValueError(f"policy_spec: kind = {kind!r} must be one of {POLICY_KINDS}")
-    return p.describe()
+    """The policy spec (`staleness.policies.parse` grammar) of one of `policy_kinds()` with
+    the explorer's parameters (CONTROLS): s is SSP's bound and DSSP's s_low (clocks), r_max
+    DSSP's range (clocks), n softsync's n (clamped to `num_workers`); a parameter without a
+    control keeps its default. Returns e.g. 'dssp:3:12'."""
+    kinds = policy_kinds()
+    if kind not in kinds:
+        raise ValueError(f"policy_spec: kind = {kind!r} must be one of {kinds}")
+    name, _, flag = kind.partition(" (no ")
+    values = {"s": s, "r_max": r_max, "n": min(n, num_workers)}
+    params = inspect.signature(_policies.factory(name)).parameters
+    kwargs = {k: values[c] for k, c in CONTROLS.items() if k in params}
+    if flag:
+        kwargs[flag.rstrip(")")] = False
+    return _policies.factory(name)(**kwargs).describe()
 
 
 def cluster_spec(fast: int, slow_seconds: float, jitter: float = 0.0, straggler_rate: float = 0.0,
