@@ -218,18 +218,8 @@ def eta_rows(cfg: dict, objective: str, etas, seeds, lr: float, log, **extra) ->
     return rows
 
 
-# -- 1. AReaL's table -------------------------------------------------------------------------------
-def section_areal(cfg, seeds, log, cache) -> dict:
-    out = {"settings": cfg, "objectives": {}}
-    for obj in cfg["objectives"]:
-        t = tuned_lr(cfg, obj, cache, log)
-        out["objectives"][obj] = {"lr": t["lr"], "tuning": t, "rows": eta_rows(cfg, obj, cfg["etas"], seeds, t["lr"],
-                                                                                 log)}
-    return out
-
-
-# -- 2. corrections at large staleness (NeMo-RL, marin) ---------------------------------------------
-def section_correction(cfg, seeds, log, cache) -> dict:
+# -- 1. AReaL's table, 2. corrections at large staleness (NeMo-RL, marin): objectives x η ---------
+def section_eta(cfg, seeds, log, cache) -> dict:
     out = {"settings": cfg, "objectives": {}}
     for obj in cfg["objectives"]:
         t = tuned_lr(cfg, obj, cache, log)
@@ -765,7 +755,7 @@ def main(argv=None):
     meta = res.pop("_meta", {"section_wall": {}})
     cache = res.pop("_tuning", {})
     log = lambda m: print(m, flush=True)  # noqa: E731
-    fns = {"areal": section_areal, "correction": section_correction, "mismatch": section_mismatch,
+    fns = {"areal": section_eta, "correction": section_eta, "mismatch": section_mismatch,
            "closed_form": section_closed_form, "lr_scaling": section_lr_scaling,
            "one_step_off": lambda c, s, lg, _: section_one_step_off(c, s, lg),
            "lengths": lambda c, s, lg, _: section_lengths(c, s, lg),

@@ -112,22 +112,23 @@ def _generate(task: "RLTask", params: PyTree, key: jax.Array, prompt_idx: jax.Ar
                    mask=jnp.broadcast_to(mask, (b, g, t)), rewards=rewards.reshape(b, g), lengths=lengths)
 
 
-@jax.jit
-def _logp(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
+def _per_token(per_sequence, task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
+    """`per_sequence(logits_fn, params, prompt, tokens, mask)` over every completion: [B, G, T]."""
     b, g, t = rollout.tokens.shape
     prompts = _gather(task.prompts, jnp.repeat(rollout.prompt_idx, g))      # [B·G, ...]
-    logp = jax.vmap(functools.partial(decode.token_logp, task.logits_fn), (None, 0, 0, 0))(
+    out = jax.vmap(functools.partial(per_sequence, task.logits_fn), (None, 0, 0, 0))(
         params, prompts, rollout.tokens.reshape(b * g, t), rollout.mask.reshape(b * g, t))
-    return logp.reshape(b, g, t)
+    return out.reshape(b, g, t)
+
+
+@jax.jit
+def _logp(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
+    return _per_token(decode.token_logp, task, params, rollout)
 
 
 @jax.jit
 def _entropy(task: "RLTask", params: PyTree, rollout: Rollout) -> jax.Array:
-    b, g, t = rollout.tokens.shape
-    prompts = _gather(task.prompts, jnp.repeat(rollout.prompt_idx, g))      # [B·G, ...]
-    ent = jax.vmap(functools.partial(decode.token_entropy, task.logits_fn), (None, 0, 0, 0))(
-        params, prompts, rollout.tokens.reshape(b * g, t), rollout.mask.reshape(b * g, t))
-    return ent.reshape(b, g, t)
+    return _per_token(decode.token_entropy, task, params, rollout)
 
 
 SIZE_BLOCK = 64
