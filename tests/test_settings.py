@@ -227,3 +227,72 @@ def test_every_entry_point_resolves_a_policy_and_a_cluster_the_same_way():
             call("asp", 2.5)
     assert st.policies.resolve("ssp:3") == st.policies.ssp(3) and st.cluster.resolve(None, allow_none=True) is None
     assert st.cluster.resolve("1,2").describe() == st.cluster.parse("1,2").describe()
+
+
+class _Reached(Exception):
+    pass
+
+
+def _every_field(tmp_path, replay: bool) -> dict:
+    """A valid value, not the default, for every field of `Settings` (replay: no budget)."""
+    from staleness.engine.settings import Settings
+
+    values = dict(num_updates=7, max_time=50.0, seed=3, lr=0.05, lr_rule="per_update", optimizer="momentum:0.9",
+                  inner_optimizer="adam", eval_every=5, num_evals=7, batch_size=4, progress=True,
+                  checkpoint=str(tmp_path / "ck"), resume=True, stop_after=3, slot_mode="map",
+                  config={"label": "x"}, callbacks=[print])
+    if replay:
+        del values["num_updates"], values["max_time"]
+    fields = {f.name for f in dataclasses.fields(Settings)} - ({"num_updates", "max_time"} if replay else set())
+    assert set(values) == fields, "a Settings field without a value here: add one"
+    return values
+
+
+@pytest.mark.parametrize("entry", ["simulate", "replay"])
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_settings_field_reaches_the_run(entry, whole, tmp_path, monkeypatch):
+    """Issue 37: `simulate` and `replay` take `settings=` whole (or its fields by keyword) and
+    copy no field by hand: the run sees exactly the checked value, field for field."""
+    from staleness.engine import run as engine_run
+    from staleness.engine.settings import Settings, check
+
+    seen = []
+
+    def reached(source, task, s):
+        seen.append(s)
+        raise _Reached
+
+    monkeypatch.setattr(engine_run, "_replay", reached)
+    values = _every_field(tmp_path, entry == "replay")
+    kwargs = {"settings": Settings(**values)} if whole else values
+    with pytest.raises(_Reached):
+        if entry == "simulate":
+            st.simulate("quadratic", "asp", "1*2", **kwargs)
+        else:
+            st.engine.replay(st.simulate_schedule("asp", "1*2", num_updates=7), "quadratic", **kwargs)
+    assert seen == [check(Settings(**values))]
+    with pytest.raises(TypeError, match=rf"{entry}\(\) got an unexpected keyword argument 'lrr'; it takes settings="):
+        getattr(st.engine, entry)(*(["quadratic", "asp", "1*2"] if entry == "simulate" else
+                                    [st.simulate_schedule("asp", "1*2", num_updates=2), "quadratic"]), lrr=0.1)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_sweep_settings_field_reaches_the_sweep(whole, monkeypatch):
+    """`st.sweep` takes `settings=` (a SweepSettings) whole or its fields by keyword: the
+    sweep checks exactly that value, field for field, before simulating anything."""
+    from staleness.engine.settings import SweepSettings, check_sweep
+
+    values = dict(seeds=(1, 2), lr_rules=("per_update",), lrs=(0.05,), num_updates=7, max_time=50.0,
+                  optimizer="momentum:0.9", inner_optimizer="adam", eval_every=5, num_evals=7, batch_size=4,
+                  ring=16, slots=4)
+    assert set(values) == {f.name for f in dataclasses.fields(SweepSettings)}, "a field without a value here"
+    expected, seen = check_sweep(SweepSettings(**values)), []
+
+    def reached(s):
+        seen.append(check_sweep(s))
+        raise _Reached
+
+    monkeypatch.setattr(settings, "check_sweep", reached)
+    with pytest.raises(_Reached):
+        st.sweep("quadratic", ["asp"], "1*2", **({"settings": SweepSettings(**values)} if whole else values))
+    assert seen == [expected]

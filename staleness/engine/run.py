@@ -168,31 +168,15 @@ def _fragmented(tx, keys):
     return _local_mod.fragmented(tx, keys)   # cached: equal settings share one compiled replay
 
 
-def replay(
-    schedule: Schedule,
-    task,
-    *,
-    lr: float | None = None,
-    lr_rule="constant",
-    optimizer=None,
-    inner_optimizer=None,
-    seed: int | None = None,
-    eval_every: int | None = None,
-    num_evals: int = 20,
-    batch_size: int | None = None,
-    progress: bool = False,
-    checkpoint=None,
-    resume: bool = False,
-    stop_after: int | None = None,
-    slot_mode: str = "vmap",
-    config: dict | None = None,
-    callbacks=None,
-) -> Result:
+def replay(schedule: Schedule, task, *, settings: _settings.Settings | None = None, **overrides) -> Result:
     """Train `task` along `schedule` (simulated or recorded) in compiled chunks.
 
     Args:
       schedule: the `Schedule` to replay.
       task: a `staleness.tasks.Task` or a built-in task name.
+      settings: an `engine.settings.Settings` (default: its defaults), taken whole; any of
+        its fields below may also be given by keyword, and overrides it (num_updates and
+        max_time bound a simulation, not a replay).
       lr: the learning rate: sets a spec optimizer's (default `optim.DEFAULT_LR`)
         or the `learning_rate` in an optax optimizer's state (built with
         `optax.inject_hyperparams`); None keeps the optimizer's own.
@@ -228,10 +212,7 @@ def replay(
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
     schedule.validate()
-    return _replay(schedule, task, _settings.check(_settings.Settings(
-        lr=lr, lr_rule=lr_rule, optimizer=optimizer, inner_optimizer=inner_optimizer, seed=seed,
-        eval_every=eval_every, num_evals=num_evals, batch_size=batch_size, progress=progress, checkpoint=checkpoint,
-        resume=resume, stop_after=stop_after, slot_mode=slot_mode, config=config, callbacks=callbacks)))
+    return _replay(schedule, task, _settings.merge(settings, overrides, "replay", exclude=("num_updates", "max_time")))
 
 
 def _replay(source, task, s: _settings.Settings) -> Result:
@@ -337,13 +318,14 @@ def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
     return result
 
 
-def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time: float | None = None,
-             seed: int = 0, **kwargs) -> Result:
+def simulate(task, policy, cluster, *, settings: _settings.Settings | None = None, **overrides) -> Result:
     """Simulate `policy` on `cluster` and train `task` along the schedule.
 
-    `num_updates` / `max_time` (simulated seconds) bound the run (both: it stops at
-    whichever comes first); other keyword arguments go to `replay` (lr, lr_rule,
-    optimizer, eval_every, callbacks, ...). A run whose workers were all lost before the
+    `settings` (an `engine.settings.Settings`, taken whole) and keyword overrides of its
+    fields: `num_updates` / `max_time` (simulated seconds) bound the run (both: it stops at
+    whichever comes first), `seed` (default 0) seeds the cluster's draws, the parameters and
+    the minibatches, and the others are `replay`'s (lr, lr_rule, optimizer, eval_every,
+    callbacks, ...). A run whose workers were all lost before the
     budget has status 'failed' (`config['ended']` says when).
     Transfers carry the bytes of the task's parameter pytree (and of the method's
     compressed deltas: `staleness.engine.payload`), timed by the cluster's network.
@@ -351,7 +333,9 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
-    s = _settings.check(_settings.Settings(num_updates=num_updates, max_time=max_time, seed=seed, **kwargs))
+    s = _settings.merge(settings, overrides, "simulate")
+    s = dataclasses.replace(s, seed=0) if s.seed is None else s
+    num_updates, max_time, seed = s.num_updates, s.max_time, s.seed
     policy, cluster = _policies.resolve(policy), _cluster.resolve(cluster)
     task = resolve_task(task, cluster.num_workers, s.batch_size)
     pull_bytes, push_bytes = _payload.payload_bytes(task, policy)
@@ -380,11 +364,8 @@ def simulate(task, policy, cluster, *, num_updates: int | None = None, max_time:
     return result
 
 
-def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(None,),
-          num_updates: int | None = None, max_time: float | None = None, optimizer=None,
-          inner_optimizer=None, eval_every: int | None = None, num_evals: int = 20,
-          batch_size: int | None = None, progress: bool = False, ring: int | None = None,
-          slots: int | None = None, devices=None, block: int | None = None, callbacks=None) -> list[Result]:
+def sweep(task, policies, cluster, *, settings: _settings.SweepSettings | None = None, progress: bool = False,
+          devices=None, block: int | None = None, callbacks=None, **overrides) -> list[Result]:
     """Replay many configurations in one compiled call per chunk.
 
     Configurations are the product policies × seeds × lr_rules × lrs (in that
@@ -398,6 +379,10 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     staleness (as `replay`'s DivergenceError does).
 
     Args:
+      settings: an `engine.settings.SweepSettings` (default: its defaults), taken whole; its
+        fields may also be given by keyword (overriding it): seeds, lr_rules, lrs (the grid's
+        axes), num_updates, max_time, optimizer, inner_optimizer, eval_every, num_evals,
+        batch_size (as `simulate`'s), ring and slots (below).
       ring: parameter versions kept (>= the largest staleness + 1; default the
         next power of two); slots: gradient slots per update (>= the largest
         update). Pin both to compile once for several grids whose configurations
@@ -417,23 +402,20 @@ def sweep(task, policies, cluster, *, seeds=(0,), lr_rules=("constant",), lrs=(N
     compiling during the sweep) and sweep_s (the sweep's wall time).
     """
     callbacks = _tracking.as_callbacks(callbacks)
-    grid = prepare(task, policies, cluster, seeds=seeds, lr_rules=lr_rules, lrs=lrs, num_updates=num_updates,
-                   max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, eval_every=eval_every,
-                   num_evals=num_evals, batch_size=batch_size, ring=ring, slots=slots)
+    grid = prepare(task, policies, cluster, settings=settings, **overrides)
     return _grid.replay_grid(grid, devices=devices, progress=progress, block=block, callbacks=callbacks)
 
 
-def prepare(task, policies, cluster, **settings) -> _grid.Grid:
+def prepare(task, policies, cluster, *, settings: _settings.SweepSettings | None = None, **overrides) -> _grid.Grid:
     """Simulate every schedule of a sweep and pad every plan to one shape: the `Grid`
     that `engine.grid.replay_grid` replays (in blocks, over devices or processes).
 
-    settings: `sweep`'s keyword arguments seeds, lr_rules, lrs, num_updates, max_time,
-    optimizer, inner_optimizer, eval_every, num_evals, batch_size, ring and slots
-    (an `engine.settings.SweepSettings`, checked here; see `sweep`)."""
+    settings, overrides: `sweep`'s (an `engine.settings.SweepSettings` and keyword overrides of
+    its fields, checked here)."""
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
-    s = _settings.check_sweep(_settings.SweepSettings(**settings))
+    s = _settings.merge(settings, overrides, "sweep", kind=_settings.SweepSettings)
     if isinstance(policies, (str, _policies.Policy)) or not hasattr(policies, "__iter__"):
         raise TypeError(f"sweep: policies = {policies!r} must be a list of policies (values or spec strings)")
     pols = [_policies.resolve(p) for p in policies]
