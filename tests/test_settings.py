@@ -296,3 +296,27 @@ def test_every_sweep_settings_field_reaches_the_sweep(whole, monkeypatch):
     with pytest.raises(_Reached):
         st.sweep("quadratic", ["asp"], "1*2", **({"settings": SweepSettings(**values)} if whole else values))
     assert seen == [expected]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_pipeline_field_reaches_the_run(whole, monkeypatch):
+    """`pipeline.train` takes `settings=` (a RunArgs) whole or its fields by keyword."""
+    from staleness.pipeline import run as pipeline_run
+    from staleness.pipeline.settings import RunArgs
+
+    values = dict(cluster="1,1,2", seed=3, lr=0.05, optimizer="sgd", eval_every=4, num_evals=7,
+                  backward_ratio=1.5, recompute_cost=0.5)
+    assert set(values) | {"schedule", "num_batches"} == {f.name for f in dataclasses.fields(RunArgs)}
+    seen = []
+
+    def reached(ptask, args):
+        seen.append(args)
+        raise _Reached
+
+    monkeypatch.setattr(pipeline_run, "set_up", reached)
+    kwargs = {"settings": RunArgs("gpipe:1", 99, **values)} if whole else values
+    with pytest.raises(_Reached):
+        st.pipeline.train(None, "dsp:1,1,0", 8, **kwargs)
+    assert seen == [RunArgs("dsp:1,1,0", 8, **values)]
+    with pytest.raises(TypeError, match=r"train\(\) got an unexpected keyword argument 'lrr'; it takes settings="):
+        st.pipeline.train(None, "dsp:1,1,0", 8, lrr=0.1)

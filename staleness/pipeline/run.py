@@ -22,17 +22,16 @@ from staleness.engine import core
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.schedules import PipelineSchedule
-from staleness.pipeline.training import DEFAULT_OPTIMIZER, Engine, Host, RunArgs, Setup, drive, set_up
+from staleness.pipeline.settings import merge
+from staleness.pipeline.training import Engine, Host, RunArgs, Setup, drive, set_up
 from staleness.engine.result import Result
 
 __all__ = ["run_devices", "simulate", "train"]
 
 
-def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=False, cluster=None,
-          seed: int = 0, lr: float | None = None, optimizer=DEFAULT_OPTIMIZER, eval_every: int | None = None,
-          num_evals: int = 10, backward_ratio: float = 2.0, recompute_cost: float = 1.0,
-          progress: bool = False, config: dict | None = None, checkpoint=None, resume: bool = False,
-          stop_after: int | None = None, callbacks=None) -> Result:
+def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=False,
+          settings: RunArgs | None = None, progress: bool = False, config: dict | None = None, checkpoint=None,
+          resume: bool = False, stop_after: int | None = None, callbacks=None, **overrides) -> Result:
     """Train `ptask` for `num_batches` batches along `schedule`.
 
     Args:
@@ -41,6 +40,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       num_batches: batches to train; every stage applies each batch's gradient exactly once.
       devices: False: all stages on one device (the simulated path); True: stage k
         on jax.devices()[k]; or a list of K devices.
+      settings: a `staleness.pipeline.settings.RunArgs` (default: its defaults), taken whole;
+        its fields below (cluster ... recompute_cost) may also be given by keyword, overriding it.
       cluster: speed model with one worker per stage (default: K workers at 1 s per
         batch); gives the simulated time axis and throughput.
       seed: initial params and minibatches (`staleness.engine.keys(seed)`) and the cluster's draws.
@@ -69,10 +70,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       `staleness.infra.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     callbacks = _tracking.as_callbacks(callbacks)
-    setup = set_up(ptask, RunArgs(schedule, num_batches, cluster=cluster, seed=seed, lr=lr, optimizer=optimizer,
-                                  eval_every=eval_every, num_evals=num_evals, backward_ratio=backward_ratio,
-                                  recompute_cost=recompute_cost))
-    init_key, data_key = core.keys(seed)
+    setup = set_up(ptask, merge(schedule, num_batches, settings, overrides))
+    init_key, data_key = core.keys(setup.seed)
     params = ptask.init_stage_params(init_key)
     ctx = S.Context(ptask, data_key)
     on_devices = devices is not False and devices is not None

@@ -58,3 +58,19 @@ def check(args: RunArgs) -> RunArgs:
         num_evals=checks.positive_int("num_evals", args.num_evals),
         backward_ratio=checks.number_at_least("backward_ratio", args.backward_ratio, 0, strict=True),
         recompute_cost=checks.number_at_least("recompute_cost", args.recompute_cost, 0))
+
+
+def merge(schedule, num_batches, settings: RunArgs | None, overrides: dict, entry: str = "train") -> RunArgs:
+    """`settings` (default: `RunArgs`' defaults) with `schedule`, `num_batches` and the keyword
+    `overrides` of an entry point put in: no field copied by hand. A TypeError names an
+    unknown keyword and lists the valid ones (`check` checks the values, in `training.set_up`)."""
+    if settings is not None and not isinstance(settings, RunArgs):
+        raise TypeError(f"{entry}: settings = {settings!r} must be a staleness.pipeline.settings.RunArgs or None")
+    names = [f.name for f in dataclasses.fields(RunArgs) if f.name not in ("schedule", "num_batches")]
+    for key in overrides:
+        if key not in names:
+            raise TypeError(f"{entry}() got an unexpected keyword argument {key!r}; it takes settings= and "
+                            f"{', '.join(names)}")
+    base = settings if settings is not None else RunArgs(schedule, num_batches)
+    return dataclasses.replace(base, schedule=schedule, num_batches=num_batches, **overrides)
+
