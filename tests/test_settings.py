@@ -320,3 +320,26 @@ def test_every_pipeline_field_reaches_the_run(whole, monkeypatch):
     assert seen == [RunArgs("dsp:1,1,0", 8, **values)]
     with pytest.raises(TypeError, match=r"train\(\) got an unexpected keyword argument 'lrr'; it takes settings="):
         st.pipeline.train(None, "dsp:1,1,0", 8, lrr=0.1)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_real_run_field_reaches_its_spec(whole, tmp_path, monkeypatch):
+    """`runtime.run` takes `settings=` (a runtime.spec.Settings) whole or its fields by keyword."""
+    from staleness.runtime import local_run
+    from staleness.runtime.spec import Settings as RealSettings
+
+    values = dict(num_updates=7, num_workers=3, seed=3, lr=0.05, lr_rule="per_update", optimizer="momentum:0.9",
+                  batch_size=4, data_dir=str(tmp_path), max_time=9.0, eval_every=5, num_evals=7, time_scale=0.5,
+                  worker_timeout=12.0, on_worker_failure="stop", checkpoint=str(tmp_path / "ck"),
+                  checkpoint_every=2, resume=True, inner_optimizer="adam", sync="server")
+    assert set(values) | {"processes"} == {f.name for f in dataclasses.fields(RealSettings)}
+    seen = []
+
+    def reached(task, policy, cluster, settings):
+        seen.append(settings)
+        raise _Reached
+
+    monkeypatch.setattr(local_run, "make_spec", reached)
+    with pytest.raises(_Reached):
+        st.runtime.run("quadratic", "asp", **({"settings": RealSettings(**values)} if whole else values))
+    assert seen == [RealSettings(**values)]

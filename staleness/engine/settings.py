@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from staleness.infra import checks
+from staleness.infra import settings as _infra_settings
 from staleness.infra.settings import flag, no_flag
 
 __all__ = ["Settings", "check", "SweepSettings", "check_sweep", "SLOT_MODES"]
@@ -84,23 +85,11 @@ def check(s: Settings) -> Settings:
 
 
 def merge(settings, overrides: dict, entry: str, exclude: tuple[str, ...] = (), kind=None):
-    """`settings` (default `kind()`: `Settings`, or `SweepSettings`) with the keyword `overrides`
-    of an entry point put in, checked (`check` / `check_sweep`): the one place a run's settings
-    are assembled, so no field is copied by hand. A TypeError names an unknown keyword (or a
-    field `entry` does not take, `exclude`) and lists the valid ones."""
+    """`infra.settings.merge` for a simulated run (`Settings`) or a sweep (`SweepSettings`),
+    checked (`check` / `check_sweep`)."""
     kind = kind or Settings
-    if settings is not None and not isinstance(settings, kind):
-        raise TypeError(f"{entry}: settings = {settings!r} must be a staleness.engine.settings.{kind.__name__} or None")
-    names = [f.name for f in dataclasses.fields(kind) if f.name not in exclude]
-    for key in overrides:
-        if key not in names:
-            raise TypeError(f"{entry}() got an unexpected keyword argument {key!r}; it takes settings= and "
-                            f"{', '.join(names)}")
-    base = settings if settings is not None else kind()
-    for key in exclude:
-        if getattr(base, key) != getattr(kind(), key):
-            raise TypeError(f"{entry}: settings.{key} = {getattr(base, key)!r} does not apply here")
-    return (check if kind is Settings else check_sweep)(dataclasses.replace(base, **overrides))
+    value = _infra_settings.merge(kind, settings, overrides, entry, exclude=exclude)
+    return (check if kind is Settings else check_sweep)(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 A kind of run is configured by one frozen dataclass (`staleness.engine.settings.Settings`
 for the simulator, `staleness.runtime.spec.Settings` for real runs), built once at the
-entry point, checked once, and passed down whole. Each field says in its metadata how
+entry point (`merge`: the value given whole, plus keyword overrides of its fields), checked
+once, and passed down whole. Each field says in its metadata how
 the command line offers it: `flag(...)` (its help, the text-to-value conversion, and
 where they differ from the library's, the flag's name and default) or `no_flag(why)`.
 `staleness.cli.config_flags` generates the commands' flags from these; the values are
@@ -13,7 +14,9 @@ Pure Python: nothing here imports JAX.
 
 from __future__ import annotations
 
-__all__ = ["flag", "no_flag"]
+import dataclasses
+
+__all__ = ["flag", "no_flag", "merge"]
 
 
 def flag(help_: str, kind=str, **more) -> dict:
@@ -27,3 +30,30 @@ def flag(help_: str, kind=str, **more) -> dict:
 def no_flag(why: str) -> dict:
     """Field metadata of a setting the command line does not offer (`why`: what sets it)."""
     return {"cli": None, "no_flag": why}
+
+
+def merge(kind, settings, overrides: dict, entry: str, *, exclude: tuple[str, ...] = (), given: dict | None = None):
+    """The settings an entry point runs with: `settings` (a `kind` value given whole; default:
+    `kind`'s defaults) with the entry point's own arguments `given` and the keyword `overrides`
+    of the other fields put in, so no field is copied by hand. A TypeError names an unknown
+    keyword (or a field `entry` does not take, `exclude`) and lists the valid ones; the values
+    are checked by the kind's own check, after this."""
+    if settings is not None and not isinstance(settings, kind):
+        raise TypeError(f"{entry}: settings = {settings!r} must be a {kind.__module__}.{kind.__name__} or None")
+    given = dict(given or {})
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    names = [n for n in fields if n not in exclude and n not in given]
+    for key in overrides:
+        if key not in names:
+            raise TypeError(f"{entry}() got an unexpected keyword argument {key!r}; it takes settings= and "
+                            f"{', '.join(names)}")
+    if settings is None:
+        missing = [n for n, f in fields.items() if n not in given and n not in overrides
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise TypeError(f"{entry}() needs {', '.join(missing)} (or settings=)")
+        return kind(**given, **overrides)
+    for key in exclude:
+        if getattr(settings, key) != fields[key].default:
+            raise TypeError(f"{entry}: settings.{key} = {getattr(settings, key)!r} does not apply here")
+    return dataclasses.replace(settings, **given, **overrides)

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from staleness.infra import checks
+from staleness.infra import settings as _infra_settings
 from staleness.infra.settings import flag, no_flag
 
 __all__ = ["DEFAULT_OPTIMIZER", "RunArgs", "check"]
@@ -61,16 +62,7 @@ def check(args: RunArgs) -> RunArgs:
 
 
 def merge(schedule, num_batches, settings: RunArgs | None, overrides: dict, entry: str = "train") -> RunArgs:
-    """`settings` (default: `RunArgs`' defaults) with `schedule`, `num_batches` and the keyword
-    `overrides` of an entry point put in: no field copied by hand. A TypeError names an
-    unknown keyword and lists the valid ones (`check` checks the values, in `training.set_up`)."""
-    if settings is not None and not isinstance(settings, RunArgs):
-        raise TypeError(f"{entry}: settings = {settings!r} must be a staleness.pipeline.settings.RunArgs or None")
-    names = [f.name for f in dataclasses.fields(RunArgs) if f.name not in ("schedule", "num_batches")]
-    for key in overrides:
-        if key not in names:
-            raise TypeError(f"{entry}() got an unexpected keyword argument {key!r}; it takes settings= and "
-                            f"{', '.join(names)}")
-    base = settings if settings is not None else RunArgs(schedule, num_batches)
-    return dataclasses.replace(base, schedule=schedule, num_batches=num_batches, **overrides)
-
+    """`infra.settings.merge` for a pipeline run: `settings` with `schedule`, `num_batches` and
+    the keyword `overrides` put in (`check` checks the values, in `training.set_up`)."""
+    return _infra_settings.merge(RunArgs, settings, overrides, entry,
+                                 given={"schedule": schedule, "num_batches": num_batches})

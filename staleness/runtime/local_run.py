@@ -20,15 +20,17 @@ the devices (`runtime.collective`). The result is the simulator's `Result`.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import jax
 
+from staleness.infra import settings as _infra_settings
 from staleness.infra import tracking
 from staleness.engine.result import DivergenceError, Result
 from staleness.runtime.build import build
 from staleness.runtime.execute import execute, make_progress
-from staleness.runtime.spec import make_spec
+from staleness.runtime.spec import Settings, make_spec
 
 __all__ = ["run", "resolve_devices"]
 
@@ -51,13 +53,9 @@ def resolve_devices(devices) -> list:
     return out
 
 
-def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None = None, seed: int = 0,
-        lr: float | None = None, lr_rule="constant", optimizer=None, batch_size: int | None = None, data_dir=None,
-        devices=None, server_device=None, time_scale: float = 0.01, eval_every: int | None = None,
-        num_evals: int = 20, max_time: float | None = None, checkpoint=None, checkpoint_every: int | None = None,
-        resume: bool = False, worker_timeout: float = 30.0, on_worker_failure: str | None = None,
-        progress=False, stop_event: threading.Event | None = None, inner_optimizer=None, sync: str | None = None,
-        server_devices=None, callbacks=None) -> Result:
+def run(task, policy, cluster=None, *, settings: Settings | None = None, devices=None, server_device=None,
+        server_devices=None, progress=False, stop_event: threading.Event | None = None, callbacks=None,
+        **overrides) -> Result:
     """Train `task` with `policy` on real devices of this process; record the trace.
 
     Args:
@@ -67,6 +65,8 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
       cluster: None (workers run at the hardware's speed) or a `staleness.cluster`
         Cluster / spec: its compute times, network delays and failures are injected
         (compute: the iteration lasts max(real, compute_time · time_scale) seconds).
+      settings: a `staleness.runtime.spec.Settings` (num_updates ... sync), taken whole; its
+        fields may also be given by keyword, overriding it:
       num_updates: stop after this many server updates.
       num_workers: λ (default: the cluster's, else one per device).
       seed: initial parameters and minibatches (`engine.core.keys(seed)`), and the
@@ -105,13 +105,10 @@ def run(task, policy, cluster=None, *, num_updates: int, num_workers: int | None
     `DivergenceError`; each carries the Result recorded so far in `.result`.
     """
     devs = resolve_devices(devices)
-    if num_workers is None and cluster is None:
-        num_workers = len(devs)
-    spec = make_spec(task, policy, cluster, num_updates=num_updates, num_workers=num_workers, seed=seed, lr=lr,
-                     lr_rule=lr_rule, optimizer=optimizer, batch_size=batch_size, data_dir=data_dir,
-                     max_time=max_time, eval_every=eval_every, num_evals=num_evals, time_scale=time_scale,
-                     worker_timeout=worker_timeout, on_worker_failure=on_worker_failure, checkpoint=checkpoint,
-                     checkpoint_every=checkpoint_every, resume=resume, inner_optimizer=inner_optimizer, sync=sync)
+    s = _infra_settings.merge(Settings, settings, overrides, "run", exclude=("processes",))
+    if s.num_workers is None and cluster is None:
+        s = dataclasses.replace(s, num_workers=len(devs))
+    spec = make_spec(task, policy, cluster, settings=s)
     if server_device is None:
         server_device = devs[0]
     elif not isinstance(server_device, jax.Device):

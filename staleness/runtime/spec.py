@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from staleness.infra import checks
+from staleness.infra import settings as _infra_settings
 from staleness.infra.settings import flag, no_flag
 from staleness import lr as _lr
 from staleness import policies as _policies
@@ -205,10 +206,11 @@ def check_settings(s: Settings) -> Settings:
         processes=checks.at_least("processes", s.processes, 1))
 
 
-def make_spec(task, policy, cluster=None, **settings) -> RunSpec:
-    """Validate a real run: `task`, `policy` and `cluster` (objects or specs) and `settings`,
-    the fields of `Settings` (an unknown one is a TypeError); see `runtime.run`."""
-    s = Settings(**settings)
+def make_spec(task, policy, cluster=None, *, settings: Settings | None = None, **overrides) -> RunSpec:
+    """Validate a real run: `task`, `policy` and `cluster` (objects or specs) and its
+    `Settings` (given whole, and/or its fields by keyword: an unknown one is a TypeError);
+    see `runtime.run`."""
+    s = _infra_settings.merge(Settings, settings, overrides, "make_spec")
     from staleness import cluster as _cluster
 
     policy, cluster = _policies.resolve(policy), _cluster.resolve(cluster, allow_none=True)
