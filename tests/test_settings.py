@@ -343,3 +343,32 @@ def test_every_real_run_field_reaches_its_spec(whole, tmp_path, monkeypatch):
     with pytest.raises(_Reached):
         st.runtime.run("quadratic", "asp", **({"settings": RealSettings(**values)} if whole else values))
     assert seen == [RealSettings(**values)]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_compare_field_reaches_its_runs(whole, monkeypatch):
+    """`compare` takes `settings=` (a CompareSettings) whole or its fields by keyword: the
+    runs it builds see each field (`_Runs` holds the per-run ones; the task its sizes)."""
+    from staleness.results import compare as cmp_mod
+    from staleness.results.compare import CompareSettings
+
+    values = dict(seeds=(4, 5), max_time=30.0, num_updates=9, lr=0.05, lr_rule="per_update",
+                  optimizer="momentum:0.9", inner_optimizer="adam", batch_size=4, metric="loss", target=0.5,
+                  num_evals=7, data_dir=None, partition="iid", tune=False, lr_grid=(0.01, 0.1), tune_seeds=(9,),
+                  default_lr=0.2)
+    assert set(values) == {f.name for f in dataclasses.fields(CompareSettings)}
+    seen = {}
+
+    def reached(runs, pols, stage, resume, tune, lr_grid, tune_seeds, progress):
+        seen.update(runs=runs, tune=tune, lr_grid=lr_grid, tune_seeds=tune_seeds)
+        raise _Reached
+
+    monkeypatch.setattr(cmp_mod, "_tuning", reached)
+    with pytest.raises(_Reached):
+        cmp_mod.compare("quadratic", ["asp"], "1*2", **({"settings": CompareSettings(**values)} if whole else values))
+    runs = seen["runs"]
+    assert (runs.max_time, runs.num_updates, runs.lr, runs.lr_rule, runs.optimizer, runs.inner_optimizer,
+            runs.num_evals, runs.default_lr, runs.metric) == (30.0, 9, 0.05, "per_update", "momentum:0.9", "adam",
+                                                                  7, 0.2, "loss")
+    assert runs.task.batch_size == 4 and (seen["tune"], seen["lr_grid"], seen["tune_seeds"]) == (False, (0.01, 0.1),
+                                                                                                  (9,))

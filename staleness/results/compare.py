@@ -33,12 +33,14 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from staleness.infra import checks
 from staleness.infra import files
 from staleness.infra import interrupts
+from staleness.infra import settings as _infra_settings
 from staleness import policies as _policies
 from staleness.results import stats
 from staleness.engine.result import DivergenceError, Result
@@ -445,14 +447,39 @@ def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
     return done
 
 
-def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | None = None,
-            num_updates: int | None = None, lr: float | None = None, lr_rule="constant", optimizer=None,
-            inner_optimizer=None,
-            batch_size: int | None = None, metric: str | None = None, target: float | None = None,
-            num_evals: int = 40, progress: bool = False, data_dir=None, partition: str | None = None,
-            out=None, resume: bool = False, overwrite: bool = False, tune: bool = True, lr_grid=None,
-            tune_seeds=None, default_lr: float | None = None, callbacks=None) -> Comparison:
+@dataclasses.dataclass(frozen=True)
+class CompareSettings:
+    """What `compare` runs, given whole (`settings=`) or field by field as its keyword
+    arguments (see `compare` for each field's meaning)."""
+
+    seeds: Any = (0,)
+    max_time: Any = None
+    num_updates: Any = None
+    lr: Any = None
+    lr_rule: Any = "constant"
+    optimizer: Any = None
+    inner_optimizer: Any = None
+    batch_size: Any = None
+    metric: Any = None
+    target: Any = None
+    num_evals: Any = 40
+    data_dir: Any = None
+    partition: Any = None
+    tune: Any = True
+    lr_grid: Any = None
+    tune_seeds: Any = None
+    default_lr: Any = None
+
+
+def compare(task, policies=None, cluster=None, *, settings: CompareSettings | None = None, out=None,
+            resume: bool = False, overwrite: bool = False, progress: bool = False, callbacks=None,
+            **overrides) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
+
+    settings: a `CompareSettings` (default: its defaults), taken whole; its fields (seeds,
+      max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, batch_size, metric,
+      target, num_evals, data_dir, partition, tune, lr_grid, tune_seeds, default_lr: below and
+      as `simulate`'s) may also be given by keyword, overriding it.
 
     policies: specs or Policy objects (default: `DEFAULT_POLICIES`, `DEFAULT_RL_POLICIES`
       on an RL task). An RL policy on a supervised task, or the other way round, is a
@@ -490,10 +517,11 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     from staleness.engine.run import resolve_task
 
     callbacks = tracking.as_callbacks(callbacks)
+    s = _infra_settings.merge(CompareSettings, settings, overrides, "compare")
     pols = None if policies is None else [_policies.parse(p) for p in policies]
     if pols is not None and not pols:
         raise ValueError("compare: policies is empty; give at least one policy")
-    seeds = [int(s) for s in seeds]
+    seeds = [int(x) for x in s.seeds]
     if not seeds:
         raise ValueError("compare: seeds is empty; give at least one seed")
     checks.distinct("compare", "policies", [p.describe() for p in pols or ()])
@@ -501,42 +529,41 @@ def compare(task, policies=None, cluster=None, *, seeds=(0,), max_time: float | 
     cluster = _cluster.default() if cluster is None else (_cluster.parse(cluster) if isinstance(cluster, str) else cluster)
     for p in pols or ():
         p.init(cluster.num_workers)  # fail fast on e.g. softsync:n with n > workers
-    if max_time is None and num_updates is None:
+    if s.max_time is None and s.num_updates is None:
         raise ValueError("compare: give max_time (simulated seconds, the same for every policy) or num_updates")
     if resume and overwrite:
         raise ValueError("compare: resume and overwrite exclude each other")
     if out is not None:
         out = files.check_out(out, overwrite=overwrite or resume, what="out")
-    task = resolve_task(task, cluster.num_workers, batch_size, data_dir, partition)
+    task = resolve_task(task, cluster.num_workers, s.batch_size, s.data_dir, s.partition)
     if pols is None:
         pols = [_policies.parse(p) for p in (DEFAULT_RL_POLICIES if _is_rl(task) else DEFAULT_POLICIES)]
         for p in pols:
             p.init(cluster.num_workers)
     _check_kinds(task, pols)
-    metric, target = _resolve_metric(task, metric, target)
-    if lr_grid is not None and lr is None and tune:
+    metric, target = _resolve_metric(task, s.metric, s.target)
+    if s.lr_grid is not None and s.lr is None and s.tune:
         check_tunable(task, "lr_grid")
-    planned = [(p.describe(), s) for p in pols for s in seeds]
+    planned = [(p.describe(), x) for p in pols for x in seeds]
     plan_config = {"task": task.name, "policies": [p.describe() for p in pols], "seeds": seeds,
-                   "cluster": cluster.describe(), "max_time": max_time, "num_updates": num_updates, "lr": lr,
-                   "lr_rule": _described(lr_rule), "optimizer": _described(optimizer),
-                   "inner_optimizer": _described(inner_optimizer),
-                   "batch_size": task.batch_size, "partition": task.partition, "num_evals": num_evals,
+                   "cluster": cluster.describe(), "max_time": s.max_time, "num_updates": s.num_updates, "lr": s.lr,
+                   "lr_rule": _described(s.lr_rule), "optimizer": _described(s.optimizer),
+                   "inner_optimizer": _described(s.inner_optimizer),
+                   "batch_size": task.batch_size, "partition": task.partition, "num_evals": s.num_evals,
                    **_task_settings(task),
-                   "tune": bool(lr is None and tune), "lr_grid": None if lr_grid is None else list(lr_grid),
+                   "tune": bool(s.lr is None and s.tune), "lr_grid": None if s.lr_grid is None else list(s.lr_grid),
                    # the rate an untuned policy starts from (None: its optimizer names its own)
-                   "default_lr": default_lr if any(_uses_default(p, optimizer, task) for p in pols) else None,
-                   "base_lr": {p.describe(): _base_lr(p, optimizer, task, default_lr) for p in pols}}
-    runs = _Runs(task, cluster, metric, max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, num_evals,
-                 default_lr)
-    if tune_seeds is None:
-        tune_seeds = RL_TUNE_SEEDS if _is_rl(task) else TUNE_SEEDS
+                   "default_lr": s.default_lr if any(_uses_default(p, s.optimizer, task) for p in pols) else None,
+                   "base_lr": {p.describe(): _base_lr(p, s.optimizer, task, s.default_lr) for p in pols}}
+    runs = _Runs(task, cluster, metric, s.max_time, s.num_updates, s.lr, s.lr_rule, s.optimizer, s.inner_optimizer,
+                 s.num_evals, s.default_lr)
+    tune_seeds = s.tune_seeds if s.tune_seeds is not None else (RL_TUNE_SEEDS if _is_rl(task) else TUNE_SEEDS)
     # a new comparison is built in a hidden sibling and swapped in when it ends (also when
     # interrupted): a failure keeps the old one and leaves nothing that blocks the next
     stage = out if out is None or resume else files.stage_dir(out, overwrite=True)
     try:
         done = _open_out(stage, resume, plan_config, planned)
-        tuning, stopped = _tuning(runs, pols, stage, resume, tune, lr_grid, tune_seeds, progress)
+        tuning, stopped = _tuning(runs, pols, stage, resume, s.tune, s.lr_grid, tune_seeds, progress)
         if stopped:   # Ctrl-C while tuning: the runs done before are kept, nothing more runs
             results, interrupted, failed = list(done.values()), True, None
         else:
