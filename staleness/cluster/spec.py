@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Callable, NamedTuple
 
+from staleness.infra import specs
 from staleness.cluster.model import Cluster, constant, gpus, heterogeneous
 from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
@@ -196,9 +196,9 @@ def _keyword(spec: str, key: str) -> Keyword:
     if ":" in key:
         module, _, name = key.partition(":")
         try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise _bad(spec, f"modifier {key!r}: cannot import {module!r} ({e}); is it on the Python path?") from None
+            specs.import_user_module(module, f"modifier {key!r}")
+        except ValueError as e:
+            raise _bad(spec, str(e)) from None
         if name not in _KEYWORDS:
             raise _bad(spec, f"importing {module!r} registered no modifier {name!r} (call "
                              "staleness.cluster.register_modifier(name, build, grammar) in it)")

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from staleness.infra import checks
+from staleness.infra.settings import merge
 from staleness import lr as _lr
 from staleness import policies as _policies
 from staleness.infra import tracking as _tracking
@@ -212,7 +213,8 @@ def replay(schedule: Schedule, task, *, settings: _settings.Settings | None = No
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
     schedule.validate()
-    return _replay(schedule, task, _settings.merge(settings, overrides, "replay", exclude=("num_updates", "max_time")))
+    s = merge(_settings.Settings, settings, overrides, "replay", exclude=("num_updates", "max_time"))
+    return _replay(schedule, task, _settings.check(s))
 
 
 def _replay(source, task, s: _settings.Settings) -> Result:
@@ -333,7 +335,7 @@ def simulate(task, policy, cluster, *, settings: _settings.Settings | None = Non
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
-    s = _settings.merge(settings, overrides, "simulate")
+    s = _settings.check(merge(_settings.Settings, settings, overrides, "simulate"))
     s = dataclasses.replace(s, seed=0) if s.seed is None else s
     num_updates, max_time, seed = s.num_updates, s.max_time, s.seed
     policy, cluster = _policies.resolve(policy), _cluster.resolve(cluster)
@@ -415,7 +417,7 @@ def prepare(task, policies, cluster, *, settings: _settings.SweepSettings | None
     from staleness import cluster as _cluster
     from staleness.engine import payload as _payload
 
-    s = _settings.merge(settings, overrides, "sweep", kind=_settings.SweepSettings)
+    s = _settings.check_sweep(merge(_settings.SweepSettings, settings, overrides, "sweep"))
     if isinstance(policies, (str, _policies.Policy)) or not hasattr(policies, "__iter__"):
         raise TypeError(f"sweep: policies = {policies!r} must be a list of policies (values or spec strings)")
     pols = [_policies.resolve(p) for p in policies]

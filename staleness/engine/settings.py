@@ -19,7 +19,6 @@ import dataclasses
 from typing import Any
 
 from staleness.infra import checks
-from staleness.infra import settings as _infra_settings
 from staleness.infra.settings import flag, no_flag
 
 __all__ = ["Settings", "check", "SweepSettings", "check_sweep", "SLOT_MODES"]
@@ -82,14 +81,6 @@ def check(s: Settings) -> Settings:
         num_evals=checks.at_least("num_evals", s.num_evals, 1),
         batch_size=checks.at_least("batch_size", s.batch_size, 1, allow_none=True),
         stop_after=checks.at_least("stop_after", s.stop_after, 1, allow_none=True, what=" (updates)"))
-
-
-def merge(settings, overrides: dict, entry: str, exclude: tuple[str, ...] = (), kind=None):
-    """`infra.settings.merge` for a simulated run (`Settings`) or a sweep (`SweepSettings`),
-    checked (`check` / `check_sweep`)."""
-    kind = kind or Settings
-    value = _infra_settings.merge(kind, settings, overrides, entry, exclude=exclude)
-    return (check if kind is Settings else check_sweep)(value)
 
 
 @dataclasses.dataclass(frozen=True)

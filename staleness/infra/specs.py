@@ -18,12 +18,13 @@ with its own parser (`staleness.cluster.parse`).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["Spec", "SpecError", "split", "call", "format_args"]
+__all__ = ["Spec", "SpecError", "split", "call", "format_args", "import_user_module"]
 
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -172,3 +173,17 @@ def format_args(values: list[tuple[str, Any]]) -> str:
 
 def __dir__():
     return sorted(__all__)   # the public names only, not the imports
+
+
+def import_user_module(module: str, what: str, error: type[Exception] = ValueError, hint: str = ""):
+    """Import the user's module a spec names (`what`: the spec, e.g. "policy = 'm:f'"): one
+    that is not on the path, or that fails to import, is an `error` naming it (`hint` follows
+    the not-found message)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (module == e.name or module.startswith(e.name + ".")):
+            raise error(f"{what}: no module named {module!r} (is its directory on PYTHONPATH?){hint}") from None
+        raise error(f"{what}: importing {module!r} failed: {e}") from e
+    except ImportError as e:
+        raise error(f"{what}: importing {module!r} failed: {e}") from e

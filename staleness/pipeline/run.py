@@ -22,7 +22,7 @@ from staleness.engine import core
 from staleness.pipeline import sim
 from staleness.pipeline import stage as S
 from staleness.pipeline.schedules import PipelineSchedule
-from staleness.pipeline.settings import merge
+from staleness.infra.settings import merge
 from staleness.pipeline.training import Engine, Host, RunArgs, Setup, drive, set_up
 from staleness.engine.result import Result
 
@@ -70,7 +70,8 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
       `staleness.infra.tracking.CallbackError` (with `.results`) when a callback raises.
     """
     callbacks = _tracking.as_callbacks(callbacks)
-    setup = set_up(ptask, merge(schedule, num_batches, settings, overrides))
+    setup = set_up(ptask, merge(RunArgs, settings, overrides, "train",
+                                given={"schedule": schedule, "num_batches": num_batches}))
     init_key, data_key = core.keys(setup.seed)
     params = ptask.init_stage_params(init_key)
     ctx = S.Context(ptask, data_key)

@@ -15,7 +15,6 @@ import dataclasses
 from typing import Any
 
 from staleness.infra import checks
-from staleness.infra import settings as _infra_settings
 from staleness.infra.settings import flag, no_flag
 
 __all__ = ["DEFAULT_OPTIMIZER", "RunArgs", "check"]
@@ -60,9 +59,3 @@ def check(args: RunArgs) -> RunArgs:
         backward_ratio=checks.number_at_least("backward_ratio", args.backward_ratio, 0, strict=True),
         recompute_cost=checks.number_at_least("recompute_cost", args.recompute_cost, 0))
 
-
-def merge(schedule, num_batches, settings: RunArgs | None, overrides: dict, entry: str = "train") -> RunArgs:
-    """`infra.settings.merge` for a pipeline run: `settings` with `schedule`, `num_batches` and
-    the keyword `overrides` put in (`check` checks the values, in `training.set_up`)."""
-    return _infra_settings.merge(RunArgs, settings, overrides, entry,
-                                 given={"schedule": schedule, "num_batches": num_batches})

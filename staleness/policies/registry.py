@@ -16,7 +16,6 @@ to the same policy wherever its factory can be found.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable
 
@@ -132,13 +131,8 @@ def _import(text: str, module: str, attr: str) -> Callable[..., Policy]:
     if not module or not attr or not all(p.isidentifier() for p in attr.split(".")):
         raise specs.SpecError(f"policy = {text!r} must have the form 'package.module:factory[:ARGS]' (a module "
                               "on the Python path and a function in it that returns a Policy)")
-    try:
-        obj = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and (module == e.name or module.startswith(e.name + ".")):
-            raise specs.SpecError(f"policy = {text!r}: no module named {module!r} (is its directory on "
-                                  "PYTHONPATH?); or an unknown policy: valid: " + spec_help()) from None
-        raise specs.SpecError(f"policy = {text!r}: importing {module!r} failed: {e}") from e
+    obj = specs.import_user_module(module, f"policy = {text!r}", specs.SpecError,
+                                   "; or an unknown policy: valid: " + spec_help())
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise specs.SpecError(f"policy = {text!r}: module {module!r} has no attribute {attr!r}")

@@ -53,14 +53,13 @@ def policy_kinds() -> tuple[str, ...]:
     "NAME (no FLAG)" entry for each boolean parameter that is on by default (e.g. "dssp (no cap)")."""
     out = []
     for name in _policies.names():
-        factory = _policies.factory(name)
         try:
             ok = _policies.parse(name).work.numerics == "gradient"
         except (ValueError, TypeError):
             ok = False
         if ok:
             out.append(name)
-            out += [f"{name} (no {k})" for k, p in inspect.signature(factory).parameters.items()
+            out += [f"{name} (no {k})" for k, p in inspect.signature(_policies.factory(name)).parameters.items()
                     if p.default is True]
     return tuple(out)
 
@@ -81,11 +80,12 @@ def policy_spec(kind: str, s: int = 3, r_max: int = 12, n: int = 4, num_workers:
         raise ValueError(f"policy_spec: kind = {kind!r} must be one of {kinds}")
     name, _, flag = kind.partition(" (no ")
     values = {"s": s, "r_max": r_max, "n": min(n, num_workers)}
-    params = inspect.signature(_policies.factory(name)).parameters
+    factory = _policies.factory(name)
+    params = inspect.signature(factory).parameters
     kwargs = {k: values[c] for k, c in CONTROLS.items() if k in params}
     if flag:
         kwargs[flag.rstrip(")")] = False
-    return _policies.factory(name)(**kwargs).describe()
+    return factory(**kwargs).describe()
 
 
 def cluster_spec(fast: int, slow_seconds: float, jitter: float = 0.0, straggler_rate: float = 0.0,

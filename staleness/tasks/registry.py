@@ -15,12 +15,12 @@ resolve it again.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from staleness.tasks import cifar, data, lm, models
+from staleness.infra import specs
 from staleness.tasks import partitions as _partitions
 from staleness.tasks.base import Task
 from staleness.tasks.checks import check_common, check_name
@@ -154,13 +154,7 @@ def factory_of(name: str) -> Callable[..., Task]:
     if not module_name or not attr or ":" in attr:
         raise FactoryError(f"task = {name!r} must have the form 'package.module:factory' (a module on the "
                            "Python path and a function in it that returns a Task).")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise FactoryError(f"task = {name!r}: no module named {module_name!r} (is its directory on "
-                               "PYTHONPATH?).") from None
-        raise FactoryError(f"task = {name!r}: importing {module_name!r} failed: {e}") from e
+    module = specs.import_user_module(module_name, f"task = {name!r}", FactoryError, ".")
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

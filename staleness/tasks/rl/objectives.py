@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -62,6 +61,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from staleness.infra import specs
 
 __all__ = ["OBJECTIVES", "DEFAULTS", "ADV_EPS", "LEVELS", "Objective", "ObjectiveSpec", "make", "register", "spec",
            "names", "param_names", "check_params", "group_advantages", "token_mean", "reinforce", "ppo",
@@ -343,11 +344,7 @@ def spec(objective: str) -> ObjectiveSpec:
     is imported, and must register `name`). ValueError naming the valid ones."""
     if isinstance(objective, str) and ":" in objective:
         module, _, name = objective.partition(":")
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ValueError(f"objective = {objective!r}: cannot import {module!r} ({e}); is it on the Python "
-                             "path?") from None
+        specs.import_user_module(module, f"objective = {objective!r}")
         if name not in _REGISTRY:
             raise ValueError(f"objective = {objective!r}: importing {module!r} registered no objective {name!r} "
                              "(call staleness.tasks.rl.objectives.register(name, loss, defaults) in it)")
