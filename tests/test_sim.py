@@ -1,5 +1,6 @@
 """Invariants of simulated schedules (property-based) and golden schedules."""
 
+import hashlib
 import json
 import math
 import os
@@ -259,3 +260,51 @@ def test_golden_schedule(name):
     golden = Schedule.load(path)
     assert golden.equals(sched), f"schedule differs from {path}; regenerate with STALENESS_REGEN_GOLDEN=1 if intended"
     assert json.loads(path.read_text())["policy"] == GOLDEN_CASES[name].describe()
+
+
+# -- one event loop for every cluster kind (issue 37): digests recorded before the merge ------------
+_LOOP_CLUSTERS = {
+    "independent": "1,1.3,2.6,2+jitter=0.2+stragglers=0.05:3:4",
+    "fixed_net": "1*4+jitter=0.1+network=0.01:0.02:0.1",
+    "links": "1,1.5,2,3+jitter=0.1+net=1gbps:5ms",
+    "server": "1,1.5,2,3+jitter=0.1+server=100mbps:1ms",
+    "allreduce": "1*4+jitter=0.1+allreduce=ring:1gbps:1ms",
+    "failures": "1,1.3,2.6,2+jitter=0.2+fail=3@10-30,1@15-,0@40-45",
+    "links_fail": "1*4+jitter=0.1+net=1gbps:5ms+fail=2@6-14,0@20-",
+    "server_fail": "1*4+jitter=0.1+server=100mbps:1ms+fail=2@6-14,0@20-",
+    "allreduce_fail": "1*4+jitter=0.1+allreduce=tree:1gbps:1ms+fail=2@6-14,0@20-",
+    "periodic": "1*4+jitter=0.1+periodic=20:5:3+fail=1@30-60",
+}
+_LOOP_POLICIES = ["asp", "bsp", "ssp:2", "dssp:1:4", "softsync:2", "backup:1", "diloco:4", "local_sgd:3",
+                  "async_diloco:4:grace=0.5", "streaming_diloco:4:fragments=2", "rl_sync", "rl_async:2",
+                  "rl_partial:2", "rl_inflight:2", "rl_one_step_off"]
+
+
+def _schedule_digest(sched) -> str:
+    h = hashlib.sha256()
+    for k in sorted(sched.columns):
+        a = np.ascontiguousarray(sched.columns[k])
+        h.update(k.encode() + a.dtype.str.encode() + a.tobytes())
+    h.update(np.asarray(sched.update_time).tobytes() + repr(sched.end_time).encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("cluster", sorted(_LOOP_CLUSTERS))
+def test_golden_schedules_over_every_cluster_kind(cluster):
+    """Every policy family on every cluster kind (independent links, fixed delays, a shared
+    server link, an all-reduce, failures and joins on each, periodic slowdowns), with and
+    without overlap, in-flight rollout sizes for RL: the schedules' digests as recorded before
+    the two event loops became one, bitwise ("ValueError": a combination that is refused)."""
+    golden = json.loads((GOLDEN / "loop_digests.json").read_text())
+    net = cluster.startswith(("links", "server", "allreduce"))
+    got = {}
+    for p in _LOOP_POLICIES:
+        for overlap in ((False, True) if net else (False,)):
+            kw = dict(num_updates=60, seed=5, overlap=overlap, payload_bytes=40000 if net else None)
+            if p.startswith("rl_") and p != "rl_sync":
+                kw["sizes"] = lambda w, it: 1 + (w * 7 + it * 3) % 5
+            try:
+                got[f"{cluster}|{p}|{overlap}"] = _schedule_digest(simulate_schedule(p, _LOOP_CLUSTERS[cluster], **kw))
+            except ValueError:
+                got[f"{cluster}|{p}|{overlap}"] = "ValueError"
+    assert got == {k: v for k, v in golden.items() if k.startswith(cluster + "|")}

@@ -91,6 +91,7 @@ _PUSH, _FAIL, _JOIN, _PULLED, _COMPUTED, _LINK, _REDUCED, _TRAINED, _CLOSE, _HID
 # at the same time, in the order the cluster gives them.
 _MEMBERSHIP = {"fail": _FAIL, "join": _JOIN, None: _HIDDEN}
 _MEMBERSHIP_SEQ = -(1 << 62)
+_MEMBERSHIP_KINDS = (_FAIL, _JOIN, _HIDDEN)
 
 
 def _membership_feed(sampler, push):
@@ -220,15 +221,15 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
                              "give the workers their own links (+net=BANDWIDTH:LATENCY)")
         train = _Learner(learner, sizes, float(np.mean(cluster.mean_seconds)), lam, policy.work.inflight,
                          policy.work.refill)
-        events = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget, train)
+        events = _Independent(driver, sampler, compute_time, forget, nbytes, overlap, train).run(budgets)
     elif collective or shared:
         if policy.grace:
             raise ValueError(f"simulate_schedule: policy {policy.describe()!r} has a synchronization window, which "
                              f"is not modelled on cluster {cluster.describe()!r} (a shared server link); give the "
                              "workers their own links (+net=BANDWIDTH:LATENCY)")
-        events = _run_network(driver, sampler, compute_time, budgets, nbytes or (0, 0), overlap, collective, forget)
+        events = _Network(driver, sampler, compute_time, forget, nbytes or (0, 0), overlap, collective).run(budgets)
     else:
-        events = _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap, forget)
+        events = _Independent(driver, sampler, compute_time, forget, nbytes, overlap, None).run(budgets)
 
     # Gradients pushed but not aggregated when the budget ran out are not part of the run.
     meta = {} if steps is None else {"local_steps": list(steps)}
@@ -460,164 +461,200 @@ class _Window:
         return [driver.release(w, now) for w in held if driver.state.live[w]]
 
 
-def _push_queue(heap: list, seq, span: list, sampler, compute_time, nbytes, overlap: bool, learner):
-    """The push entries of `_run_independent`'s heap, one valid per worker: (schedule, move, due).
+class _EventLoop:
+    """The one event loop of every cluster kind: a heap of (time, sequence, kind, a, b)
+    entries and a handler per kind (`handlers`) returning the releases its event caused
+    (None: the event changed nothing). Membership changes (fail, join), the learner's and
+    the window's share of an event's outcome (`released`), the budgets and the pauses (`run`
+    yields after each event that completed updates) are handled here, once. A cluster kind
+    (`_Independent`, `_Network`) adds its own events and says how a released worker is
+    scheduled (`release`), what a failure cuts off (`cut`) and which bytes it lost (`lost`)."""
 
-    schedule(rel, now): a released worker pulls (latency + bytes / bandwidth), computes, and
-    its push arrives. move(worker, iteration, epoch, end): its computation now ends at `end`
-    (an interrupted rollout): a new push entry replaces the old one. due: [λ] the sequence
-    number of each worker's valid push entry; arrive_at: [λ] when it arrives. `seq` counts
-    the heap's sequence numbers. Returns (schedule, move, due, arrive_at)."""
-    push_delay, pull_delay = sampler.push_delay, sampler.pull_delay
-    pull_n, push_n = nbytes or (0, 0)
-    pdur, qdur = _byte_seconds(pull_n, sampler.bandwidth), _byte_seconds(push_n, sampler.bandwidth)   # x + 0.0 == x
-    due = [0] * len(span)
-    arrive_at = [math.inf] * len(span)   # when each worker's valid push entry arrives
-    began = None if learner is None or learner.refill is None else learner.began
-    heappush = heapq.heappush
+    learner: _Learner | None = None
+    window: _Window | None = None
 
-    def queue(w: int, it: int, ep: int, start: float, end: float) -> None:
-        span[w] = (start, end)
-        s = due[w] = next(seq)
-        if overlap:
-            arrive = max(start + qdur[w], end) + push_delay(w, it)
+    def __init__(self, driver, sampler, compute_time, forget):
+        self.driver, self.sampler, self.compute_time, self.forget = driver, sampler, compute_time, forget
+        self.epoch, self.live, self.rec = driver.epoch, driver.state.live, driver.rec
+        self.span: list = [None] * driver.num_workers   # (start, end) of each worker's in-flight computation
+        self.heap: list = []
+        self.seq = 0
+        self.pushed = 0
+        self.budgets = (math.inf, math.inf, math.inf)
+        self.handlers = {_FAIL: self.on_fail, _JOIN: self.on_join}
+
+    def push_event(self, t, kind, a=-1, b=-1) -> int:
+        """Queue an event; its sequence number (ties at equal times go in queueing order)."""
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+        return self.seq
+
+    def release(self, rel, now: float) -> None:
+        raise NotImplementedError
+
+    def cut(self, w: int, t: float) -> tuple:
+        """(start, end) of the computation that `w`'s failure at `t` loses."""
+        return self.span[w]
+
+    def lost(self, w: int, t: float, row) -> None:
+        """`w` failed at `t`, losing recorded row `row` (None: none): its bytes."""
+
+    def joined(self, w: int) -> None:
+        """`w` (re)joins."""
+
+    def exhausted(self) -> bool:
+        return self.driver.state.completed >= self.budgets[0] or self.pushed >= self.budgets[2]
+
+    def released(self, step, t: float):
+        """What `step` (a driver outcome at `t`) releases now: a decided update goes to the
+        learner (a `_TRAINED` event when trained); an open window holds the releases."""
+        if self.learner is not None and step.applied is not None:
+            self.push_event(self.learner.decided(step.applied, t), _TRAINED)
+        return step.released if self.window is None else self.window.hold(step.released, t)
+
+    def on_fail(self, t, s, w, b):
+        if not self.live[w]:
+            return None
+        step = self.driver.fail(w, t, *self.cut(w, t))
+        self.lost(w, t, step.row)
+        if self.forget is not None:
+            self.forget(w)
+        return self.released(step, t)
+
+    def on_join(self, t, s, w, b):
+        if self.live[w]:
+            return None
+        self.joined(w)
+        return self.released(self.driver.join(w, t), t)
+
+    def run(self, budgets):
+        """Run the events until the budgets (updates, seconds, gradients) run out: a generator
+        yielding after each event that completed updates (`ScheduleStream` pauses there),
+        returning the simulated time at which the run stopped."""
+        self.budgets = budgets
+        time_budget, heap, handlers = budgets[1], self.heap, self.handlers
+        feed = _membership_feed(self.sampler, lambda t, s, kind, w: heapq.heappush(heap, (t, s, kind, w, -1)))
+        for rel in self.driver.start(0.0):
+            self.release(rel, 0.0)
+        state, heappop = self.driver.state, heapq.heappop
+        now = 0.0
+        completed = 0
+        while heap:
+            t, s, kind, a, b = heappop(heap)
+            if t > time_budget:
+                return time_budget
+            if kind in _MEMBERSHIP_KINDS:
+                feed()
+                if kind == _HIDDEN:
+                    continue
+            now = t
+            released = handlers[kind](t, s, a, b)
+            if released is None:
+                continue
+            for rel in released:
+                self.release(rel, t)
+            if self.exhausted():
+                break
+            if state.completed != completed:
+                completed = state.completed
+                yield completed
+        return now
+
+
+class _Independent(_EventLoop):
+    """Every transfer's time is fixed when it starts: one `_PUSH` entry per gradient, one
+    valid per worker (`due`: its sequence number; `arrive_at`: when it arrives). With a
+    `learner`, one `_TRAINED` entry per update, completed when trained; with partial
+    rollouts an update that interrupts a rollout moves its push (`move`: a new entry, the
+    old one skipped). With a grace window, a `_CLOSE` entry per window."""
+
+    def __init__(self, driver, sampler, compute_time, forget, nbytes, overlap: bool, learner):
+        super().__init__(driver, sampler, compute_time, forget)
+        lam = driver.num_workers
+        self.span = [(0.0, 0.0)] * lam
+        self.nbytes, self.overlap = nbytes, overlap
+        self.push_delay, self.pull_delay = sampler.push_delay, sampler.pull_delay
+        pull_n, push_n = nbytes or (0, 0)
+        self.pdur, self.qdur = _byte_seconds(pull_n, sampler.bandwidth), _byte_seconds(push_n, sampler.bandwidth)
+        self.due = [0] * lam
+        self.arrive_at = [math.inf] * lam
+        self.learner = learner
+        self.began = None if learner is None or learner.refill is None else learner.began
+        if learner is not None:
+            learner.attach(self.rec, sampler, nbytes)
+        self.rec.row_bytes = nbytes or (0, 0)
+        if driver.policy.grace:
+            self.window = _Window(driver.policy.grace, self.arrive_at, driver.inflight)
+        self.handlers.update({_PUSH: self.on_push, _CLOSE: self.on_close, _TRAINED: self.on_trained})
+
+    def queue(self, w: int, it: int, ep: int, start: float, end: float) -> None:
+        """`w` computes iteration `it` from `start` to `end`: queue its push's arrival."""
+        self.span[w] = (start, end)
+        if self.overlap:
+            arrive = max(start + self.qdur[w], end) + self.push_delay(w, it)
         else:
-            arrive = end + (push_delay(w, it) + qdur[w])
-        arrive_at[w] = arrive
-        heappush(heap, (arrive, s, _PUSH, w, ep))
+            arrive = end + (self.push_delay(w, it) + self.qdur[w])
+        self.arrive_at[w] = arrive
+        self.due[w] = self.push_event(arrive, _PUSH, w, ep)
 
-    def schedule(rel, now: float) -> None:
+    def release(self, rel, now: float) -> None:
+        """A released worker pulls (latency + bytes / bandwidth), computes, and pushes."""
         w, it, _, ep = rel
-        start = now + (pull_delay(w, it) + pdur[w])
-        end = start + compute_time(w, it, start)
-        if began is not None:
-            began(w, it, start, end)
-        queue(w, it, ep, start, end)
+        start = now + (self.pull_delay(w, it) + self.pdur[w])
+        end = start + self.compute_time(w, it, start)
+        if self.began is not None:
+            self.began(w, it, start, end)
+        self.queue(w, it, ep, start, end)
 
-    def move(w: int, it: int, ep: int, end: float) -> None:
-        queue(w, it, ep, span[w][0], end)
-    return schedule, move, due, arrive_at
+    def lost(self, w: int, t: float, row) -> None:
+        if self.nbytes is not None and row is not None and t < self.span[w][0 if self.overlap else 1]:
+            self.rec.set_bytes(row, self.nbytes[0], 0)   # its push had not left yet: only the pull's bytes moved
 
+    def on_push(self, t, s, w, ep):
+        if ep != self.epoch[w] or s != self.due[w]:
+            return None   # its worker failed since, or its push moved
+        step = self.driver.push(w, t, *self.span[w])
+        self.pushed += 1
+        if self.learner is not None:
+            self.learner.pushed(self.rec, step.row, *self.span[w])
+        if self.window is not None and (until := self.window.opens(t)) is not None:
+            self.push_event(until, _CLOSE)
+        return self.released(step, t)
 
-def _run_independent(driver, sampler, compute_time, budgets, nbytes, overlap: bool, forget=None,
-                     learner: _Learner | None = None):
-    """Every transfer's time is fixed when it starts: one heap entry per gradient (and, with a
-    `learner`, one per update, completed when trained; with partial rollouts, an update that
-    interrupts a rollout moves its push: the old entry is skipped). A generator: it yields
-    after each event that completed updates (`ScheduleStream` pauses there) and returns the
-    time the run stopped."""
-    update_budget, time_budget, grad_budget = budgets
-    span = [(0.0, 0.0)] * driver.num_workers   # (start, end) of each worker's in-flight computation
-    epoch = driver.epoch
-    rec = driver.rec
-    inflight = driver.inflight
+    def on_close(self, t, s, a, b):
+        return self.window.close(self.driver, t)
 
-    heap: list = []
-    seq = itertools.count(1)
-    heappush = heapq.heappush
-
-    if learner is not None:
-        learner.attach(rec, sampler, nbytes)
-    rec.row_bytes = nbytes or (0, 0)
-    schedule, move, due, arrive_at = _push_queue(heap, seq, span, sampler, compute_time, nbytes, overlap, learner)
-    window = _Window(driver.policy.grace, arrive_at, inflight) if driver.policy.grace else None
-
-    feed = _membership_feed(sampler, lambda t, s, kind, w: heappush(heap, (t, s, kind, w, -1)))
-    for rel in driver.start(0.0):
-        schedule(rel, 0.0)
-
-    now = 0.0
-    pushed = 0
-    state = driver.state
-    live = state.live
-    completed = 0
-    while heap:
-        t, s, kind, w, ep = heapq.heappop(heap)
-        if t > time_budget:
-            now = time_budget
-            break
-        if kind == _HIDDEN:
-            feed()
-            continue
-        now = t
-        if kind == _PUSH:
-            if ep != epoch[w] or s != due[w]:
-                continue
-            step = driver.push(w, t, *span[w])
-            pushed += 1
-            if learner is not None:
-                learner.pushed(rec, step.row, *span[w])
-            if window is not None and (until := window.opens(t)) is not None:
-                heappush(heap, (until, next(seq), _CLOSE, -1, -1))
-        elif kind == _CLOSE:
-            for rel in window.close(driver, t):
-                schedule(rel, t)
-            continue
-        elif kind == _TRAINED:
-            step = driver.complete(t)
-            learner.trained(t)
-            for v, end in learner.interrupt(t, inflight):
-                move(v, inflight[v][0], epoch[v], end)
-        elif kind == _FAIL:
-            feed()
-            if not live[w]:
-                continue
-            step = driver.fail(w, t, *span[w])
-            if nbytes is not None and step.row is not None and t < (span[w][0] if overlap else span[w][1]):
-                rec.set_bytes(step.row, nbytes[0], 0)   # its push had not left yet: only the pull's bytes moved
-            if forget is not None:
-                forget(w)
-        else:  # _JOIN
-            feed()
-            if live[w]:
-                continue
-            step = driver.join(w, t)
-        if learner is not None and step.applied is not None:
-            heappush(heap, (learner.decided(step.applied, t), next(seq), _TRAINED, -1, -1))
-        for rel in step.released if window is None else window.hold(step.released, t):
-            schedule(rel, t)
-        if state.completed >= update_budget or pushed >= grad_budget:
-            break
-        if state.completed != completed:
-            completed = state.completed
-            yield completed
-    return now
+    def on_trained(self, t, s, a, b):
+        step = self.driver.complete(t)
+        self.learner.trained(t)
+        inflight = self.driver.inflight
+        for v, end in self.learner.interrupt(t, inflight):
+            self.queue(v, inflight[v][0], self.epoch[v], self.span[v][0], end)   # an interrupted rollout ends later
+        return self.released(step, t)
 
 
-def _run_network(driver, sampler, compute_time, budgets, nbytes, overlap: bool, collective: bool,
-                 forget=None) -> float:
+class _Network(_EventLoop):
     """Transfers that interact: a shared server link (processor sharing) or all-reduce rounds.
 
     Per worker: release -> pull (a flow on the link, then its latency) -> compute
     -> push (a flow, then its latency) -> arrival; or, in all-reduce rounds,
-    release -> compute -> wait for the round's collective -> arrival.
-    A generator like `_run_independent`: returns the simulated time at which the run stopped.
-    """
-    return (yield from _NetworkRun(driver, sampler, compute_time, nbytes, overlap, collective, forget).run(budgets))
+    release -> compute -> wait for the round's collective -> arrival. Its events: a link
+    completion, a push's data start, a compute end, an arrival, a collective's end."""
 
-
-class _NetworkRun:
-    """The event loop of `_run_network`: its state per worker, and one handler per kind
-    of event (a link completion, a push's data start, a compute end, an arrival, a
-    collective's end, a failure, a join)."""
-
-    def __init__(self, driver, sampler, compute_time, nbytes, overlap: bool, collective: bool, forget):
+    def __init__(self, driver, sampler, compute_time, forget, nbytes, overlap: bool, collective: bool):
+        super().__init__(driver, sampler, compute_time, forget)
         lam = driver.num_workers
-        self.driver, self.compute_time, self.forget = driver, compute_time, forget
         self.overlap, self.collective = overlap, collective
         self.pull_n, self.push_n = nbytes
         self.push_delay, self.pull_delay = sampler.push_delay, sampler.pull_delay
         self.bw = sampler.bandwidth
         self.pdur = _byte_seconds(self.pull_n, self.bw)
-        self.epoch, self.live, self.rec = driver.epoch, driver.state.live, driver.rec
         self.default_bytes = (0, self.push_n) if collective else (self.pull_n, self.push_n)
         self.rec.row_bytes = self.default_bytes
         self.link = SharedLink(sampler.server[0]) if sampler.server is not None and not collective else None
         self.allreduce = sampler.allreduce if collective else None
-        self.sampler = sampler
         # per worker, for its in-flight iteration
         self.iteration = [0] * lam
-        self.span: list = [None] * lam          # (start, end) once its start is known
         self.flow = [-1] * lam                  # its flow on the link (-1: none)
         self.flow_owner: dict[int, tuple[int, bool]] = {}   # flow id -> (worker, is_pull)
         self.pulled = [0] * lam                 # bytes of its pull
@@ -629,15 +666,10 @@ class _NetworkRun:
         self.waiting: list[int] = []            # all-reduce rounds: workers waiting for the next collective
         self.rounds: dict[int, list] = {}       # collective id -> [(worker, epoch), ...], in arrival order
         self.next_round = 0
-        self.heap: list = []
-        self.seq = 0
-        self.pushed = 0
+        self.handlers.update({_LINK: self.on_link, _PULLED: self.on_pulled, _COMPUTED: self.on_computed,
+                              _PUSH: self.on_push, _REDUCED: self.on_reduced})
 
     # -- helpers -----------------------------------------------------------------------------
-    def push_event(self, t, kind, a, b) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
-
     def retime(self, now: float) -> None:
         """The link's rates changed: queue its next completion under its new token."""
         nc = self.link.next_completion()
@@ -694,7 +726,7 @@ class _NetworkRun:
         for w in parts:
             self.push_begun[w] = True
         self.rounds[self.next_round] = [(w, self.epoch[w]) for w in parts]
-        self.push_event(done, _REDUCED, self.next_round, -1)
+        self.push_event(done, _REDUCED, self.next_round)
         self.next_round += 1
 
     def record_bytes(self, w: int, row) -> None:
@@ -702,12 +734,18 @@ class _NetworkRun:
         if row is not None and b != self.default_bytes:
             self.rec.set_bytes(row, *b)
 
-    def arrive(self, t, w, kind=_PUSH):
+    def arrive(self, t, w) -> None:
         """`w`'s push is in flight for its latency, then arrives."""
-        self.push_event(t + self.push_delay(w, self.iteration[w]), kind, w, self.epoch[w])
+        self.push_event(t + self.push_delay(w, self.iteration[w]), _PUSH, w, self.epoch[w])
 
-    # -- events: each returns the workers released, or None --------------------------------
-    def on_link(self, t, fid, token):
+    def push(self, t, w):
+        step = self.driver.push(w, t, *self.span[w])
+        self.record_bytes(w, step.row)
+        self.pushed += 1
+        return step.released
+
+    # -- events ------------------------------------------------------------------------------
+    def on_link(self, t, s, fid, token):
         if token != self.link.token:
             return None   # the rates changed since this completion was queued
         self.link.remove(t, fid)
@@ -722,12 +760,15 @@ class _NetworkRun:
             self.data_done[w] = True
         return None
 
-    def on_pulled(self, t, w):   # overlap: the push's data phase starts with the compute
-        self.push_begun[w] = True
-        self.add_flow(t, w, self.push_n, False)
+    def on_pulled(self, t, s, w, ep):   # overlap: the push's data phase starts with the compute
+        if ep == self.epoch[w]:
+            self.push_begun[w] = True
+            self.add_flow(t, w, self.push_n, False)
         return None
 
-    def on_computed(self, t, w):
+    def on_computed(self, t, s, w, ep):
+        if ep != self.epoch[w]:
+            return None   # its worker failed (or rejoined) since
         self.computed[w] = True
         if self.collective:
             self.computing.discard(w)
@@ -744,26 +785,21 @@ class _NetworkRun:
             self.add_flow(t, w, self.push_n, False)
         return None
 
-    def on_push(self, t, w):
-        step = self.driver.push(w, t, *self.span[w])
-        self.record_bytes(w, step.row)
-        self.pushed += 1
-        return step.released
+    def on_push(self, t, s, w, ep):
+        return self.push(t, w) if ep == self.epoch[w] else None
 
-    def on_reduced(self, t, round_id, budgets) -> bool:
-        """The collective ended: every participant's push arrives. True: the budget ran out."""
+    def on_reduced(self, t, s, round_id, b):
+        """The collective ended: every participant's push arrives, until the budget runs out."""
         for w, ep in self.rounds.pop(round_id):
             if ep != self.epoch[w]:
                 continue   # it failed during the collective: recorded as lost then
-            for rel in self.on_push(t, w):
+            for rel in self.push(t, w):
                 self.release(rel, t)
-            if self.exhausted(budgets):
-                return True
-        return False
+            if self.exhausted():
+                break
+        return ()
 
-    def on_fail(self, t, w):
-        if not self.live[w]:
-            return None
+    def cut(self, w: int, t: float) -> tuple:
         start_end = self.span[w]
         if self.flow[w] >= 0:   # a transfer cut off: its bytes are lost
             fid = self.flow[w]
@@ -775,71 +811,19 @@ class _NetworkRun:
             del self.flow_owner[fid]
             self.flow[w] = -1
             self.retime(t)
-        if start_end is None:
-            start_end = (t, t)   # not in flight (blocked at its gate): the driver records no row
-        step = self.driver.fail(w, t, *start_end)
-        self.record_bytes(w, step.row)
-        if self.forget is not None:
-            self.forget(w)
+        return (t, t) if start_end is None else start_end   # (t, t): blocked at its gate, no row
+
+    def lost(self, w: int, t: float, row) -> None:
+        self.record_bytes(w, row)
         if self.collective:
             self.computing.discard(w)
             if w in self.waiting:
                 self.waiting.remove(w)
             if self.waiting and not self.computing:
                 self.start_collective(t)
-        return step.released
 
-    def on_join(self, t, w):
-        if self.live[w]:
-            return None
+    def joined(self, w: int) -> None:
         self.fresh[w] = True
-        return self.driver.join(w, t).released
-
-    def exhausted(self, budgets) -> bool:
-        return self.driver.num_updates >= budgets[0] or self.pushed >= budgets[2]
-
-    def run(self, budgets):
-        """Run the events until the budgets (updates, seconds, gradients) run out (a generator
-        yielding after each event that completed updates); the stop time."""
-        time_budget = budgets[1]
-        heap = self.heap
-        feed = _membership_feed(self.sampler, lambda t, s, kind, w: heapq.heappush(heap, (t, s, kind, w, -1)))
-        for rel in self.driver.start(0.0):
-            self.release(rel, 0.0)
-        handlers = {_PULLED: self.on_pulled, _COMPUTED: self.on_computed, _PUSH: self.on_push,
-                    _FAIL: self.on_fail, _JOIN: self.on_join}
-        epoch, heappop = self.epoch, heapq.heappop
-        now = 0.0
-        completed = 0
-        while heap:
-            t, _, kind, a, b = heappop(heap)
-            if t > time_budget:
-                return time_budget
-            if kind in (_FAIL, _JOIN, _HIDDEN):
-                feed()
-                if kind == _HIDDEN:
-                    continue
-            now = t
-            if kind == _LINK:
-                self.on_link(t, a, b)
-                continue
-            if kind == _REDUCED:
-                if self.on_reduced(t, a, budgets):
-                    return now
-                continue
-            if kind in (_PULLED, _COMPUTED, _PUSH) and b != epoch[a]:
-                continue   # its worker failed (or rejoined) since
-            released = handlers[kind](t, a)
-            if kind in (_PULLED, _COMPUTED) or released is None:
-                continue
-            for rel in released:
-                self.release(rel, t)
-            if self.exhausted(budgets):
-                break
-            if self.driver.num_updates != completed:
-                completed = self.driver.num_updates
-                yield completed
-        return now
 
 
 def __dir__():
