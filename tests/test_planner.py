@@ -69,3 +69,15 @@ def test_measured_lengths_and_the_command(tmp_path, capsys):
         assert main(["plan", *argv]) == 2
         err = capsys.readouterr().err
         assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_grid_keywords_build_the_policies():
+    """plan(..., etas=, modes=, ...) plans `policies_of(...)`'s specs; an unknown keyword or a grid
+    beside policies= is refused, naming it."""
+    kw = dict(num_updates=20, prompts_per_rollout=2, lengths=L.constant(4))
+    table = st.rl.plan("1*2", etas=[0, 2], modes=["pace"], learner=0.25, **kw)
+    assert list(table["policy"]) == st.rl.policies_of([0, 2], ["pace"], learner=0.25)
+    with pytest.raises(TypeError, match="unknown keyword 'eta'.*etas"):
+        st.rl.plan("1*2", eta=[2], **kw)
+    with pytest.raises(ValueError, match="not both"):
+        st.rl.plan("1*2", policies=["rl_sync"], etas=[2], **kw)

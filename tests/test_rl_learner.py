@@ -39,10 +39,10 @@ def digits():
     return task, params, opt, rollouts
 
 
-def _update(task, opt, params, rollouts, minibatches, diagnostics=False):
+def _update(task, opt, params, rollouts, minibatches):
     tau, mask = jnp.array([1, 0, 2], jnp.int32), jnp.ones(3, bool)
     fn = jax.jit(lambda p, s, r: rollout.learner_update(task, opt.tx, (st.lr.get("constant"),), 0, p, s, r, tau, mask,
-                                                        minibatches, diagnostics=diagnostics))
+                                                        minibatches))
     return fn(params, opt.init(params), rollouts)
 
 

@@ -231,9 +231,8 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
     if local is not None and local.learner:   # asynchronous RL: the learner's version (`rollout.learner_update`)
-        params, opt_state, losses, diag = local.update(task, opt, rules, consts, params, opt_state, stale, worker,
-                                                       iteration, staleness, mask, index, static.slot_mode,
-                                                       static.padded)
+        params, opt_state, losses, diag = local.update(task, static, consts, params, opt_state, stale,
+                                                       (worker, iteration, staleness, mask), index)
         return params, opt_state, inner, jnp.where(mask, losses, jnp.nan), diag
     losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, params, stale, worker, iteration, index,
                                       inner)

@@ -97,7 +97,7 @@ of the version before and after the update)."""
 
 
 def learner_update(task, tx, rules: tuple, rule_index, params, opt_state, rollouts, staleness, mask,
-                   minibatches: int = 1, padded: bool = False, many: bool = True, diagnostics: bool = False):
+                   minibatches: int = 1, padded: bool = False, many: bool = True):
     """One version of the learner (AReaL's): (params, opt_state, losses [C], diag) after training
     on the C rollouts of one update.
 
@@ -115,7 +115,7 @@ def learner_update(task, tx, rules: tuple, rule_index, params, opt_state, rollou
     changes nothing). The compiled replay (`Learner.update`) and the real runtime's learner
     (`runtime.numerics`) both call this, so a recorded run replays bitwise.
 
-    diag (diagnostics=True; else {}): what RL systems log per step, over the update's real
+    diag: what RL systems log per step, over the update's real
     rollouts: `objectives.diagnostics` of π_prox against π_behav (kl_behav, is_weight_mean,
     is_weight_max, ess, and the entropy of π_prox), means over the rollouts (is_weight_max: the
     largest), and the objective's clip_fraction and masked_fraction, means over the steps."""
@@ -133,7 +133,7 @@ def learner_update(task, tx, rules: tuple, rule_index, params, opt_state, rollou
 
     logp = functools.partial(_prox_logp, task, params)
     prox = lax.map(logp, rollouts) if many else logp(rollouts)
-    diag = _diagnostics(task, params, rollouts, prox, mask, many) if diagnostics else {}
+    diag = _diagnostics(task, params, rollouts, prox, mask, many)   # unused outputs are dead code under jit
     if minibatches == 1:
         params, opt_state, losses, aux = step(params, opt_state, rollouts, prox)
         return params, opt_state, losses, _with_aux(diag, aux, mask)
@@ -230,14 +230,17 @@ class Learner(NamedTuple):
             return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
         return lax.map(one, (behavior, worker, iteration, starts))
 
-    def update(self, task, tx, rules, consts, params, opt_state, behavior, worker, iteration, staleness, mask,
-               segments, slot_mode: str, padded: bool):
+    def update(self, task, static, consts, params, opt_state, behavior, slots, segments):
         """One update of the compiled replay: its rollouts (`rollouts`), then `learner_update`,
         and the KL between the version before and after it on the task's probe set
-        (`RLTask.version_kl` on `consts['probe']`, the run's `RLTask.probe`). Returns (params, opt_state, losses [C], diag: `DIAGNOSTICS`)."""
-        rollouts = self.rollouts(task, slot_mode, consts["data_key"], behavior, worker, iteration, segments)
-        new, opt_state, losses, diag = learner_update(task, tx, rules, consts["rule"], params, opt_state, rollouts,
-                                                      staleness, mask, self.minibatches, padded,
-                                                      many=worker.shape[0] > 1, diagnostics=True)
+        (`RLTask.version_kl` on `consts['probe']`, the run's `RLTask.probe`). static: the
+        replay's static configuration (`opt`, `rules`, `slot_mode`, `padded`); slots: the C
+        slots' (worker, iteration, staleness, mask). Returns (params, opt_state, losses [C],
+        diag: `DIAGNOSTICS`)."""
+        worker, iteration, staleness, mask = slots
+        rollouts = self.rollouts(task, static.slot_mode, consts["data_key"], behavior, worker, iteration, segments)
+        new, opt_state, losses, diag = learner_update(task, static.opt, static.rules, consts["rule"], params,
+                                                      opt_state, rollouts, staleness, mask, self.minibatches,
+                                                      static.padded, many=worker.shape[0] > 1)
         diag["kl_version"] = task.version_kl(params, new, consts["probe"])
         return new, opt_state, losses, diag

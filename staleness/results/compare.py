@@ -354,9 +354,11 @@ def check_tunable(task, what: str) -> None:
         raise ValueError(f"{what} asks to tune the learning rates, but {e}") from None
 
 
-def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates, lr_rule, optimizer,
-            inner_optimizer, num_evals: int = 8, score_from: float = 0.0) -> dict:
+def tune_lr(task, policy, cluster, *, grid, seeds, metric, lr_rule, score_from: float = 0.0, **run) -> dict:
     """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep).
+
+    run: the tuning sweep's settings, as `st.sweep` takes them (max_time, num_updates,
+    optimizer, inner_optimizer; num_evals, default 8).
 
     The score of a run is the mean of the validation metric over its evaluation points
     (the area under its learning curve, per evaluation: fast progress and a good end
@@ -372,8 +374,7 @@ def tune_lr(task, policy, cluster, *, grid, seeds, metric, max_time, num_updates
 
     val = _holdout(task)
     m = val.metric(metric)
-    runs = sweep(val, [policy], cluster, seeds=seeds, lr_rules=[lr_rule], lrs=list(grid), num_updates=num_updates,
-                 max_time=max_time, optimizer=optimizer, inner_optimizer=inner_optimizer, num_evals=num_evals)
+    runs = sweep(val, [policy], cluster, seeds=seeds, lr_rules=[lr_rule], lrs=list(grid), **{"num_evals": 8, **run})
     if any(r.status == "stopped" for r in runs):   # Ctrl-C inside the sweep: an interrupt, not a divergence
         raise KeyboardInterrupt
     scores, per_seed = [], []

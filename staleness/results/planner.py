@@ -28,6 +28,7 @@ opening is available here), see benchmarks/results/reproduce_async_rl.md.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -95,10 +96,8 @@ def _row(sched, task, seed: int, mean_seconds: float) -> dict:
             "learner_utilization": busy / end}
 
 
-def plan(actors, *, lengths=None, policies=None, etas=(0, 1, 2, 4, 8, None), modes=("pace",), learner: float = 0.5,
-         inflight: bool = False, one_step_off: bool = False, minibatches: int = 1, batch: int | None = None,
-         num_updates: int = 1000, seeds=(0,), prompts_per_rollout: int = 8, num_prompts: int = 256,
-         prefill: float = 0.0, progress: bool = False):
+def plan(actors, *, lengths=None, policies=None, num_updates: int = 1000, seeds=(0,), prompts_per_rollout: int = 8,
+         num_prompts: int = 256, prefill: float = 0.0, progress: bool = False, **grid):
     """The planner's table (a pandas DataFrame, one row per policy, `COLUMNS`).
 
     Args:
@@ -107,10 +106,10 @@ def plan(actors, *, lengths=None, policies=None, etas=(0, 1, 2, 4, 8, None), mod
       lengths: the completion lengths: a length rule (`st.tasks.rl.lengths`: lognormal, zipf,
         constant, or `empirical(measured lengths)`); default the bandit's long-tailed one
         (lognormal, median 128, at most 1024 tokens).
-      policies: policy specs; default `policies_of(etas, modes, inflight=, one_step_off=,
-        minibatches=, batch=, learner=)`.
-      learner: the learner's time per update, in units of an average actor's rollout (see
-        `st.policies.rl_async`).
+      policies: policy specs; default `policies_of(**grid)`.
+      grid: `policies_of`'s keywords (etas, modes, inflight, one_step_off, minibatches, batch,
+        learner: the learner's time per update, in units of an average actor's rollout, see
+        `st.policies.rl_async`), instead of `policies`.
       num_updates: learner updates per schedule; seeds: schedules per policy (medians).
       prompts_per_rollout: B prompts per rollout (a batch decodes as long as its longest);
         prefill: a prompt's cost in decoded tokens.
@@ -124,9 +123,13 @@ def plan(actors, *, lengths=None, policies=None, etas=(0, 1, 2, 4, 8, None), mod
     from staleness.tasks import rl
 
     cluster = _cluster.resolve(actors)
-    specs = list(policies) if policies is not None else policies_of(
-        etas, modes, inflight=inflight, one_step_off=one_step_off, minibatches=minibatches, batch=batch,
-        learner=learner)
+    known = set(inspect.signature(policies_of).parameters)
+    if set(grid) - known:
+        raise TypeError(f"plan: unknown keyword {sorted(set(grid) - known)[0]!r}; the policy grid's keywords are "
+                        f"{', '.join(sorted(known))}")
+    if policies is not None and grid:
+        raise ValueError(f"plan: give policies= or the policy grid's keywords ({', '.join(sorted(grid))}), not both")
+    specs = list(policies) if policies is not None else policies_of(**grid)
     pols = [_policies.resolve(p) for p in specs]
     bad = [p.describe() for p in pols if not p.learner]
     if bad:
