@@ -55,7 +55,7 @@ def test_a_registered_user_policy_is_parsed_by_name_and_listed_in_the_help():
     assert "bounded_asp_test[:TAU]" in st.policies.spec_help()
     with pytest.raises(ValueError, match="built in"):
         st.policies.register("ssp", user_policies.bounded_asp)
-    with pytest.raises(TypeError, match="is not a Aggregation|is not an? Aggregation"):
+    with pytest.raises(TypeError, match="does not follow the Aggregation protocol"):
         st.policies.Policy(st.policies.Free(), object(), "broken")
 
 
@@ -148,3 +148,22 @@ def test_launch_runs_the_user_policy_in_two_processes(tmp_path):
     res = st.Result.load(out)
     assert res.schedule.policy.describe() == SPEC and res.config["processes"] == 2
     _bounded(res.schedule, 1)
+
+
+def test_optional_members_come_from_the_protocols_and_required_ones_are_named():
+    """The user's aggregation leaves out fixed_size, grace and requeue: the Policy takes the
+    defaults `Aggregation` declares for them (not streamed, no window, no requeue); a part
+    lacking required members is refused, naming exactly those."""
+    from user_policies import DropStale
+
+    P = st.policies
+    p = st.policies.parse(SPEC)
+    assert not any(hasattr(p.aggregation, m) for m in ("fixed_size", "grace", "requeue"))
+    assert (P.Aggregation.fixed_size, P.Aggregation.grace, P.Aggregation.requeue) == (None, 0.0, False)
+    assert p.streamable(4) is None and p.grace == 0.0 and not p.learner and P.Work.learner_seconds is None
+
+    class NoSize:   # DropStale without `size` and `all_live`
+        accepts, due, validate = DropStale.accepts, DropStale.due, DropStale.validate
+
+    with pytest.raises(TypeError, match=r"aggregation = .* Aggregation protocol \(it lacks all_live, size\)"):
+        P.Policy(P.Free(), NoSize(), "no-size")

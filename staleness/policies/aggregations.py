@@ -18,6 +18,7 @@ from `EachGradient`, user ones need not):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
@@ -32,13 +33,17 @@ class Aggregation(Protocol):
     accepts(state, worker, pull_version): keep the gradient (False: it is dropped).
     due(state): whether the buffered gradients make an update now.
     size(num_live, num_workers): gradients per update (the engine's slots).
-    fixed_size(num_workers), optional: how many gradients every update holds when that
-      never varies (the engine then replays a schedule while it is being simulated;
-      `Policy.streamable`), else None; an aggregation without it is never streamed.
     validate(num_workers): policy-specific checks (a ValueError naming the parameter).
     all_live: every live worker's gradient of a round makes one update, so a
       round can be one all-reduce (the network model's `allreduce`, the
       runtime's collective rounds).
+
+    Optional members (declared below with the value `Policy` uses where one is left out):
+    fixed_size(num_workers): how many gradients every update holds when that never
+      varies (the engine then replays a schedule while it is being simulated;
+      `Policy.streamable`), else None; None: the aggregation is never streamed.
+    grace: seconds of the synchronization window an arrival opens (`Window`); 0.0: none.
+    requeue: a dropped gradient's iteration is redone (`Fresh`'s requeue mode).
     """
 
     all_live: bool
@@ -47,6 +52,10 @@ class Aggregation(Protocol):
     def due(self, state: SyncState) -> bool: ...
     def size(self, num_live: int, num_workers: int) -> int: ...
     def validate(self, num_workers: int) -> None: ...
+
+    fixed_size: Callable[[int], int | None] | None = None
+    grace: float = 0.0
+    requeue: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,11 +61,10 @@ class Policy:
     def __post_init__(self):
         for name, part, protocol in (("gate", self.gate, Gate), ("aggregation", self.aggregation, Aggregation),
                                      ("work", self.work, Work)):
-            if not isinstance(part, protocol):
-                missing = [m for m in _members(protocol) if not hasattr(part, m)]
-                raise TypeError(f"Policy: {name} = {part!r} is not a {protocol.__name__}"
-                                + (f" (it lacks {', '.join(sorted(missing))})" if missing else "")
-                                + f"; see staleness.policies.{protocol.__name__}")
+            missing = [m for m in _members(protocol) if m not in _optional(protocol) and not hasattr(part, m)]
+            if missing:
+                raise TypeError(f"Policy: {name} = {part!r} does not follow the {protocol.__name__} protocol (it lacks "
+                                f"{', '.join(missing)}); see staleness.policies.{protocol.__name__}")
         if not isinstance(self.spec, str) or not self.spec.strip():
             raise TypeError(f"Policy: spec = {self.spec!r} must be a non-empty string (how the policy is named "
                             "in results and on the command line)")
@@ -82,13 +81,13 @@ class Policy:
     def learner(self) -> bool:
         """Whether a learner trains each update for a while (asynchronous RL: the work has
         `learner_seconds`); its updates are completed after they are decided (`complete`)."""
-        return getattr(self.work, "learner_seconds", None) is not None
+        return _member(self.work, Work, "learner_seconds") is not None
 
     @property
     def grace(self) -> float:
         """Seconds of the synchronization window an arrival opens (`aggregations.Window`);
         0.0: none, a released worker restarts at once."""
-        return float(getattr(self.aggregation, "grace", 0.0))
+        return float(_member(self.aggregation, Aggregation, "grace"))
 
     @property
     def lockstep(self) -> bool:
@@ -120,7 +119,7 @@ class Policy:
         while it is simulated (`engine.run.simulate`): workers compute one gradient each
         iteration (no local steps, no learner) and the aggregation declares a `fixed_size`
         (an optional method of `Aggregation`); else None."""
-        fixed = getattr(self.aggregation, "fixed_size", None)
+        fixed = _member(self.aggregation, Aggregation, "fixed_size")
         if fixed is None or self.local or self.learner or self.grace:
             return None
         size = fixed(num_workers)
@@ -139,7 +138,7 @@ class Policy:
         if not table.live[worker]:
             raise ValueError(f"push: worker {worker} is not live")
         accepted = self.aggregation.accepts(state, worker, pull_version)
-        if accepted or not getattr(self.aggregation, "requeue", False):   # a requeued rollout is redone
+        if accepted or not _member(self.aggregation, Aggregation, "requeue"):   # a requeued rollout is redone
             table.advance(worker)
         self.gate.pushed(state, worker, now)
         update = False
@@ -213,10 +212,21 @@ class Policy:
 
 
 def _members(protocol) -> list[str]:
-    """The attributes and methods a protocol declares (for the error message)."""
+    """The attributes and methods a protocol declares."""
     names = set(getattr(protocol, "__annotations__", {}))
     names |= {k for k, v in vars(protocol).items() if callable(v) and not k.startswith("_")}
     return sorted(names)
+
+
+def _optional(protocol) -> dict:
+    """{name: default} of the optional members a protocol declares: its attributes given a
+    value in its body (a part may leave them out; it then has that value)."""
+    return {k: vars(protocol)[k] for k in getattr(protocol, "__annotations__", {}) if k in vars(protocol)}
+
+
+def _member(part, protocol, name: str):
+    """`part`'s member `name`, or the default its protocol declares for it."""
+    return getattr(part, name, _optional(protocol)[name])
 
 
 def _close_round(state: SyncState) -> None:

@@ -33,10 +33,10 @@ Every method is plain Python over plain values: a work declares what the engine 
   the pulled version (and, in flight, newer ones), which a learner trains on at its current
   version (data staleness).
 
-A work may also have `learner_seconds(sizes, mean_seconds, num_workers)`: the
-seconds a learner trains one update whose rows had these sizes (`Rollout`);
-the simulator then completes each update that long after it is decided
-(`Policy.complete`), one at a time. Works without it complete updates at once.
+A work may also have `learner_seconds(sizes, mean_seconds, num_workers)` (an optional
+member of `Work`, default None): the seconds a learner trains one update whose rows had
+these sizes (`Rollout`); the simulator then completes each update that long after it is
+decided (`Policy.complete`), one at a time. Works without it complete updates at once.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ class Work(Protocol):
     def numerics_options(self, shapes) -> dict[str, Any]: ...
     def replay_settings(self) -> tuple: ...
     def describe(self) -> str: ...
+
+    # optional (the value `Policy` uses where a work leaves it out): the module docstring
+    learner_seconds: Callable[[Sequence[float], float, int], float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
