@@ -321,6 +321,10 @@ class Driver:
         out = self.policy.fail(self.state, worker, now)
         return self._after(out, now, row, False)
 
+    def merge(self, now: float) -> Step:
+        """A merging window closed at `now` (`Policy.merge`): the buffered rows make one update."""
+        return self._after(self.policy.merge(self.state, now), now, None, False)
+
     def join(self, worker: int, now: float) -> Step:
         """`worker` (re)joins at `now` and pulls the newest version when its gate opens."""
         self.epoch[worker] += 1

@@ -161,6 +161,17 @@ class Schedule:
         per_worker = np.bincount(c["worker"], weights=pull + push, minlength=self.num_workers)
         return float(np.mean(per_worker) / self.end_time)
 
+    def goodput(self) -> float:
+        """Useful compute over the compute allocated: the compute seconds (end − start) of the
+        applied gradients (or deltas, or rollouts) over λ × end_time. Time blocked at a gate or
+        a synchronization window, on transfers, down after a failure, or computing what was
+        then lost or dropped is not useful. NaN for a run of no time."""
+        c = self.columns
+        if not (math.isfinite(self.end_time) and self.end_time > 0):
+            return math.nan
+        ok = self.applied
+        return float(np.sum(c["end"][ok] - c["start"][ok]) / (self.num_workers * self.end_time))
+
     def staleness_histogram(self) -> np.ndarray:
         """counts[τ] of applied gradients with staleness τ."""
         s = self.staleness[self.applied]
@@ -250,6 +261,7 @@ class Schedule:
             "wait_fraction_mean": float(wf.mean()),
             "wait_fraction_max": float(wf.max()),
             "comm_fraction_mean": self.comm_fraction(),
+            "goodput": self.goodput(),
         }
         out.update(self.bytes_totals())
         out["peak_bytes_per_s"] = self.peak_bandwidth()

@@ -36,9 +36,12 @@ def clusters(draw, max_workers=10):
 @hst.composite
 def policies(draw, num_workers):
     kind = draw(hst.sampled_from(["bsp", "asp", "ssp", "dssp", "softsync", "backup", "local_sgd", "diloco",
-                                  "async_diloco"]))
+                                  "async_diloco", "decoupled_diloco"]))
     if kind == "bsp":
         return P.bsp()
+    if kind == "decoupled_diloco":
+        return P.decoupled_diloco(draw(hst.integers(1, 5)), quorum=draw(hst.integers(1, num_workers)),
+                                  grace=draw(hst.sampled_from([0.0, 0.3, 2.0])), dynamic=draw(hst.booleans()))
     if kind == "local_sgd":
         return P.local_sgd(draw(hst.integers(1, 5)))
     if kind == "diloco":
@@ -65,6 +68,8 @@ def expected_update_size(policy, lam):
         return lam // agg.n
     if isinstance(agg, P.FirstOfRound):
         return max(1, lam - agg.b)
+    if isinstance(agg, P.Quorum):
+        return None   # from the quorum to every learner
     return 1
 
 
@@ -88,7 +93,11 @@ def check_invariants(sched: Schedule, policy, lam: int, failures=False):
     assert np.all(f["pull_time"] <= f["start"]) and np.all(f["start"] < f["end"])
     assert np.all(f["end"][pushed] <= f["push_time"][pushed]) and np.all(f["wait"] >= 0)
     if not failures:
-        assert np.all(sizes == expected_update_size(policy, lam))
+        expected = expected_update_size(policy, lam)
+        if expected is None:   # a quorum's merge: at least k arrivals, each learner at most once
+            assert np.all((sizes >= policy.quorum) & (sizes <= lam))
+        else:
+            assert np.all(sizes == expected)
         # the gate: when p starts iteration i, every worker q has pushed >= i - bound
         bound = policy.staleness_bound()
         if bound is not None:

@@ -30,8 +30,9 @@ factory returning a `Policy`, named on every command as
 
 from staleness.policies import payload
 from staleness.policies.aggregations import (AllLive, Aggregation, Count, EachGradient, FirstOfRound, Fresh,
-                                             Minibatches, Window)
-from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, diloco, dssp, local_sgd,
+                                             Minibatches, Quorum, Window)
+from staleness.policies.factories import (RL_MODES, asp, async_diloco, backup_workers, bsp, decoupled_diloco, diloco,
+                                          dssp, local_sgd,
                                           rl_async, rl_inflight, rl_one_step_off, rl_partial, rl_sync, softsync, ssp, streaming_diloco)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, Gate, RoundBound, RoundLag, dssp_controller
 from staleness.policies.policy import Policy, Unknown
@@ -43,9 +44,9 @@ from staleness.policies.work import Gradient, LocalSteps, Rollout, Streaming, Wo
 __all__ = [
     "Policy", "PushOutcome", "SyncState", "ClockTable", "Gate", "Aggregation", "Work", "Unknown",
     "Free", "ClockBound", "DynamicBound", "RoundBound", "RoundLag", "Capacity",
-    "EachGradient", "Window", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
+    "EachGradient", "Window", "Quorum", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches", "Gradient", "LocalSteps", "Streaming", "Rollout",
     "bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-    "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES",
+    "streaming_diloco", "decoupled_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES",
     "dssp_controller", "parse", "resolve", "register", "names", "factory", "registry", "spec_help", "recorded", "payload",
 ]
 

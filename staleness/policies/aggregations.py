@@ -8,6 +8,8 @@ from `EachGradient`, user ones need not):
 - `Window(grace)`: the same, and an arrival opens a window of `grace` seconds in which
   every other worker that arrives is synchronized too, before any restarts (the
   asyncdiloco notebook's `max_wait_time`);
+- `Quorum(k, grace)`: Decoupled DiLoCo's synchronizer: once k learners have arrived it waits
+  `grace` seconds for more, then merges every arrival into one update;
 - `AllLive`: one update per round from every live worker's gradient (BSP);
 - `Count(n)`: Rudra n-softsync, floor(λ/n) gradients from any workers;
 - `FirstOfRound(b)`: backup workers, the first λ − b gradients of a round;
@@ -23,7 +25,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
 
-__all__ = ["Aggregation", "EachGradient", "Window", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches"]
+__all__ = ["Aggregation", "EachGradient", "Window", "Quorum", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches"]
 
 
 @runtime_checkable
@@ -44,6 +46,9 @@ class Aggregation(Protocol):
       `Policy.streamable`), else None; None: the aggregation is never streamed.
     grace: seconds of the synchronization window an arrival opens (`Window`); 0.0: none.
     requeue: a dropped gradient's iteration is redone (`Fresh`'s requeue mode).
+    quorum: arrivals (since the last window closed) that open the window (`Quorum`).
+    merges: the arrivals of a window make one update when it closes (`Policy.merge`), not
+      one each on arrival; the workers they release wait for it.
     """
 
     all_live: bool
@@ -56,6 +61,8 @@ class Aggregation(Protocol):
     fixed_size: Callable[[int], int | None] | None = None
     grace: float = 0.0
     requeue: bool = False
+    quorum: int = 1
+    merges: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +103,48 @@ class Window(EachGradient):
         if isinstance(self.grace, bool) or not isinstance(self.grace, (int, float)) or not (
                 0.0 < self.grace < float("inf")):
             raise ValueError(f"window: grace = {self.grace!r} must be a finite number of seconds > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quorum(EachGradient):
+    """Decoupled DiLoCo's synchronizer (Douillard et al. 2026): learners push on their own
+    clocks; once `k` of them have arrived since the last merge (fewer when fewer are live) it
+    waits `grace` seconds for more (the pushes in flight that arrive by then), and at the
+    window's last arrival merges every arrival into one update (`Policy.merge`); the merged
+    learners wait for it and restart on the merged version. A learner that misses the window
+    goes on and is merged in a later one (its delta staler). k = 1 and grace = 0 merge every
+    arrival alone, on arrival (asynchronous DiLoCo); k = λ and grace = 0 wait for every live
+    learner (DiLoCo's round). Timing is the simulator's (`staleness.sim.scheduler`)."""
+
+    k: int = 1
+    grace: float = 0.0
+
+    merges: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"quorum: k = {self.k!r} must be an integer >= 1 (learners merged at least)")
+        if isinstance(self.grace, bool) or not isinstance(self.grace, (int, float)) or not (
+                0.0 <= self.grace < float("inf")):
+            raise ValueError(f"quorum: grace = {self.grace!r} must be a finite number of seconds >= 0")
+
+    @property
+    def quorum(self) -> int:
+        return self.k
+
+    def due(self, state):
+        return False   # a window's arrivals are merged at its close (`Policy.merge`)
+
+    def size(self, num_live, num_workers):
+        return num_workers
+
+    def fixed_size(self, num_workers):
+        return None
+
+    def validate(self, num_workers):
+        if self.k > num_workers:
+            raise ValueError(f"decoupled_diloco: quorum = {self.k} must be <= the number of learners "
+                             f"({num_workers})")
 
 
 @dataclasses.dataclass(frozen=True)

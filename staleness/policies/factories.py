@@ -14,13 +14,14 @@ returns a `Policy` whose spec parses back to it (`staleness.policies.parse`).
 from __future__ import annotations
 
 from staleness.infra import checks
-from staleness.policies.aggregations import AllLive, Count, EachGradient, FirstOfRound, Fresh, Minibatches, Window
+from staleness.policies.aggregations import (AllLive, Count, EachGradient, FirstOfRound, Fresh, Minibatches, Quorum,
+                                             Window)
 from staleness.policies.gates import Capacity, ClockBound, DynamicBound, Free, RoundBound, RoundLag
 from staleness.policies.policy import Policy
 from staleness.policies.work import LocalSteps, Rollout, Streaming
 
 __all__ = ["bsp", "asp", "ssp", "dssp", "softsync", "backup_workers", "local_sgd", "diloco", "async_diloco",
-           "streaming_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES"]
+           "streaming_diloco", "decoupled_diloco", "rl_sync", "rl_one_step_off", "rl_async", "rl_inflight", "rl_partial", "RL_MODES"]
 
 
 def bsp() -> Policy:
@@ -117,6 +118,29 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
         for k, v, default in (("fragments", fragments, 2), ("overlap", overlap, 0), ("alpha", float(alpha), 0.0),
                               ("bits", bits, 32)) if v != default)
     return Policy(ClockBound(0), AllLive(), spec, work, "nesterov:0.9,lr=0.7")
+
+
+def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float = 0.0, dynamic: bool = False,
+                     tokens: bool = True) -> Policy:
+    """Decoupled DiLoCo (Douillard et al. 2026): independent learners take `steps` inner
+    steps on their own clocks and push their deltas to a synchronizer, which merges once
+    `quorum` learners have arrived, after waiting `grace` seconds for more (`Quorum`); the
+    merged learners restart on the merged version, the others are merged in a later window.
+    tokens: each delta is weighted by the tokens its learner processed, tokens × tokens per
+      step (the paper's "quantity × quality"): with one minibatch size for every learner,
+      proportional to its inner steps (they differ with `dynamic`, Dynamic Local Updates).
+      False: the plain mean.
+    quorum = 1 and grace = 0 is `async_diloco(steps)`; quorum = λ and grace = 0 is
+    `diloco(steps)`'s round. The outer optimizer defaults to DiLoCo's."""
+    checks.integer("decoupled_diloco", "steps", steps, low=1)
+    checks.integer("decoupled_diloco", "quorum", quorum, low=1)
+    grace = checks.finite("decoupled_diloco", "grace", grace, low=0.0)
+    for name, value in (("dynamic", dynamic), ("tokens", tokens)):
+        if not isinstance(value, bool):
+            raise ValueError(f"decoupled_diloco: {name} = {value!r} must be True or False")
+    spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}")
+            + (f":grace={grace:g}" if grace else "") + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens"))
+    return Policy(Free(), Quorum(quorum, grace), spec, LocalSteps(steps, dynamic, weighted=tokens), "nesterov:0.9,lr=0.7")
 
 
 # -- asynchronous RL (data staleness): actors generate rollouts, a learner trains on them -----------

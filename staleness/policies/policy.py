@@ -13,6 +13,7 @@ call it through `staleness.driver`)::
     out = policy.fail(state, worker, now)          # a worker died; its in-flight gradient is lost
     out = policy.join(state, worker, now)          # a worker (re)joins and pulls the newest version
     out = policy.complete(state, now)              # the oldest decided update's parameters now exist
+    out = policy.merge(state, now)                 # a merging window closed: its arrivals make one update
 
 An update is decided by `push` (or `fail`) and completed by `complete`: the
 drivers call it at once (the server trains in no simulated time), except
@@ -88,6 +89,17 @@ class Policy:
         """Seconds of the synchronization window an arrival opens (`aggregations.Window`);
         0.0: none, a released worker restarts at once."""
         return float(_member(self.aggregation, Aggregation, "grace"))
+
+    @property
+    def quorum(self) -> int:
+        """Arrivals that open the synchronization window (`aggregations.Quorum`; 1: the first)."""
+        return int(_member(self.aggregation, Aggregation, "quorum"))
+
+    @property
+    def merges(self) -> bool:
+        """Whether a window's arrivals make one update at its close (`merge`) rather than one
+        each on arrival (`aggregations.Quorum`)."""
+        return bool(_member(self.aggregation, Aggregation, "merges"))
 
     @property
     def lockstep(self) -> bool:
@@ -191,6 +203,13 @@ class Policy:
         state.table.drain(self.gate.level(state), released)
         state.table.note_gaps(released)
         return PushOutcome(False, False, tuple(released))
+
+    def merge(self, state: SyncState, now: float) -> PushOutcome:
+        """A merging window (`merges`) closed at `now`: the buffered gradients make one update."""
+        update = state.buffered > 0
+        if update:
+            _close_round(state)
+        return PushOutcome(False, update, ())
 
     def join(self, state: SyncState, worker: int, now: float) -> PushOutcome:
         """`worker` (re)joins at `now`, fast-forwarded to the slowest live clock."""

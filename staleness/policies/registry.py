@@ -37,6 +37,7 @@ _BUILTIN: dict[str, tuple[Callable[..., Policy], tuple[str, ...]]] = {
     "diloco": (F.diloco, ("steps",)),
     "async_diloco": (F.async_diloco, ("steps",)),
     "streaming_diloco": (F.streaming_diloco, ("steps",)),
+    "decoupled_diloco": (F.decoupled_diloco, ("steps",)),
     "rl_sync": (F.rl_sync, ()),
     "rl_one_step_off": (F.rl_one_step_off, ()),
     "rl_async": (F.rl_async, ("eta",)),

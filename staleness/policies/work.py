@@ -121,10 +121,13 @@ class LocalSteps:
     dynamic: Dynamic Local Updates (Liu et al. 2024): a worker slower than the
     fastest takes proportionally fewer steps, round(steps · t_fastest / t_worker)
     (at least 1), so that all workers finish a round in about the same time.
+    weighted: an update's deltas are weighted by their workers' inner steps (the tokens
+    they processed; Decoupled DiLoCo's token-weighted merge) instead of equally.
     """
 
     steps: int = 1
     dynamic: bool = False
+    weighted: bool = dataclasses.field(default=False, kw_only=True)
 
     local: ClassVar[bool] = True
     collective_round: ClassVar[bool] = False
@@ -134,8 +137,9 @@ class LocalSteps:
 
     def __post_init__(self):
         checks.integer("local steps", "steps", self.steps, low=1)
-        if not isinstance(self.dynamic, bool):
-            raise ValueError(f"local steps: dynamic = {self.dynamic!r} must be True or False")
+        for name in ("dynamic", "weighted"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"local steps: {name} = {getattr(self, name)!r} must be True or False")
 
     def steps_per_worker(self, mean_seconds) -> tuple[int, ...]:
         """[λ] inner steps per iteration of each worker, from its mean seconds per step."""
@@ -164,7 +168,7 @@ class LocalSteps:
         return ()   # H is data of the replay (steps per worker), not compiled into it
 
     def describe(self) -> str:
-        return f"local:{self.steps}" + (":dynamic" if self.dynamic else "")
+        return f"local:{self.steps}" + (":dynamic" if self.dynamic else "") + (":weighted" if self.weighted else "")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -223,7 +223,7 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
                          policy.work.refill)
         events = _Independent(driver, sampler, compute_time, forget, nbytes, overlap, train).run(budgets)
     elif collective or shared:
-        if policy.grace:
+        if policy.grace or policy.merges:
             raise ValueError(f"simulate_schedule: policy {policy.describe()!r} has a synchronization window, which "
                              f"is not modelled on cluster {cluster.describe()!r} (a shared server link); give the "
                              "workers their own links (+net=BANDWIDTH:LATENCY)")
@@ -429,36 +429,56 @@ class _Learner:
 
 
 class _Window:
-    """`Policy.grace`'s synchronization window (`policies.Window`): an arrival while none is
-    open opens one; it closes at the last arrival within `grace` seconds of the first (the
-    pushes in flight are known: `arrive_at`), and every worker released while it is open
-    restarts then, on the newest version (`close`: a `_CLOSE` event at that time, after the
-    pushes of the same instant, which were queued before it)."""
+    """`Policy.grace`'s synchronization window (`policies.Window`, `policies.Quorum`): an
+    arrival while none is open opens one (with a quorum k, the k-th arrival since the last
+    close, or fewer once fewer learners are live); it closes at the last arrival within `grace`
+    seconds of its opening (the pushes in flight are known: `arrive_at`), and every worker
+    released while it is open (or its quorum pending) restarts then, on the newest version
+    (`close`: a `_CLOSE` event at that time, after the pushes of the same instant, which were
+    queued before it). A merging window (`Policy.merges`) makes one update of its arrivals
+    at its close (`Driver.merge`); otherwise each arrival was its own update."""
 
-    def __init__(self, grace: float, arrive_at: list, inflight: list):
-        self.grace, self.arrive_at, self.inflight = grace, arrive_at, inflight
+    def __init__(self, policy, arrive_at: list, inflight: list, table):
+        self.grace, self.arrive_at, self.inflight, self.table = policy.grace, arrive_at, inflight, table
+        self.quorum, self.merges = policy.quorum, policy.merges
         self.until = -math.inf    # the open window's last synchronization
+        self.open = False
+        self.pending = 0          # arrivals since the last close
         self.held: list[int] = []
 
-    def opens(self, now: float) -> float | None:
-        """A push arrived at `now`: the close time of the window it opens, or None (one is open)."""
-        if now <= self.until:
-            return None
+    def opens(self, now: float, arrived: bool = True) -> float | None:
+        """A push arrived at `now` (arrived=False: a learner failed, the quorum may now be met):
+        the close time of the window that opens, or None (one is open, or the quorum not met)."""
+        if not self.merges:
+            if not arrived or now <= self.until:
+                return None
+        else:
+            self.pending += arrived
+            if self.open or not self.pending or self.pending < min(self.quorum, self.table.num_live):
+                return None
+            self.open = True
         members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= now + self.grace]
         self.until = max([now, *members])
         return self.until
 
     def hold(self, released, now: float) -> tuple:
-        """The releases to start at `now`: none while a window is open (they wait for its close)."""
-        if now > self.until:
+        """The releases to start at `now`: none while a window is open or its quorum pending
+        (they wait for its close)."""
+        if (now > self.until) if not self.merges else not (self.open or self.pending):
             return released
-        self.held += [rel[0] for rel in released]
+        for rel in released:   # not in flight while held: a failure then loses no computation
+            self.inflight[rel[0]] = None
+            if rel[0] not in self.held:
+                self.held.append(rel[0])
         return ()
 
     def close(self, driver, now: float) -> list:
-        """The window closed at `now`: the held workers (still live) are released on the newest version."""
+        """The window closed at `now`: (a merging window's update, then) the held workers
+        (still live) are released on the newest version."""
+        released = list(driver.merge(now).released) if self.merges else []
+        self.open, self.pending = False, 0
         held, self.held = self.held, []
-        return [driver.release(w, now) for w in held if driver.state.live[w]]
+        return released + [driver.release(w, now) for w in held if driver.state.live[w]]
 
 
 class _EventLoop:
@@ -583,8 +603,8 @@ class _Independent(_EventLoop):
         if learner is not None:
             learner.attach(self.rec, sampler, nbytes)
         self.rec.row_bytes = nbytes or (0, 0)
-        if driver.policy.grace:
-            self.window = _Window(driver.policy.grace, self.arrive_at, driver.inflight)
+        if driver.policy.grace or driver.policy.merges:
+            self.window = _Window(driver.policy, self.arrive_at, driver.inflight, driver.state.table)
         self.handlers.update({_PUSH: self.on_push, _CLOSE: self.on_close, _TRAINED: self.on_trained})
 
     def queue(self, w: int, it: int, ep: int, start: float, end: float) -> None:
@@ -609,6 +629,8 @@ class _Independent(_EventLoop):
     def lost(self, w: int, t: float, row) -> None:
         if self.nbytes is not None and row is not None and t < self.span[w][0 if self.overlap else 1]:
             self.rec.set_bytes(row, self.nbytes[0], 0)   # its push had not left yet: only the pull's bytes moved
+        if self.window is not None and (until := self.window.opens(t, arrived=False)) is not None:
+            self.push_event(until, _CLOSE)   # fewer live learners: the quorum may be met now
 
     def on_push(self, t, s, w, ep):
         if ep != self.epoch[w] or s != self.due[w]:

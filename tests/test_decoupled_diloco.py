@@ -1,0 +1,119 @@
+"""Decoupled DiLoCo (issue 38): a quorum and a grace window merge learners' deltas into one
+update; its reductions to asynchronous and synchronous DiLoCo, a timeline computed by hand,
+and goodput in every schedule's summary."""
+
+import numpy as np
+import pytest
+
+import staleness as st
+from staleness import cluster as C
+from staleness import policies as P
+from staleness.sim.scheduler import simulate_schedule
+
+JITTERED = "1,1.3,2.6,2+jitter=0.2"
+TIMES = ("worker", "iteration", "pull_time", "start", "end", "push_time", "wait", "lost")
+
+
+def _same(a, b, keys=None) -> bool:
+    keys = a.columns if keys is None else keys
+    return (all(np.array_equal(a.columns[k], b.columns[k], equal_nan=True) for k in keys)
+            and np.array_equal(a.update_time, b.update_time) and a.end_time == b.end_time)
+
+
+def test_the_spec_and_its_checks():
+    p = st.policies.parse("decoupled_diloco:8:quorum=2:grace=0.5:dynamic:notokens")
+    assert p == P.decoupled_diloco(8, quorum=2, grace=0.5, dynamic=True, tokens=False)
+    assert p.describe() == "decoupled_diloco:8:quorum=2:grace=0.5:dynamic:notokens" and p.merges and p.quorum == 2
+    assert P.decoupled_diloco(8).work == P.LocalSteps(8, weighted=True) and P.decoupled_diloco(8).describe() == \
+        "decoupled_diloco:8"
+    assert "decoupled_diloco[:STEPS][:quorum=QUORUM][:grace=GRACE][:dynamic][:notokens]" in st.policies.spec_help()
+    with pytest.raises(ValueError, match="decoupled_diloco: quorum = 0 must be"):
+        P.decoupled_diloco(8, quorum=0)
+    with pytest.raises(ValueError, match="decoupled_diloco: grace = -1"):
+        P.decoupled_diloco(8, grace=-1)
+    with pytest.raises(ValueError, match=r"quorum = 5 must be <= the number of learners \(4\)"):
+        simulate_schedule("decoupled_diloco:2:quorum=5", "1*4", num_updates=3)
+    with pytest.raises(ValueError, match="synchronization window, which is not modelled"):
+        simulate_schedule("decoupled_diloco:2", "1*4+server=1gbps", num_updates=3, payload_bytes=1000)
+
+
+@pytest.mark.parametrize("cluster", [JITTERED, JITTERED + "+fail=3@10-30,1@15-", JITTERED + "+net=1gbps:5ms"])
+def test_quorum_one_without_grace_is_async_diloco(cluster):
+    """k = 1, no window: every arrival is merged alone, on arrival: the schedule of
+    async_diloco, bitwise (every column, the update times, the end)."""
+    kw = dict(num_updates=80, seed=3, payload_bytes=40000 if "net=" in cluster else None)
+    assert _same(simulate_schedule("decoupled_diloco:4", cluster, **kw),
+                 simulate_schedule("async_diloco:4", cluster, **kw))
+
+
+def test_quorum_of_every_learner_is_diloco():
+    """k = λ, no window: each merge waits for every learner: DiLoCo's rounds, bitwise."""
+    for steps in (1, 4):
+        assert _same(simulate_schedule(f"decoupled_diloco:{steps}:quorum=4", JITTERED, num_updates=40, seed=5),
+                     simulate_schedule(f"diloco:{steps}", JITTERED, num_updates=40, seed=5))
+
+
+def test_a_grace_window_has_async_diloco_grace_timing_and_merges_its_arrivals():
+    """k = 1 with a window: the windows and every time are async_diloco(grace)'s, bitwise;
+    the window's arrivals make one update instead of one each."""
+    a = simulate_schedule("decoupled_diloco:4:grace=0.7", JITTERED, max_time=200.0, seed=3)
+    b = simulate_schedule("async_diloco:4:grace=0.7", JITTERED, max_time=200.0, seed=3)
+    assert all(np.array_equal(a.columns[k], b.columns[k], equal_nan=True) for k in TIMES)
+    assert b.num_updates == b.num_gradients and a.num_updates < b.num_updates   # merged: fewer, larger updates
+    c = a.columns
+    assert a.applied.sum() == b.applied.sum()   # the same deltas, grouped by window
+    last = [c["push_time"][a.applied & (c["apply_version"] == v)].max() for v in range(a.num_updates)]
+    assert a.update_time.tolist() == last   # a window's merge at its last arrival
+
+
+def test_a_quorum_and_grace_timeline_by_hand():
+    """Learners of 1, 2, 4 and 8 s per step, H = 1, k = 2, grace 0.5 s:
+    t=1 w0 arrives (1 < k: held); t=2 w1: quorum, nothing in flight arrives by 2.5: merge {0, 1};
+    t=3 w0 held; t=4 w2 opens, w1 (also at 4) joins: merge {0, 1, 2}; t=5 w0; t=6 w1: merge {0, 1};
+    t=7 w0; t=8 w3 opens, w2 and w1 (at 8) join: merge {0, 1, 2, 3}."""
+    s = simulate_schedule("decoupled_diloco:1:quorum=2:grace=0.5", "1,2,4,8", num_updates=4, seed=0)
+    c = s.columns
+    assert s.update_time.tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert [sorted(c["worker"][c["apply_version"] == v].tolist()) for v in range(4)] == [
+        [0, 1], [0, 1, 2], [0, 1], [0, 1, 2, 3]]
+    # held learners wait for the merge: w0 arrives 1 s before each merge
+    assert c["wait"][(c["worker"] == 0) & (c["iteration"] > 0)].tolist() == [1.0, 1.0, 1.0]
+    # w2's first delta (pulled at version 0) is merged into version 1, w3's into version 3
+    assert s.staleness[(c["worker"] == 2) & (c["iteration"] == 0)].tolist() == [1]
+    assert s.staleness[(c["worker"] == 3) & (c["iteration"] == 0)].tolist() == [3]
+
+
+def test_a_learner_that_fails_while_held_loses_no_computation():
+    """A worker waiting for a window (held, not computing) that fails is not recorded as a lost
+    computation (it was, with the span of its previous one); its arrived delta is still merged."""
+    for spec in ("decoupled_diloco:1:quorum=2", "async_diloco:1:grace=3"):
+        # w3 (0.5 s) arrives at 0.5 and waits; it fails at 1.0, before the window closes
+        s = simulate_schedule(spec, C.heterogeneous([1.0, 1.0, 1.0, 0.5, 1.0]).failures([(3, 1.0, None)]),
+                              num_updates=20, seed=1)
+        c = s.columns
+        assert not c["lost"].any(), spec
+        assert np.all(c["pull_time"] <= c["start"]) and (c["worker"] == 3).sum() == 1
+        assert s.applied[c["worker"] == 3].all()
+
+
+def test_failures_below_the_quorum_do_not_stall():
+    """With fewer live learners than k, the quorum is every live one (the run goes on)."""
+    s = simulate_schedule("decoupled_diloco:2:quorum=4", JITTERED + "+fail=2@5-,3@6-", num_updates=30, seed=2)
+    assert s.num_updates == 30
+    late = s.update_time > 10.0
+    sizes = np.bincount(s.columns["apply_version"][s.applied], minlength=s.num_updates)
+    assert np.all(sizes[late] == 2)
+
+
+def test_goodput_by_hand():
+    """BSP on learners of 1 and 2 s: each round the fast one computes 1 s and waits 1 s:
+    (1 + 2) / (2 × 2) = 0.75. ASP wastes nothing: 1.0 up to the last unfinished step.
+    A failure's lost computation and the down time are not useful."""
+    bsp = simulate_schedule("bsp", "1,2", num_updates=10)
+    assert bsp.summary()["goodput"] == pytest.approx(0.75)
+    asp = simulate_schedule("asp", "1,2", max_time=10.0)
+    c = asp.columns
+    assert asp.summary()["goodput"] == pytest.approx((c["end"] - c["start"]).sum() / 20.0) == pytest.approx(1.0)
+    lost = simulate_schedule("asp", "1,2+fail=1@3.5-7.5", max_time=10.0)
+    # w0: 10 s useful; w1: [0, 2) applied, [2, 3.5) lost, down to 7.5, [7.5, 9.5) applied
+    assert lost.summary()["goodput"] == pytest.approx((10.0 + 2.0 + 2.0) / 20.0)
