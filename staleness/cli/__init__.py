@@ -53,11 +53,8 @@ def entry() -> None:
 
 
 def main(argv=None) -> int:
-    # Our commands promise that Ctrl-C (SIGINT) stops the run and keeps what was
-    # recorded. A process started in the background by a non-interactive shell
-    # inherits SIGINT as ignored (Python then never raises KeyboardInterrupt), and an
-    # interrupt raised inside a callback Python ignores exceptions from is lost:
-    # `interrupts` installs a handler that records it for the loops to re-raise.
+    # Ctrl-C stops the run and keeps what was recorded, also when SIGINT was inherited as ignored (a
+    # background process of a non-interactive shell) or swallowed by a callback (`staleness.infra.interrupts`).
     interrupts.install()
     parser = build_parser()
     try:

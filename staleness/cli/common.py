@@ -53,36 +53,31 @@ def _number(text: str, kind):
     return value
 
 
+def _bounded(text: str, kind, ok, must: str):
+    value = _number(text, kind)
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {must}")
+    return value
+
+
 def count(text: str) -> int:
     """argparse type: an integer >= 1 (updates, workers, batch sizes)."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
+    return _bounded(text, int, lambda v: v >= 1, "an integer >= 1")
 
 
 def natural(text: str) -> int:
     """argparse type: an integer >= 0 (seeds)."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
-    return value
+    return _bounded(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def positive(text: str) -> float:
     """argparse type: a finite number > 0 (seconds, learning rates)."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
-    return value
+    return _bounded(text, float, lambda v: v > 0, "a number > 0")
 
 
 def nonnegative(text: str) -> float:
     """argparse type: a finite number >= 0 (tolerances, costs)."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
-    return value
+    return _bounded(text, float, lambda v: v >= 0, "a number >= 0")
 
 
 def check_out(args, default=None):
@@ -110,9 +105,7 @@ def header_lines(parts: list[str], width: int = 100) -> list[str]:
 
 
 def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_table(rows: list[dict], file=None) -> None:
@@ -126,8 +119,6 @@ def print_table(rows: list[dict], file=None) -> None:
     print("  ".join(k.rjust(w) for k, w in zip(keys, width)), file=file)
     for c in cells:
         print("  ".join(v.rjust(w) for v, w in zip(c, width)), file=file)
-
-
 
 
 # -- sizes: refuse what cannot finish, unless --yes ------------------------------------
@@ -170,11 +161,8 @@ def check_scale(args, cluster, updates, max_time, runs: int = 1) -> None:
     mean speed."""
     if getattr(args, "yes", False):
         return
-    if updates is not None:
-        rows = float(updates)
-    else:
-        rows = float(max_time) * sum(1.0 / t for t in cluster.mean_seconds if t > 0)
-    rows *= runs
+    rows = (float(updates) if updates is not None
+            else float(max_time) * sum(1.0 / t for t in cluster.mean_seconds if t > 0)) * runs
     memory, seconds = rows * ROW_BYTES, rows / ROWS_PER_S
     if memory > _memory_bytes() / 2 or seconds > MAX_SECONDS:
         budget = f"--updates {updates}" if updates is not None else f"--max-time {max_time:g}"
@@ -188,9 +176,7 @@ def check_scale(args, cluster, updates, max_time, runs: int = 1) -> None:
 def rl_estimate(task, updates, runs: int = 1, rollouts_per_update: int | None = None) -> str | None:
     """`RLTask.estimate_note` of an RL task (None for the others): the line a command prints
     before a run of about two minutes or more of RL numerics."""
-    if not hasattr(task, "estimate_note"):
-        return None
-    return task.estimate_note(updates, runs, rollouts_per_update)
+    return task.estimate_note(updates, runs, rollouts_per_update) if hasattr(task, "estimate_note") else None
 
 
 def check_processes(args, n: int) -> None:
@@ -249,9 +235,9 @@ def task_options(args) -> dict:
         key = key.strip()
         if not sep or not key.isidentifier():
             raise UsageError(f"--task-option = {item!r} must be KEY=VALUE, e.g. objective=ppo")
-        if key in ("num_workers", "batch_size", "partition", "data_dir", "seed", "name"):
-            flag = {"num_workers": "--cluster", "batch_size": "--batch-size", "partition": "--partition",
-                    "data_dir": "--data-dir", "seed": "--seed", "name": "--task"}[key]
+        flag = {"num_workers": "--cluster", "batch_size": "--batch-size", "partition": "--partition",
+                "data_dir": "--data-dir", "seed": "--seed", "name": "--task"}.get(key)
+        if flag:
             raise UsageError(f"--task-option {key}: set by the run ({flag}), not an option")
         if key in out:
             raise UsageError(f"--task-option {key} is given twice")
@@ -301,7 +287,7 @@ def is_rl_task(task) -> bool:
 
 
 def is_rl_policy(policy) -> bool:
-    """Whether `policy` trains on rollouts (asynchronous RL: rl_sync, rl_one_step_off, rl_async, rl_inflight, rl_partial)."""
+    """Whether `policy` trains on rollouts (asynchronous RL: the rl_* policies)."""
     return policy.learner
 
 
@@ -311,8 +297,7 @@ def check_pairing(policies, task, rl: bool | None = None) -> None:
     if not isinstance(task, str):
         name, rl = task.name, is_rl_task(task)
     else:
-        name = task
-        rl = rl_task_name(task) if rl is None else rl
+        name, rl = task, rl_task_name(task) if rl is None else rl
     if rl is None:
         return
     for p in policies:

@@ -1,18 +1,9 @@
 """Command-line flags generated from a settings dataclass, and back.
 
-A library's settings value (e.g. `staleness.runtime.spec.Settings`) describes each
-field's flag in its metadata, under the key "cli":
-
-- ``None``: the command line does not offer the field (an optional "no_flag" key says
-  what sets it instead);
-- a dict with ``help`` (the help text), ``kind`` (the text-to-value conversion: int,
-  float, str, or bool for a flag that takes no value), and optionally ``flag`` (when it
-  is not '--' + the field's name with dashes) and ``default`` (when the command line's
-  differs from the field's).
-
-The flags convert text to values only; the library checks the values (once), and
-`staleness.cli.main` shows its `checks.ArgumentError` with the flag (`Parser.flag_of`),
-since each flag's destination is its field's name.
+A library's settings value (e.g. `staleness.runtime.spec.Settings`) describes each field's flag in its
+metadata (`staleness.infra.settings.flag` / `no_flag`). The flags convert text to values only; the library
+checks the values (once), and `staleness.cli.main` shows its `checks.ArgumentError` with the flag
+(`Parser.flag_of`), since each flag's destination is its field's name.
 """
 
 from __future__ import annotations

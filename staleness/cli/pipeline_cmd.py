@@ -6,16 +6,9 @@
     staleness pipeline --schedule dsp --launch-local 4 --out runs/dsp4   # one stage per local process
     staleness pipeline ... --coordinator host0:1234 --num-processes 4 --process-id I   # one per host
 
-Trains a pipeline task with the schedule, simulated on one device (default;
-time from the cluster model) or with stage k on device k (--devices; time is
-wall-clock), or with stage k in process k (--launch-local K, or --coordinator
-with --num-processes/--process-id on every host; `staleness.pipeline.multiprocess`:
-the same program as --devices over a global mesh of one device per process,
-so the same numbers), prints the evaluation history and a summary (batches per
-simulated second, per-stage staleness, idle fraction), and with --out writes a
-Result directory (`Result.save`): history.csv, schedule.json (one row per
-stage backward: worker = stage, iteration = micro-batch, staleness in that
-stage's updates, times on the simulated timeline), params.npz, result.json.
+Trains a pipeline task simulated on one device (default), with stage k on device k (--devices) or in
+process k (`staleness.pipeline.multiprocess`), prints the history and a summary, and with --out writes a
+Result directory whose schedule.json has one row per stage backward (`Timeline.to_schedule`).
 """
 
 from __future__ import annotations

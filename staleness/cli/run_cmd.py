@@ -110,10 +110,8 @@ def add(sub) -> None:
 
 # -- run -------------------------------------------------------------------------------------
 def _set_cpu_devices(n) -> None:
-    if n is None:
+    if n is None:   # else >= 1 (its flag's type is `count`)
         return
-    if n < 1:
-        raise UsageError(f"--cpu-devices = {n} must be >= 1")
     import jax
 
     jax.config.update("jax_num_cpu_devices", int(n))
@@ -178,21 +176,27 @@ def _task(args):
     return functools.partial(build_task, args, n)
 
 
-def _cmd_run(args) -> int:
+def _check_run(args, processes: int):
+    """What `run` and `launch` check alike, one line each before JAX starts; returns the policy."""
     from staleness import cluster as _cluster
     from staleness import policies as _policies
     from staleness.cli.simulate_cmd import check_specs
 
-    multi = _multiprocess(args)
-    policy = _policies.parse(args.policy)   # specs first: one line before JAX starts
+    policy = _policies.parse(args.policy)   # specs first
     check_pairing([policy], args.task)       # an RL policy needs an RL task, and the other way round
     if args.cluster is not None:
         _cluster.parse(args.cluster)
     check_values(args, Settings, check_settings)
     check_specs(args)
     _check_checkpoint(args)
-    _check_sync(args, policy, args.num_processes if multi else 1)
+    _check_sync(args, policy, processes)
     _settle_lr(args, policy)
+    return policy
+
+
+def _cmd_run(args) -> int:
+    multi = _multiprocess(args)
+    policy = _check_run(args, args.num_processes if multi else 1)
     callbacks = log_callbacks(args)
     if multi and callbacks:
         raise UsageError("--log applies to one-process runs")
@@ -219,8 +223,9 @@ def _cmd_run(args) -> int:
                                             heartbeat_timeout=args.heartbeat_timeout, **kwargs)
         else:
             _set_cpu_devices(args.cpu_devices)
-            result = st.runtime.run(task() if isinstance(task, functools.partial) else task, policy, args.cluster, devices=args.devices,
-                                    server_devices=args.server_devices, callbacks=callbacks, **kwargs)
+            result = st.runtime.run(task() if isinstance(task, functools.partial) else task, policy, args.cluster,
+                                    devices=args.devices, server_devices=args.server_devices, callbacks=callbacks,
+                                    **kwargs)
     except (RunFailure, DivergenceError, st.tracking.CallbackError) as e:
         print(f"staleness: error: {str(e).splitlines()[0]}", file=sys.stderr)
         result, code = e.result, 1
@@ -250,22 +255,11 @@ def _cmd_launch(args) -> int:
         raise UsageError(f"--timeout = {args.timeout} must be a number of seconds > 0")
     if args.devices is not None:
         raise UsageError("--devices applies to one-process runs; use --cpu-devices per process")
-    from staleness import cluster as _cluster
-    from staleness import policies as _policies
-    from staleness.cli.simulate_cmd import check_specs
     from staleness.tasks import registry
 
-    policy = _policies.parse(args.policy)
-    check_pairing([policy], args.task)
-    if args.cluster is not None:
-        _cluster.parse(args.cluster)
-    check_values(args, Settings, check_settings)
-    check_specs(args)
-    _check_checkpoint(args)
-    _check_sync(args, policy, args.local)
+    _check_run(args, args.local)
     if args.server_devices is not None:
         raise UsageError("--server-devices applies to one-process runs")
-    _settle_lr(args, policy)
     _task(args)
     check_out(args)
     if args.task not in registry.names():   # a 'package.module:factory' must import: before any process starts
@@ -291,9 +285,8 @@ def _cmd_replay(args) -> int:
     print_table(rep.history.to_dict("records"))
     code = 0
     if cmp is not None:
-        tolerance = args.tolerance
-        if tolerance is None:
-            tolerance = COLLECTIVE_TOLERANCE if rep.config.get("recorded_sync") == "collective" else 0.0
+        tolerance = args.tolerance if args.tolerance is not None else (
+            COLLECTIVE_TOLERANCE if rep.config.get("recorded_sync") == "collective" else 0.0)
         verdict = ("bitwise equal" if cmp.bitwise else "equal within the tolerance" if cmp.within(tolerance)
                    else "differ")
         print(f"final parameters vs the recorded run: {verdict} "

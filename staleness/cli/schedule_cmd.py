@@ -106,8 +106,6 @@ def _cmd_schedule(args) -> int:
     return 0
 
 
-
-
 def _has_bandwidth(cluster) -> bool:
     """Whether some link of `cluster` has a finite bandwidth (a shared server link included)."""
     import math

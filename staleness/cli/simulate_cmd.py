@@ -69,22 +69,31 @@ def check_settings(args, names) -> None:
     check_values(args, Settings, settings.check, names)
 
 
-def _cluster(args):
+def _cluster_task(args):
+    """(cluster, rl, task): the cluster; whether --task is an RL task; the task, built here only when
+    its kind is known once built and no --policy was given (a custom task: its kind picks the defaults)."""
     from staleness import cluster as C
 
-    return C.default().jitter(0.1) if args.cluster is None else C.parse(args.cluster)
+    cluster = C.default().jitter(0.1) if args.cluster is None else C.parse(args.cluster)
+    rl, task = rl_task_name(args.task), None
+    if rl is None and args.policy is None:
+        task = build_task(args, cluster.num_workers)
+        rl = is_rl_task(task)
+    return cluster, rl, task
+
+
+def check_target(args, metric: str, owner):
+    """--target (default DEFAULT_ACCURACY_TARGET for accuracy, else none), checked against the range of
+    `owner.metric(metric)` (a task or a Result)."""
+    target = DEFAULT_ACCURACY_TARGET if args.target is None and metric == "accuracy" else args.target
+    return None if target is None else owner.metric(metric).check_target(target, "--target")
 
 
 def _metric_target(args, task):
     """(metric, target) from --metric/--target, validated against the task's metrics."""
     metric = args.metric if args.metric is not None else task.default_metric
-    m = task.metric(metric)
-    target = args.target
-    if target is None and metric == "accuracy":
-        target = DEFAULT_ACCURACY_TARGET
-    if target is not None:
-        target = m.check_target(target, "--target")
-    return metric, target
+    task.metric(metric)   # an unknown --metric: one line
+    return metric, check_target(args, metric, task)
 
 
 def check_specs(args) -> None:
@@ -162,12 +171,7 @@ def _cmd_simulate(args) -> int:
     from staleness.engine.result import DivergenceError
 
     check_settings(args, _TRAINING + _SIMULATE_ONLY)
-    cluster = _cluster(args)
-    rl = rl_task_name(args.task)
-    task = None
-    if rl is None and args.policy is None:   # a custom task: its kind picks the default policy
-        task = build_task(args, cluster.num_workers)
-        rl = is_rl_task(task)
+    cluster, rl, task = _cluster_task(args)
     policy = st.policies.parse(args.policy if args.policy is not None else ("rl_async:2" if rl else "ssp:3"))
     policy.init(cluster.num_workers)
     check_pairing([policy], args.task)
@@ -290,18 +294,13 @@ def _seeds(text: str) -> list[int]:
 
 def _iv(median, lo, hi, digits: int = 3) -> str:
     """'median [lo, hi]' in `digits` significant digits ('-' for NaN)."""
-    if not math.isfinite(median):
-        return "-"
-    return f"{median:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]"
+    return f"{median:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]" if math.isfinite(median) else "-"
 
 
 def compact_rows(table, metric: str, target, rollouts=None) -> list[dict]:
-    """The comparison table for a terminal (at most about 100 columns): policy, lr, time to
-    target and final metric with their intervals, then for gradient policies staleness
-    mean/max, waiting, communication and bytes; for RL (`rollouts`: the comparison's
-    `rollout_table`) learner updates per simulated second, the staleness of the consumed
-    tokens (mean/max), the dropped share and the learner's diagnostics (table.csv and
-    rollouts.csv on disk keep every column)."""
+    """The comparison table for a terminal (at most about 100 columns; table.csv and rollouts.csv keep every
+    column): policy, lr, time to target and final metric with their intervals, then the gradient policies'
+    or (`rollouts`: the comparison's `rollout_table`) the RL policies' own columns."""
     by = {} if rollouts is None else {r["policy"]: r for r in rollouts.to_dict("records")}
     rows = []
     for r in table.to_dict("records"):
@@ -357,12 +356,7 @@ def _cmd_compare(args) -> int:
     from staleness.results.compare import DEFAULT_POLICIES, check_tunable, compare
 
     check_settings(args, _TRAINING)
-    cluster = _cluster(args)
-    rl = rl_task_name(args.task)
-    task = None
-    if rl is None and args.policy is None:   # a custom task: its kind picks the default policies
-        task = build_task(args, cluster.num_workers)
-        rl = is_rl_task(task)
+    cluster, rl, task = _cluster_task(args)
     specs = args.policy or (DEFAULT_RL_POLICIES if rl else DEFAULT_POLICIES)
     policies = [st.policies.parse(p) for p in specs]
     for p in policies:

@@ -7,18 +7,7 @@
     staleness sweep ... --launch-local 2                      # 2 local processes (jax.distributed)
     staleness sweep ... --coordinator HOST:PORT --num-processes N --process-id I   # on every host
 
-Configurations are policies × seeds × lr rules × learning rates (in that
-order; `--local-steps` expands every local-update policy over its inner steps
-H). Every configuration is replayed in one compiled call per evaluation chunk
-(`staleness.sweep`; each configuration runs the ops of its own `simulate`, so its
-Result is bitwise that run's on CPU); with --devices the configuration axis is
-sharded over local devices, with processes each process computes a contiguous
-share and process 0 gathers them. The Results are the same bits either way.
-
-Writes into --out (checked before anything runs): `table.csv`, one row per
-configuration (its settings, status, schedule statistics, final metrics,
-time to --target, divergence message), `sweep.json` (the grid and timings:
-compile seconds apart from the total) and `results/<row>/` (each Result; zero-padded row numbers).
+The grid, the sharding and what --out receives: README, "staleness sweep".
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ from staleness.cli.common import (is_rl_task, UsageError, add_log, add_task_opti
                                    check_pairing, check_scale, count, declared_optimizer, log_callbacks, natural,
                                    positive, print_table, rl_estimate, rl_task_name, task_options)
 from staleness.cli.config_flags import add_flags, check_values, flags_of
-from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES, check_settings
+from staleness.cli.simulate_cmd import DEFAULT_RL_UPDATES, check_settings, check_target
 from staleness.engine.settings import Settings, SweepSettings
 from staleness.infra.procs import kill_groups
 
@@ -192,10 +181,8 @@ def _check(args):
         p.init(cluster.num_workers)
     if args.num_updates is not None and args.max_time is not None:
         raise UsageError("give either --updates or --max-time, not both")
-    if args.num_updates is not None or args.max_time is not None:
-        updates = args.num_updates
-    else:
-        updates = DEFAULT_RL_UPDATES if rl_task_name(args.task) else DEFAULT_UPDATES
+    updates = (args.num_updates if args.num_updates is not None or args.max_time is not None
+               else DEFAULT_RL_UPDATES if rl_task_name(args.task) else DEFAULT_UPDATES)
     check_scale(args, cluster, updates, args.max_time, runs=len(pols) * len(seeds))
     given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
     if any(given) and not all(given):
@@ -288,11 +275,7 @@ def _table(results, args, task=None):
     metric = args.metric or (own if own in names else "accuracy" if "accuracy" in names else names[0])
     if metric not in names:
         raise UsageError(f"--metric = {metric!r} is not a metric of the task; valid: {', '.join(names)}")
-    target = args.target
-    if target is None and metric == "accuracy":
-        target = 0.95
-    if target is not None:
-        target = first.metric(metric).check_target(target, "--target")
+    target = check_target(args, metric, first)
     order = ["config", "policy", "seed", "lr_rule", "lr"]
     rows = []
     for i, r in enumerate(results):

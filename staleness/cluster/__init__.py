@@ -32,20 +32,13 @@ Modifiers (each returns a new Cluster; ``Cluster.modifiers`` holds them as
     .allreduce('ring' | 'tree', bandwidth, latency=0.0)   synchronous rounds all-reduce
     .failures([(worker, fail_at, rejoin_at_or_None), ...])
 
-Membership (:mod:`staleness.cluster.membership`): a layer that takes workers
-down (``.failures``, or a layer of your own) adds down intervals, and the layers
-combine: a worker is up only when every layer has it up, so its down time is
-the union of every layer's down intervals (``fail=3@10-50+fail=3@20-30`` keeps
-worker 3 down from 10 s to 50 s). :meth:`ClusterSampler.membership` generates
-the changes lazily, merged in time order across layers (at equal times joins
-come first, then workers by id), so a periodic layer needs no horizon;
+Membership (:mod:`staleness.cluster.membership`): a worker is up only when every
+layer has it up (``fail=3@10-50+fail=3@20-30`` keeps worker 3 down from 10 s to
+50 s); :meth:`ClusterSampler.membership` generates the changes lazily,
 ``membership_events(until=)`` lists them.
 
 Network model (:mod:`staleness.cluster.network`): a transfer of B bytes takes
-latency + B / bandwidth; links in series add their latencies and the
-smallest bandwidth is the bottleneck; the server link's bandwidth is shared by
-every concurrent push and pull (processor sharing, max-min fair under the
-workers' own link caps). Bytes come from the caller
+latency + B / bandwidth. Bytes come from the caller
 (``simulate_schedule(..., payload_bytes=, push_bytes=)``); without them every
 transfer takes its latency only, as the plain ``network`` modifier does.
 
@@ -86,55 +79,24 @@ Examples: ``"gtx1080ti*4,gtx1060*4+jitter=0.1+stragglers=0.01:4:5"
 behind a 10 Gbit/s server link); ``"1*8+net=100mbps:20ms:4-7"`` (only workers
 4..7 on slow links); ``"1*8+allreduce=ring:10gbps:1ms"``.
 
-Determinism: every random draw for (worker, iteration) is a pure function of
-(seed, worker, stream, iteration), where each modifier owns its streams
-(numbered by its position in the stack). Draws are made in blocks of
-:data:`GROUP` workers x :data:`CHUNK` iterations, block (g, c) holding workers
-``g*GROUP ..`` and iterations ``c*CHUNK ..`` and drawn from its own
-``np.random.SeedSequence([seed, stream, g, c])`` on first use. So the order in
-which the simulator visits workers does not matter, the draws of a worker do
-not depend on how many workers the cluster has, and iterations may be accessed
-in any order (e.g. after a worker rejoins). Blocks (rather than one generator
-per worker) keep the ~12 us generator set-up affordable when a run has many
-workers and few iterations each.
-Straggler episodes are the one piece of per-worker state (they live in
-simulated time); they are deterministic as long as each worker's iterations
-are queried in order of their start times, which is how a simulator calls them.
+Determinism: every random draw for (worker, iteration) is a pure function of (seed, worker, stream,
+iteration), each modifier owning its streams (numbered by its position in the stack). Draws come in blocks
+of :data:`GROUP` workers x :data:`CHUNK` iterations, block (g, c) drawn from its own
+``np.random.SeedSequence([seed, stream, g, c])`` on first use: neither the order of the queries (e.g.
+after a worker rejoins) nor the number of workers changes a worker's draws, and blocks (rather than one
+generator per worker) keep the ~12 us generator set-up affordable with many workers and few iterations.
+Straggler episodes are the one piece of per-worker state (in simulated time): deterministic as long as
+each worker's iterations are queried in order of their start times, as a simulator does.
 
 Pure NumPy; nothing here imports JAX.
 """
 
-# The package is split by concept (presets, the bases and modifiers a Cluster
-# holds, the Cluster value, the seeded sampler and its layers, the network
-# model, the trace reader, the spec parser); this module re-exports the public
-# names so that ``from staleness import cluster as C`` is the one import users
-# need. Argument checks live in :mod:`staleness.infra.checks`, shared package-wide.
+# Re-exports: ``from staleness import cluster as C`` is the one import users need.
 from staleness.cluster.bases import Gpus, Seconds, Trace
-from staleness.cluster.model import (
-    Cluster,
-    constant,
-    default,
-    gpus,
-    heterogeneous,
-)
-from staleness.cluster.modifiers import (
-    AllReduce,
-    Failures,
-    Jitter,
-    Links,
-    Network,
-    Periodic,
-    Server,
-    Stragglers,
-)
-from staleness.cluster.network import (
-    SharedLink,
-    allreduce_time,
-    format_bandwidth,
-    format_latency,
-    parse_bandwidth,
-    parse_latency,
-)
+from staleness.cluster.model import Cluster, constant, default, gpus, heterogeneous
+from staleness.cluster.modifiers import AllReduce, Failures, Jitter, Links, Network, Periodic, Server, Stragglers
+from staleness.cluster.network import (SharedLink, allreduce_time, format_bandwidth, format_latency, parse_bandwidth,
+                                       parse_latency)
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import CHUNK, GROUP, ClusterSampler
 from staleness.cluster.spec import grammar, keywords, parse, register_modifier, resolve
@@ -142,41 +104,14 @@ from staleness.cluster.trace import from_trace_csv
 
 __all__ = [
     # the value, its constructors and its sampler
-    "Cluster",
-    "ClusterSampler",
-    "constant",
-    "default",
-    "from_trace_csv",
-    "gpus",
-    "heterogeneous",
-    "parse",
-    "resolve",
-    "register_modifier",
-    "keywords",
-    "grammar",
-    "PRESETS",
-    "CHUNK",
-    "GROUP",
+    "Cluster", "ClusterSampler", "constant", "default", "from_trace_csv", "gpus", "heterogeneous", "parse",
+    "resolve", "register_modifier", "keywords", "grammar", "PRESETS", "CHUNK", "GROUP",
     # Cluster.base: one of these
-    "Gpus",
-    "Seconds",
-    "Trace",
+    "Gpus", "Seconds", "Trace",
     # Cluster.modifiers: a tuple of these
-    "AllReduce",
-    "Failures",
-    "Jitter",
-    "Links",
-    "Network",
-    "Periodic",
-    "Server",
-    "Stragglers",
+    "AllReduce", "Failures", "Jitter", "Links", "Network", "Periodic", "Server", "Stragglers",
     # the network model
-    "SharedLink",
-    "allreduce_time",
-    "format_bandwidth",
-    "format_latency",
-    "parse_bandwidth",
-    "parse_latency",
+    "SharedLink", "allreduce_time", "format_bandwidth", "format_latency", "parse_bandwidth", "parse_latency",
 ]
 
 # The submodules, documented by name (e.g. :mod:`staleness.cluster.network`).

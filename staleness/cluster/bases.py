@@ -1,19 +1,7 @@
-"""Cluster bases: the mean compute time of each worker before any modifier.
+"""Cluster bases: the mean compute time of each worker before any modifier (``Cluster.base``).
 
-A :class:`~staleness.cluster.Cluster` holds exactly one base in
-``Cluster.base``; it fixes the number of workers and each worker's speed:
-
-- :class:`Seconds`: mean seconds per iteration, per worker
-  (:func:`~staleness.cluster.constant`, :func:`~staleness.cluster.heterogeneous`);
-- :class:`Gpus`: GPU preset names and the reference GPU's seconds
-  (:func:`~staleness.cluster.gpus`);
-- :class:`Trace`: recorded per-iteration seconds
-  (:func:`~staleness.cluster.from_trace_csv`).
-
-Each base knows its own behaviour: ``layer()`` builds the bare workers'
-sampler layer (:mod:`staleness.cluster.layers`) and ``describe()`` writes the
-base back in the spec grammar of :mod:`staleness.cluster`. The values are
-checked by the constructors, not here.
+Each base builds the bare workers' sampler layer (``layer()``) and writes itself back in the spec grammar
+of :mod:`staleness.cluster` (``describe()``). The values are checked by the constructors, not here.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Sampler layers: a cluster's base and each modifier, composed as wrappers.
 
 A :class:`Layer` answers the simulator's questions about one worker and one
-iteration: compute seconds, push and pull latency, the worker's link
-bandwidth, the server link, the all-reduce model, the workers' down intervals
-(:mod:`staleness.cluster.membership`: a worker is up only when every layer has it up). The
-base layer answers them for the bare workers; each modifier wraps the layer
-below it (as brax's environment wrappers wrap an ``Env``): every answer
-defaults to the inner layer's, and a modifier replaces only the ones it
-changes, calling the inner one. ``Cluster.sampler(seed)`` builds the stack
-base -> modifier 1 -> ... -> modifier n and queries the outermost layer.
+iteration. The base layer answers them for the bare workers; each modifier
+wraps the layer below it (as brax's environment wrappers wrap an ``Env``),
+replacing only the answers it changes. ``Cluster.sampler(seed)`` builds the
+stack base -> modifier 1 -> ... -> modifier n and queries the outermost layer.
 
 Answers are closures stored as attributes rather than methods: the simulator
 calls ``compute_time`` once per gradient, and a closure over the inner
 closure is one attribute lookup cheaper per layer than ``self.inner.method``.
 
-Random draws come in blocks of :data:`GROUP` workers x :data:`CHUNK`
-iterations, each block from its own ``np.random.SeedSequence([seed, stream,
-g, c])``; see :mod:`staleness.cluster` for the determinism contract. Layers
+Random draws: see :mod:`staleness.cluster` for the determinism contract. Layers
 that keep state (straggler episodes) keep it in the layer, explicitly, per worker.
 """
 
@@ -86,8 +80,7 @@ class Layer:
       allreduce: None, or (algorithm, bandwidth bytes/s, latency s).
       outages: every layer's down intervals so far, one
         :class:`~staleness.cluster.membership.Outages` per (layer, worker): a layer that
-        takes workers down adds its own (``inner.outages + (...)``); the layers' down
-        intervals combine as a union (see :mod:`staleness.cluster.membership`).
+        takes workers down adds its own (``inner.outages + (...)``).
       constant_seconds, base_compute_time: the bare workers' [W] seconds (None for
         traces) and the base's compute_time: a layer whose compute_time is still
         the base's may read the seconds directly (see :func:`jitter`).
@@ -259,21 +252,17 @@ def links(inner: Layer, bandwidth: float, lat: float, workers) -> Layer:
     layer.bandwidth = tuple(min(b, bandwidth) if mask is None or mask[w] else b
                             for w, b in enumerate(inner.bandwidth))
     if lat > 0.0:
-        push, pull = inner.push_latency, inner.pull_latency
-        if mask is None:
-            def push_latency(w, i):
-                return push(w, i) + lat
-
-            def pull_latency(w, i):
-                return pull(w, i) + lat
-        else:
-            def push_latency(w, i):
-                return push(w, i) + lat if mask[w] else push(w, i)
-
-            def pull_latency(w, i):
-                return pull(w, i) + lat if mask[w] else pull(w, i)
-        layer.push_latency, layer.pull_latency = push_latency, pull_latency
+        layer.push_latency, layer.pull_latency = _plus(inner, lat, mask)
     return layer
+
+
+def _plus(inner: Layer, lat: float, mask=None) -> tuple:
+    """(push_latency, pull_latency): the inner layer's plus `lat` seconds (for the workers in `mask`; None: all)."""
+    push, pull = inner.push_latency, inner.pull_latency
+    if mask is None:
+        return (lambda w, i: push(w, i) + lat), (lambda w, i: pull(w, i) + lat)
+    return (lambda w, i: push(w, i) + lat if mask[w] else push(w, i)), \
+        (lambda w, i: pull(w, i) + lat if mask[w] else pull(w, i))
 
 
 def server(inner: Layer, bandwidth: float, lat: float) -> Layer:
@@ -282,14 +271,7 @@ def server(inner: Layer, bandwidth: float, lat: float) -> Layer:
     layer = Layer(inner)
     layer.server = (bandwidth, lat)
     if lat > 0.0:
-        push, pull = inner.push_latency, inner.pull_latency
-
-        def push_latency(w, i):
-            return push(w, i) + lat
-
-        def pull_latency(w, i):
-            return pull(w, i) + lat
-        layer.push_latency, layer.pull_latency = push_latency, pull_latency
+        layer.push_latency, layer.pull_latency = _plus(inner, lat)
     return layer
 
 

@@ -1,9 +1,7 @@
 """Membership: when each worker is up, however many layers take it down.
 
-A sampler layer (:mod:`staleness.cluster.layers`) that takes workers down adds
-one :class:`Outages` per worker it affects to ``Layer.outages``: that worker's
-down intervals ``[fail_at, rejoin_at)`` in seconds, in order of ``fail_at``,
-read lazily from a fresh iterator (a periodic layer needs no horizon).
+A sampler layer that takes workers down adds one :class:`Outages` per worker it
+affects to ``Layer.outages``, read lazily (a periodic layer needs no horizon).
 
 Semantics: a worker is up only when every layer has it up. Its down time is
 the union of the down intervals that all layers give it; ``rejoin_at`` None
@@ -20,9 +18,7 @@ layers can overlap so that a worker never comes back while neither says so);
 readers skip it. Once a layer takes a worker down for good, nothing more of
 that worker is read.
 
-Intervals are checked as they are read: ``0 <= fail_at < rejoin_at``, both
-finite, ``fail_at`` not before the previous one of the same Outages; a
-ValueError names the layer, the worker and the interval.
+Intervals are checked as they are read (`_checked`).
 """
 
 from __future__ import annotations
@@ -56,7 +52,8 @@ class Outages(NamedTuple):
 
 
 def _checked(layer: str, w: int, prev: float, interval) -> tuple[float, float | None]:
-    """`interval` as (fail_at, rejoin_at) floats, or a ValueError naming `layer`, `w` and it."""
+    """`interval` as (fail_at, rejoin_at) floats (0 <= fail_at < rejoin_at, both finite, fail_at >= `prev`),
+    or a ValueError naming `layer`, `w` and it."""
     try:
         f, r = interval
         f = float(f)

@@ -1,14 +1,7 @@
-"""The Cluster value: per-worker bases, stacked modifiers, and constructors.
+"""The Cluster value: per-worker bases, stacked modifiers, and constructors (see :mod:`staleness.cluster`).
 
-A :class:`Cluster` is an immutable description (a base speed per worker plus a
-stack of modifiers, oldest first); :meth:`Cluster.sampler` turns it into the
-seeded :class:`~staleness.cluster.sampler.ClusterSampler`. The spec grammar
-and the determinism contract are documented in :mod:`staleness.cluster`.
-
-The terms are their own modules (:mod:`staleness.cluster.bases`,
-:mod:`staleness.cluster.modifiers`): each knows its own behaviour (its sampler
-layer and its spec text), so this module only checks arguments, stacks terms
-and builds samplers. Arguments are checked with :mod:`staleness.infra.checks`.
+The terms (:mod:`staleness.cluster.bases`, :mod:`staleness.cluster.modifiers`) know their own sampler layer
+and spec text; this module only checks arguments, stacks terms and builds samplers.
 """
 
 from __future__ import annotations
@@ -21,16 +14,7 @@ from dataclasses import dataclass
 from staleness.infra import checks
 from staleness.infra.checks import format_number
 from staleness.cluster.bases import Gpus, Seconds, Trace
-from staleness.cluster.modifiers import (
-    AllReduce,
-    Failures,
-    Jitter,
-    Links,
-    Network,
-    Periodic,
-    Server,
-    Stragglers,
-)
+from staleness.cluster.modifiers import AllReduce, Failures, Jitter, Links, Network, Periodic, Server, Stragglers
 from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import ClusterSampler
@@ -59,12 +43,7 @@ def _latency(fn: str, value) -> float:
 
 @dataclass(frozen=True)
 class Cluster:
-    """An immutable speed model of ``num_workers`` workers.
-
-    Build one with :func:`constant`, :func:`heterogeneous`, :func:`gpus`,
-    :func:`from_trace_csv` or :func:`parse`, then stack modifiers with the
-    methods below (each returns a new Cluster). Call :meth:`sampler` to draw
-    concrete times.
+    """An immutable speed model of ``num_workers`` workers (built as :mod:`staleness.cluster` shows).
 
     Attributes:
       num_workers: number of workers (>= 1).
@@ -196,20 +175,15 @@ class Cluster:
             as '5ms' or '20us'.
           workers: worker ids with this link (default: all). Links of different
             speeds per worker: one ``links`` call per group of workers.
-        Links stack in series: a worker under several has the smallest
-        bandwidth and the sum of the latencies (the same for :meth:`network`'s
-        latencies and the :meth:`server` link).
+        Links stack in series (:mod:`staleness.cluster.network`).
         """
         fn = "links"
         return self.with_modifier(Links(_bandwidth(fn, bandwidth), _latency(fn, latency),
                                checks.worker_ids(fn, workers, self.num_workers)))
 
     def server(self, bandwidth: float | str, latency: float | str = 0.0) -> Cluster:
-        """The parameter server's link, shared by every concurrent push and pull.
-
-        Concurrent transfers through it share its bandwidth by processor
-        sharing (max-min fairly when their own links are slower than their
-        share); the simulator re-times them whenever one starts or ends.
+        """The parameter server's link, shared by every concurrent push and pull
+        (processor sharing: :class:`~staleness.cluster.network.SharedLink`).
 
         Args:
           bandwidth: bytes per second (> 0), or a text such as '10gbps'.
@@ -225,11 +199,9 @@ class Cluster:
 
         A round's gradients all arrive when the all-reduce that starts at the
         end of its last computation finishes, and nobody pulls (every worker
-        holds the reduced gradient). With λ participants and B bytes:
-        ring 2(λ−1)/λ · B / bandwidth + 2(λ−1) · latency; tree 2 · ceil(log2 λ)
-        · (latency + B / bandwidth). Used by policies that aggregate every live
-        worker's gradient per round (bsp, local_sgd, diloco); other policies on
-        the same cluster push and pull point to point.
+        holds the reduced gradient); costs in :mod:`staleness.cluster.network`. Used by
+        policies that aggregate every live worker's gradient per round (bsp, local_sgd,
+        diloco); other policies on the same cluster push and pull point to point.
 
         Args:
           algorithm: 'ring' or 'tree'.
@@ -252,11 +224,8 @@ class Cluster:
             (``None``: never rejoins). ``0 <= fail_at < rejoin_at``, both
             finite. A worker may fail several times, but within one call its
             down intervals must not overlap (it rejoins before it fails again).
-        Each call is a layer of its own, and layers combine: a worker is up only
-        when every layer has it up (the union of their down intervals, e.g.
-        ``fail=3@10-50+fail=3@20-30`` keeps worker 3 down from 10 to 50 s; see
-        :mod:`staleness.cluster.membership`). The simulator reads the result
-        lazily from :meth:`ClusterSampler.membership`.
+        Each call is a layer of its own; layers combine as a union of down
+        intervals (:mod:`staleness.cluster.membership`).
         """
         fn = "failures"
         if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
@@ -279,8 +248,7 @@ class Cluster:
                                      f"fail_at = {f!r} (or None: never rejoins)")
             new.append((wi, fa, ra))
         if not new:
-            raise ValueError(f"{fn}: events is empty; give at least one "
-                             f"(worker, fail_at, rejoin_at_or_None)")
+            raise ValueError(f"{fn}: events is empty; give at least one (worker, fail_at, rejoin_at_or_None)")
         # Overlap check over this call's events; other layers' outages combine with these.
         by_worker: dict[int, list] = {}
         for e in new:
@@ -346,8 +314,7 @@ def gpus(names: Sequence[str], seconds: float = 1.0) -> Cluster:
     for k, n in enumerate(vals):
         key = n.strip().lower() if isinstance(n, str) else None
         if key not in PRESETS:
-            raise ValueError(f"{fn}: names[{k}] = {n!r} is not a known GPU; "
-                             f"known: {', '.join(sorted(PRESETS))}")
+            raise ValueError(f"{fn}: names[{k}] = {n!r} is not a known GPU; known: {', '.join(sorted(PRESETS))}")
         out.append(key)
     return Cluster(len(out), Gpus(tuple(out), checks.positive(fn, "seconds", seconds)))
 

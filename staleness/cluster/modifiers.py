@@ -1,23 +1,9 @@
-"""Cluster modifiers: what happens to the workers on top of their base speed.
+"""Cluster modifiers (``Cluster.modifiers``, oldest first), each made and checked by the Cluster method of the
+same name (lower case).
 
-``Cluster.modifiers`` holds a stack of these, oldest first; each is made (and
-its arguments checked) by the :class:`~staleness.cluster.Cluster` method of
-the same name:
-
-- :class:`Jitter` (``.jitter``): lognormal noise of mean 1 on compute times;
-- :class:`Stragglers` (``.stragglers``): random slow episodes in simulated time;
-- :class:`Periodic` (``.periodic``): deterministic periodic slow windows;
-- :class:`Network` (``.network``): a latency-only link on every push and pull;
-- :class:`Links` (``.links``): each worker's own link (bandwidth and latency);
-- :class:`Server` (``.server``): the server's link, shared by concurrent transfers;
-- :class:`AllReduce` (``.allreduce``): the all-reduce model of synchronous rounds;
-- :class:`Failures` (``.failures``): workers that fail and possibly rejoin.
-
-Each modifier knows its own behaviour: ``wrap(inner, seed, stream)`` wraps
-the sampler layer below it (:mod:`staleness.cluster.layers`), drawing any
-randomness from its own ``stream`` numbers, and ``describe()`` writes the
-modifier back in the spec grammar of :mod:`staleness.cluster`. Units: seconds,
-and bytes per second for bandwidths.
+``wrap(inner, seed, stream)`` wraps the sampler layer below (:mod:`staleness.cluster.layers`), drawing any
+randomness from its own ``stream`` numbers; ``describe()`` writes the modifier back in the spec grammar of
+:mod:`staleness.cluster`. Units: seconds, and bytes per second for bandwidths.
 """
 
 from __future__ import annotations
@@ -163,10 +149,8 @@ class Failures:
     events: tuple[tuple[int, float, float | None], ...]
 
     def describe(self) -> str:
-        parts = []
-        for w, f, r in self.events:
-            parts.append(f"{w}@{format_number(f)}" + ("" if r is None else f"-{format_number(r)}"))
-        return "fail=" + ",".join(parts)
+        return "fail=" + ",".join(f"{w}@{format_number(f)}" + ("" if r is None else f"-{format_number(r)}")
+                                  for w, f, r in self.events)
 
     def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
         return layers.failures(inner, self.events)

@@ -18,11 +18,8 @@ broadcast back down, ceil(log2 λ) levels each way, every level moving the
 whole B bytes over one link (no pipelining of chunks): latency-friendly for
 small B, bandwidth-bound for large B. One worker (λ = 1) costs nothing.
 
-Units in the spec grammar (:mod:`staleness.cluster`): bandwidth ``bps``,
-``kbps``, ``mbps``, ``gbps`` (bits per second, decimal prefixes) or ``B/s``,
-``kB/s``, ``MB/s``, ``GB/s`` (bytes per second, decimal); latency ``s``,
-``ms``, ``us`` (a bare number is seconds). Internally every bandwidth is in
-bytes per second and every latency in seconds.
+Units in the spec grammar: see :mod:`staleness.cluster` (``BANDWIDTH``, ``LATENCY``). Internally every
+bandwidth is in bytes per second and every latency in seconds.
 
 Pure Python; nothing here imports JAX.
 """
@@ -78,8 +75,7 @@ def parse_latency(text: str, what: str = "latency") -> float:
     m = _LAT_RE.match(text) if isinstance(text, str) else None
     unit = m.group(2).lower() if m else None
     if m is None or (unit and unit not in _LAT_UNITS):
-        raise ValueError(f"{what} = {text!r} must be a number >= 0, optionally with a unit s, ms or us, "
-                         f"e.g. '5ms'")
+        raise ValueError(f"{what} = {text!r} must be a number >= 0, optionally with a unit s, ms or us, e.g. '5ms'")
     x = float(m.group(1))
     return x / _LAT_UNITS[unit] if unit else x
 

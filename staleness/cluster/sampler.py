@@ -1,11 +1,7 @@
 """ClusterSampler: the seeded, fast per-event times of a Cluster.
 
-The sampler is the outermost of a stack of :mod:`~staleness.cluster.layers`:
-the cluster's base wrapped by each of its modifiers in order. It knows
-nothing of the modifier types: each term of a :class:`Cluster` builds its
-own layer (``base.layer()``, ``modifier.wrap(inner, seed, stream)``), so
-adding a modifier touches one term and one layer function, not a dispatch here.
-The layers' down intervals combine here, lazily (:mod:`staleness.cluster.membership`).
+The sampler queries the outermost of a stack of :mod:`~staleness.cluster.layers` and knows nothing of the
+modifier types; the layers' down intervals combine here, lazily (:mod:`staleness.cluster.membership`).
 """
 
 from __future__ import annotations
@@ -98,9 +94,7 @@ class ClusterSampler:
         if direction not in ("push", "pull"):
             raise ValueError(f"transfer_time: direction = {direction!r} must be 'push' or 'pull'")
         lat = (self.push_delay if direction == "push" else self.pull_delay)(worker, iteration)
-        bw = self.bandwidth[worker]
-        if self.server is not None:
-            bw = min(bw, self.server[0])
+        bw = self.bandwidth[worker] if self.server is None else min(self.bandwidth[worker], self.server[0])
         return lat + nbytes / bw if nbytes and bw != math.inf else lat
 
     def allreduce_time(self, nbytes: float, participants: int) -> float:
@@ -114,10 +108,8 @@ class ClusterSampler:
 
     def membership(self) -> Iterator[tuple[float, str | None, int]]:
         """The workers' membership changes, generated lazily in time order: an iterator of
-        ``(time_seconds, 'fail' | 'join' | None, worker)``. A worker is up only when every
-        layer has it up (its down time is the union of the layers' down intervals); None
-        marks a layer's boundary that the union hides, for readers to skip. At equal
-        times joins come first, then workers by id (see :mod:`staleness.cluster.membership`)."""
+        ``(time_seconds, 'fail' | 'join' | None, worker)`` (None: a boundary the union hides,
+        for readers to skip; see :mod:`staleness.cluster.membership`)."""
         return membership_changes(self._outages, self.num_workers, self._outage_layers)
 
     def membership_events(self, until: float | None = None) -> list[tuple[float, str, int]]:

@@ -28,10 +28,9 @@ def _bad(spec: str, why: str) -> ValueError:
 
 def _pnum(spec: str, what: str, text: str) -> float:
     try:
-        x = float(text)
+        return float(text)
     except ValueError:
         raise _bad(spec, f"{what} {text!r} is not a number") from None
-    return x
 
 
 def _pworkers(spec: str, text: str) -> list[int] | None:

@@ -31,13 +31,12 @@ def from_trace_csv(path: str | os.PathLike) -> Cluster:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
-            raise ValueError(f"{fn}: {p!r} is empty; expected a header "
-                             f"'worker,iteration,seconds'")
+            raise ValueError(f"{fn}: {p!r} is empty; expected a header 'worker,iteration,seconds'")
         cols = [h.strip().lower() for h in header]
         missing = [c for c in ("worker", "iteration", "seconds") if c not in cols]
         if missing:
-            raise ValueError(f"{fn}: {p!r} header {header!r} lacks column(s) "
-                             f"{', '.join(missing)}; need worker,iteration,seconds")
+            raise ValueError(f"{fn}: {p!r} header {header!r} lacks column(s) {', '.join(missing)}; "
+                             f"need worker,iteration,seconds")
         iw, ii, isec = cols.index("worker"), cols.index("iteration"), cols.index("seconds")
         data: dict[int, dict[int, float]] = {}
         for row in reader:
@@ -45,26 +44,19 @@ def from_trace_csv(path: str | os.PathLike) -> Cluster:
             if not row or all(not c.strip() for c in row):
                 continue
             if len(row) < len(cols):
-                raise ValueError(f"{fn}: {p!r} line {line}: {row!r} has {len(row)} fields, "
-                                 f"expected {len(cols)}")
+                raise ValueError(f"{fn}: {p!r} line {line}: {row!r} has {len(row)} fields, expected {len(cols)}")
             try:
-                w = int(row[iw])
-                it = int(row[ii])
-                s = float(row[isec])
+                w, it, s = int(row[iw]), int(row[ii]), float(row[isec])
             except ValueError:
                 raise ValueError(f"{fn}: {p!r} line {line}: {row!r} is not numeric "
-                                 f"(worker and iteration must be integers, seconds "
-                                 f"a number)") from None
+                                 f"(worker and iteration must be integers, seconds a number)") from None
             if w < 0 or it < 0:
-                raise ValueError(f"{fn}: {p!r} line {line}: worker = {w} and iteration = "
-                                 f"{it} must be integers >= 0")
+                raise ValueError(f"{fn}: {p!r} line {line}: worker = {w} and iteration = {it} must be integers >= 0")
             if not (math.isfinite(s) and s > 0):
-                raise ValueError(f"{fn}: {p!r} line {line}: seconds = {row[isec]!r} must "
-                                 f"be a finite number > 0")
+                raise ValueError(f"{fn}: {p!r} line {line}: seconds = {row[isec]!r} must be a finite number > 0")
             d = data.setdefault(w, {})
             if it in d:
-                raise ValueError(f"{fn}: {p!r} line {line}: worker {w} iteration {it} "
-                                 f"appears twice")
+                raise ValueError(f"{fn}: {p!r} line {line}: worker {w} iteration {it} appears twice")
             d[it] = s
     if not data:
         raise ValueError(f"{fn}: {p!r} has a header but no rows")
@@ -72,16 +64,14 @@ def from_trace_csv(path: str | os.PathLike) -> Cluster:
     absent = [w for w in range(W) if w not in data]
     if absent:
         raise ValueError(f"{fn}: {p!r} has no rows for worker(s) {absent[:10]}"
-                         f"{'...' if len(absent) > 10 else ''}; worker ids must be "
-                         f"0..{W - 1}, all present")
+                         f"{'...' if len(absent) > 10 else ''}; worker ids must be 0..{W - 1}, all present")
     traces = []
     for w in range(W):
         d = data[w]
         n = len(d)
         if max(d) != n - 1:
             gap = next(i for i in range(n) if i not in d)
-            raise ValueError(f"{fn}: {p!r} worker {w} lacks iteration {gap}; each "
-                             f"worker's iterations must be 0..n-1")
+            raise ValueError(f"{fn}: {p!r} worker {w} lacks iteration {gap}; each worker's iterations must be 0..n-1")
         traces.append(tuple(d[i] for i in range(n)))
     return Cluster(W, Trace(p, tuple(traces)))
 

@@ -5,23 +5,15 @@
 
 A checkpoint directory holds `NAME.json` (format version, the run's identity
 `match`, the caller's JSON metadata, and the name of the arrays file) and
-`NAME-<token>.npz` (the pytree's leaves, in `jax.tree.leaves` order). The
-arrays are written first under a fresh token, then the JSON that names them
-is renamed into place (`staleness.infra.files.write_text`), then the previous
-arrays file is removed: a crash at any point leaves the previous checkpoint
-or the new one, never a JSON pointing at the other's arrays.
+`NAME-<token>.npz` (the pytree's leaves). The arrays are written first under a
+fresh token, then the JSON that names them is renamed into place, then the
+previous arrays file is removed: a crash at any point leaves the previous
+checkpoint or the new one. Arrays and floats (JSON's shortest round-trip repr)
+are stored exactly, so a resume continues bitwise.
 
-Arrays are stored exactly as they are (dtype and bytes), so a resume from a
-checkpoint continues bitwise. Floats in the metadata go through JSON's
-shortest round-trip repr (NaN and infinities included), so they come back
-bitwise too.
-
-Why not orbax (0.12.8 is installed and would also restore arrays exactly):
-the engine, the pipeline and the runtime checkpoint small pytrees plus plain
-metadata (history rows, clock tables) once per evaluation chunk; one JSON and
-one .npz need no background threads, no tensorstore layout and no extra
-dependency to read, and `load` checks the run's identity before any array
-is read.
+Why not orbax (installed, and also exact): small pytrees plus plain metadata once per evaluation chunk need
+no background threads, tensorstore layout or extra dependency, and `load` checks the run's identity before
+any array is read.
 """
 
 from __future__ import annotations
@@ -148,10 +140,7 @@ def restore_tree(template, leaves, *, where: str = "checkpoint"):
         if tuple(np.shape(x)) != tuple(shape) or dtype != want_dtype:
             raise CheckpointMismatch(f"{where}: array {i} is {dtype}{list(np.shape(x))}, this run's state has "
                                      f"{want_dtype}{list(shape)}; it was written for another model or layout")
-        if isinstance(t, jax.Array):
-            out.append(jax.device_put(x, t.sharding))
-        else:
-            out.append(x)
+        out.append(jax.device_put(x, t.sharding) if isinstance(t, jax.Array) else x)
     return jax.tree.unflatten(treedef, out)
 
 

@@ -1,10 +1,7 @@
 """Argument validators shared by the whole package, and the number formats their messages use.
 
-Every public entry point checks its arguments at the boundary, so that a bad
-value fails at once with a message saying what was wrong rather than deep in a
-simulation or a compiled step. The validators live here, in one place, so that
-the same kind of argument is accepted (and rejected with the same words)
-everywhere:
+Every public entry point checks its arguments at the boundary with these, so that a bad value fails at once,
+and the same kind of argument is accepted (and rejected with the same words) everywhere:
 
 - the ``fn``-prefixed validators (:func:`number`, :func:`finite`,
   :func:`positive`, :func:`integer`, :func:`worker_id`, :func:`worker_ids`)
@@ -14,10 +11,8 @@ everywhere:
   of the training entry points, whose messages name the argument only
   (``lr = 0 must be ...``).
 
-Each validator returns the value normalised (a ``float``, an ``int``, a sorted
-tuple), so a caller writes ``x = checks.positive(fn, "x", x)``. The messages
-are part of the interface: tests and users match them, so change them only
-deliberately.
+Each validator returns the value normalised, so a caller writes ``x = checks.positive(fn, "x", x)``.
+The messages are part of the interface: tests and users match them.
 
 :func:`format_number` and :func:`format_workers` write numbers and worker
 lists the way the spec grammars read them back (``"100"``, ``"0-3,6"``).
@@ -34,23 +29,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = [
-    "ArgumentError",
-    "at_least",
-    "distinct",
-    "finite",
-    "format_number",
-    "format_workers",
-    "integer",
-    "learning_rate",
-    "number",
-    "number_at_least",
-    "positive",
-    "positive_int",
-    "seconds",
-    "worker_id",
-    "worker_ids",
-]
+__all__ = ["ArgumentError", "at_least", "distinct", "finite", "format_number", "format_workers", "integer",
+           "learning_rate", "number", "number_at_least", "positive", "positive_int", "seconds", "worker_id",
+           "worker_ids"]
 
 
 class ArgumentError(ValueError):
@@ -79,16 +60,9 @@ def number(fn: str, name: str, value) -> float:
 
 def finite(fn: str, name: str, value, *, low: float | None = None,
            low_ok: bool = True, high: float | None = None) -> float:
-    """``value`` as a finite float, optionally within bounds.
-
-    Args:
-      fn, name: the function and argument named in the message.
-      value: the value to check (a real number, see :func:`number`).
-      low: lower bound, or None for none; inclusive if ``low_ok`` (the
-        default), exclusive otherwise.
-      high: inclusive upper bound, or None for none.
-    The message states the bounds, e.g. ``"must be a finite number >= 1"``.
-    """
+    """``value`` (a real number, see :func:`number`) as a finite float within ``low`` (inclusive if ``low_ok``,
+    the default) and ``high`` (inclusive); None: no bound. The message names ``fn`` and ``name`` and states
+    the bounds, e.g. ``"must be a finite number >= 1"``."""
     x = number(fn, name, value)
     bad = not math.isfinite(x)
     if low is not None:
@@ -112,16 +86,18 @@ def positive(fn: str, name: str, value) -> float:
     return finite(fn, name, value, low=0.0, low_ok=False)
 
 
-def integer(fn: str, name: str, value, *, low: int = 0) -> int:
-    """``value`` as an int >= ``low``: anything with ``__index__`` (int, NumPy
-    integer) but not a bool, nor a float even if integral."""
+def _index(value) -> int | None:
+    """``operator.index(value)`` (int, NumPy integer; not a bool, nor a float even if integral), else None."""
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        i = operator.index(value)
+        return None if isinstance(value, bool) else operator.index(value)
     except TypeError:
-        raise ValueError(f"{fn}: {name} = {value!r} must be an integer >= {low}") from None
-    if i < low:
+        return None
+
+
+def integer(fn: str, name: str, value, *, low: int = 0) -> int:
+    """``value`` as an int >= ``low``: anything with ``__index__`` (see :func:`_index`)."""
+    i = _index(value)
+    if i is None or i < low:
         raise ValueError(f"{fn}: {name} = {value!r} must be an integer >= {low}")
     return i
 
@@ -177,17 +153,10 @@ def learning_rate(value, allow_none: bool = False) -> float | None:
 
 
 def worker_id(fn: str, name: str, value, num_workers: int) -> int:
-    """``value`` as an int worker id in ``0 .. num_workers - 1`` (anything with
-    ``__index__``, not a bool)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        i = operator.index(value)
-    except TypeError:
-        i = None
+    """``value`` as an int worker id in ``0 .. num_workers - 1`` (see :func:`_index`)."""
+    i = _index(value)
     if i is None or not 0 <= i < num_workers:
-        raise ValueError(f"{fn}: {name} = {value!r} is not a worker id; "
-                         f"valid ids are 0..{num_workers - 1}")
+        raise ValueError(f"{fn}: {name} = {value!r} is not a worker id; valid ids are 0..{num_workers - 1}")
     return i
 
 

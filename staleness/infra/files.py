@@ -5,13 +5,8 @@ into place (`write_text`, `write_with`); a directory of files (a Result) is
 built in a temporary sibling directory and renamed into place as a whole
 (`write_dir`). A reader therefore sees the old version or the new one, never
 a mix, and a run stopped mid-write leaves at most a hidden `.NAME.tmp-*`
-directory behind.
-
-`check_out` validates an output directory before any computation starts: it
-must be creatable and writable, and it may not be an existing file or a
-directory that holds something other than staleness output. An existing
-staleness output (a directory holding one of `MARKERS`) is refused unless the
-caller allows overwriting it.
+directory behind. `check_out`, `check_file` and `check_dir` validate output paths before any
+computation starts.
 """
 
 from __future__ import annotations
@@ -72,8 +67,7 @@ def check_out(path, *, overwrite: bool = False, what: str = "--out") -> Path:
     p = Path(path).expanduser()
     if p.exists():
         if not p.is_dir():
-            raise OutputError(f"{what} = {str(path)!r} is an existing file, not a directory; "
-                              "choose a new directory")
+            raise OutputError(f"{what} = {str(path)!r} is an existing file, not a directory; choose a new directory")
         if any(p.iterdir()):
             if not is_output(p):
                 raise OutputError(f"{what} = {str(path)!r} is a non-empty directory that holds no staleness "

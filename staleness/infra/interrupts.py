@@ -11,9 +11,7 @@ again if it was swallowed. The swallowed one is not printed (Python reports it t
 `sys.unraisablehook`, which `install` wraps): a command's Ctrl-C stays one line.
 Without `install()` (the Python API) nothing changes.
 
-`deferred()` holds a Ctrl-C that arrives inside a block until the block ends (work that
-must not stop halfway: a checkpoint library's save whose background commit would find
-its directory removed by the cleanup an interrupt starts).
+`deferred()` holds a Ctrl-C until a block that must not stop halfway ends (a checkpoint save).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Settings values whose fields describe their command-line flags.
 
-A kind of run is configured by one frozen dataclass (`staleness.engine.settings.Settings`
-for the simulator, `staleness.runtime.spec.Settings` for real runs), built once at the
-entry point (`merge`: the value given whole, plus keyword overrides of its fields), checked
-once, and passed down whole. Each field says in its metadata how
-the command line offers it: `flag(...)` (its help, the text-to-value conversion, and
-where they differ from the library's, the flag's name and default) or `no_flag(why)`.
-`staleness.cli.config_flags` generates the commands' flags from these; the values are
-checked by the settings' own check function only, never by the flags.
+A kind of run is configured by one frozen dataclass, built once at the entry point (`merge`), checked
+once and passed down whole (ARCHITECTURE.md, "a run's settings"). Each field says in its metadata how the
+command line offers it (`flag`, `no_flag`); `staleness.cli.config_flags` generates the flags from these.
 
 Pure Python: nothing here imports JAX.
 """

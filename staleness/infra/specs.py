@@ -8,12 +8,9 @@ KEY=VALUE; ',' separates arguments as well as ':' (`dssp:3:12`,
 parameter is also set by a bare word anywhere in the list: `nocap` sets
 cap=False, `dynamic` sets dynamic=True. A MODIFIER has the same form (`adam:lr=1e-3+cosine`).
 
-Omitted arguments take the defaults of the Python factory the spec names
-(`ssp` is `ssp(staleness=3)`, exactly as `st.policies.ssp()`); a factory
-parameter without a default must be given. Every error is a `SpecError` (a
-ValueError) that quotes the whole spec, names the bad part and says what is
-valid. The cluster grammar (`1*4,2.6*4+jitter=0.1`) is a different language
-with its own parser (`staleness.cluster.parse`).
+Omitted arguments take the defaults of the Python factory the spec names; one without a default must be
+given. Every error is a `SpecError` (a ValueError) that quotes the whole spec, names the bad part and says
+what is valid. The cluster grammar is a different language (`staleness.cluster.parse`).
 """
 
 from __future__ import annotations
@@ -23,6 +20,8 @@ import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
+
+from staleness.infra.checks import format_number
 
 __all__ = ["Spec", "SpecError", "split", "call", "format_args", "import_user_module"]
 
@@ -163,10 +162,7 @@ def format_args(values: list[tuple[str, Any]]) -> str:
     def fmt(v):
         if isinstance(v, bool):
             return "true" if v else "false"
-        if isinstance(v, float):
-            r = repr(v).replace("e+", "e")
-            return r[:-2] if r.endswith(".0") else r
-        return str(v)
+        return format_number(v) if isinstance(v, float) else str(v)
 
     return ":".join(fmt(v) for _, v in values)
 

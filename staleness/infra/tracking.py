@@ -6,20 +6,10 @@
     result = st.simulate("digits-mlp", "ssp:2", "1*4", num_updates=200,
                          callbacks=[st.tracking.TensorBoard("runs"), st.tracking.WandB("staleness")])
 
-A callback is any callable of one `Evaluation`: the update index, simulated and
-wall time, the metrics of that evaluation (one history row of the run's Result)
-and which `Run` it belongs to. The entry points (`st.simulate`, `st.engine.replay`,
-`st.sweep`, `st.compare.compare`, `st.pipeline.train`) take `callbacks=` (a callable,
-a spec string for `parse`, or a list of them) and hand them to the one chunk runner
-(`staleness.engine.runner`; the pipeline's `staleness.pipeline.training.drive`),
-which calls them through a `Tracker` once per history row, as the row is recorded.
-A run resumed from a checkpoint calls them only for its new evaluations.
-
-A callback may also have `finish(run, status)`: called once per run when it ends,
-whatever its status ('complete', 'stopped', 'diverged'); the writers close that run's
-files there. An exception raised by a callback stops the run: it propagates as a
-`CallbackError` naming the callback, with the original as its `__cause__` and the
-Results recorded so far (status 'stopped') in `.results`.
+A callback is any callable of one `Evaluation` (which entry points take `callbacks=`: README, "Experiment
+tracking"); the chunk runners call it through a `Tracker` once per history row, as the row is recorded (on
+resume, only for the new rows). A callback may also have `finish(run, status)`, called once per run when it
+ends; the writers close that run's files there. A callback that raises stops the run (`CallbackError`).
 
 The writers' third-party packages are imported when a writer is made (not with this
 module): `tensorboardX` (a core dependency) and `wandb` (the extra `staleness[wandb]`).

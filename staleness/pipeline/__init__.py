@@ -14,13 +14,8 @@ devices (`run_devices`), with simulated time from the cluster models
     tl     = pp.simulate_timing(pp.make_plan(pp.dsp((1, 1, 0)), 3, 500), st.cluster.heterogeneous([1, 2, 1]))
     tl.throughput                                                    # batches per simulated second
 
-Modules: schedules (the schedule values), plan (tick tables), stage (the
-per-stage forward/backward/update), sim (one-device scan), devices (K-device
-shard_map), timing (simulated time), model (Staged models, split), tasks,
-packing, run (drivers producing `Result`s), training (what every driver
-shares: `set_up` a run, `drive` its engine), multiprocess (one stage per
-process: `train_distributed`, `launch_local`), sweep (a grid of lr × seed runs
-in one program: `sweep.sweep`, `sweep.tune_lr`).
+Each module's docstring says what it holds; `multiprocess` runs one stage per process, `sweep` a grid of
+lr × seed runs in one program.
 """
 
 import importlib

@@ -15,13 +15,10 @@ A tick on the devices:
     receiver's ring of d messages and is read d ticks later. With every
     inter-stage delay >= 1 (DSP, GPipe) P_f = 1: all stages compute at once.
   backward, likewise in sub-steps with `ppermute` k+1 -> k.
-The per-stage code and each stage's order of operations are those of the
-one-device engine (`staleness.pipeline.sim`), so both give the same numbers
-up to floating-point reassociation by the compiler.
+The numbers are the one-device engine's (`staleness.pipeline.sim`), up to floating-point reassociation.
 
-Carries created inside the body are made device-varying with
-`jax.lax.pcast(..., to='varying')` so their types match what the scan
-returns (JAX >= 0.7's varying-manual-axes typing; checked with JAX 0.10.2).
+Carries created inside the body are made device-varying (`stage.match_varying`) so their types match what
+the scan returns (JAX >= 0.7's varying-manual-axes typing; checked with JAX 0.10.2).
 """
 
 from __future__ import annotations
@@ -170,9 +167,8 @@ class DeviceEngine:
         packed = [lay.pack(h, self.state_sizes) for lay, h in zip(self.head_layouts, self._heads)]
         state = {d: jnp.stack([b[d] for b in packed]) for d in self.state_sizes}
         k = self.num_stages
-        fifo_f = packing.zeros(self.msg_sizes, (k, self.depth_f))
-        fifo_b = packing.zeros(self.msg_sizes, (k, self.depth_b))
-        return put(DeviceCarry(state, fifo_f, fifo_b), self.sharded)
+        return put(DeviceCarry(state, packing.zeros(self.msg_sizes, (k, self.depth_f)),
+                               packing.zeros(self.msg_sizes, (k, self.depth_b))), self.sharded)
 
     def stage_params(self, carry: DeviceCarry) -> tuple:
         """Per-stage params (NumPy) of a carry."""

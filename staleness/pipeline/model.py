@@ -7,11 +7,8 @@ submodule `model.stages[k]`, applied to the previous stage's output.
 
     model = split(blocks, num_stages=4, first=embed, last=head)
 
-groups a list of blocks (identical or not) into K contiguous stages of nearly
-equal numbers of blocks (the earlier stages take the remainder), with an
-optional input layer prepended to stage 0 and an output layer appended to
-the last stage. A list of K stage modules is `Staged(tuple(modules))`.
-Stage 0 takes the task's inputs, the last stage returns logits.
+groups blocks into K contiguous stages (`split`); a list of K stage modules is
+`Staged(tuple(modules))`. Stage 0 takes the task's inputs, the last stage returns logits.
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ class Staged(nn.Module):
 
 def stage_params(params) -> tuple:
     """Full-model params -> tuple of per-stage params."""
-    n = len(params)
-    return tuple(params[f"stages_{k}"] for k in range(n))
+    return tuple(params[f"stages_{k}"] for k in range(len(params)))
 
 
 def join_params(per_stage: Sequence) -> dict:

@@ -9,17 +9,11 @@ global mesh of K devices, one per process (on CPU the cross-process
 SPMD program, the same per-stage code and the same tick tables as the
 single-process device run, so the numbers are those of `run_devices` on K
 local devices (bitwise on CPU in `tests/test_pipeline_multiprocess.py`).
-The setup and the chunk loop are every driver's (`staleness.pipeline.training`:
-`set_up`, `drive`); after every evaluation chunk the loss and the stages'
-states are gathered to every process (`process_allgather`, a collective every
-process enters); process 0 evaluates the model, keeps the history and returns
-the `Result`, the others return None.
-
-Liveness: `jax.distributed`'s coordination service drops a job whose process
-stops sending heartbeats for `heartbeat_timeout` seconds, and a peer blocked
-in a transfer with a dead process fails; `launch_local` watches its processes
-and reports the first stage process that dies (its signal or exit status) at
-once, then stops the others.
+After every evaluation chunk the loss and the stages' states are gathered to
+every process (`process_allgather`); process 0 evaluates, keeps the history and
+returns the `Result`. Liveness: `jax.distributed` drops a job whose process
+stops sending heartbeats for `heartbeat_timeout` seconds; `launch_local`
+reports the first stage process that dies.
 """
 
 from __future__ import annotations
@@ -67,10 +61,8 @@ def train_distributed(ptask, schedule, num_batches: int, *, log=None, callbacks=
     """This process's part of a pipeline run with one stage per process (after `connect`).
 
     Call it in each of the K = `ptask.num_stages` processes with the same arguments;
-    stage k runs in process k (its one local device). settings: `staleness.pipeline.train`'s
-    cluster, seed, lr, optimizer, eval_every, num_evals, backward_ratio and recompute_cost
-    (`training.RunArgs`; an unknown one is a TypeError). log: a callable taking one line of
-    progress; callbacks:
+    stage k runs in process k (its one local device). settings: the fields of `training.RunArgs`
+    (an unknown one is a TypeError). log: a callable taking one line of progress; callbacks:
     `staleness.infra.tracking` callbacks, called in process 0 at every evaluation as it is made
     (the other processes ignore theirs: give them None).
 

@@ -34,16 +34,13 @@ class TickPlan:
 
     schedule: the resolved `PipelineSchedule`.
     num_batches: batches trained (each stage applies every batch's gradient once).
-    fwd: [T, K] int32 micro-batch id stage k forwards at tick t, or IDLE.
-    bwd: [T, K] int32 micro-batch id stage k backpropagates at tick t, or IDLE.
-    update: [T, K] bool: stage k applies an update after its backward at tick t.
     """
 
     schedule: PipelineSchedule
     num_batches: int
-    fwd: np.ndarray     # [T, K] int32
-    bwd: np.ndarray     # [T, K] int32
-    update: np.ndarray  # [T, K] bool
+    fwd: np.ndarray     # [T, K] int32 micro-batch id stage k forwards at tick t, or IDLE
+    bwd: np.ndarray     # [T, K] int32 micro-batch id stage k backpropagates at tick t, or IDLE
+    update: np.ndarray  # [T, K] bool: stage k applies an update after its backward at tick t
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -99,8 +96,7 @@ class TickPlan:
         m = self.microbatches
         last = np.full(self.num_batches, -1, np.int64)
         t, k = np.nonzero(self.update)
-        ids = self.bwd[t, k] // m
-        np.maximum.at(last, ids, t)
+        np.maximum.at(last, self.bwd[t, k] // m, t)
         return last
 
     def batches_done(self, tick_end: int) -> int:
@@ -132,9 +128,7 @@ class TickPlan:
     def in_flight(self) -> np.ndarray:
         """[T, K] micro-batches stage k has forwarded but not yet backpropagated
         at the end of tick t (what its input queue holds)."""
-        f = np.cumsum(self.fwd != IDLE, axis=0)
-        b = np.cumsum(self.bwd != IDLE, axis=0)
-        return f - b
+        return np.cumsum(self.fwd != IDLE, axis=0) - np.cumsum(self.bwd != IDLE, axis=0)
 
     def xs(self, start: int, length: int) -> dict[str, np.ndarray]:
         """Scan inputs for ticks [start, start + length), padded with idle ticks."""

@@ -3,12 +3,8 @@
     result = simulate(ptask, dsp((1, 1, 0)), num_batches=500, cluster=cluster.heterogeneous([1, 2, 1]))
     result = run_devices(ptask, gpipe(4), num_batches=500)
 
-Both build the same `TickPlan`, the same per-stage numerics and the same
-simulated timeline (`staleness.pipeline.timing`); they differ in where the
-stages run: `simulate` runs all K stages in one program on one device,
-`run_devices` puts stage k on device k. The host calls one compiled function
-per evaluation chunk of ticks and evaluates the whole model in between
-(`staleness.pipeline.training`: `set_up`, then `drive` the engine built here).
+Both build the same plan, numerics and simulated timeline; they differ only in the engine built here
+(all K stages on one device, or stage k on device k), which `staleness.pipeline.training.drive` runs.
 """
 
 from __future__ import annotations
@@ -52,11 +48,9 @@ def train(ptask, schedule: PipelineSchedule | str, num_batches: int, *, devices=
         (`staleness.infra.checkpoint`); with resume=True, continue from the one found there
         (bitwise the uninterrupted run).
       stop_after: stop (status 'stopped') after the chunk that reaches this many batches.
-      callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list
-        of them, called with a `staleness.infra.tracking.Evaluation` at every evaluation (each
-        history row, as it is recorded; on resume only the new ones): step = batches
-        applied, time = simulated seconds, wall_time = the row's wall_time; run.label is
-        config['label'] if given, else 'SCHEDULE seed=S lr=LR'.
+      callbacks: `staleness.infra.tracking` callbacks (a callable, a spec or a list), called at every
+        history row: step = batches applied, time = simulated seconds, wall_time = the row's
+        wall_time; run.label is config['label'] if given, else 'SCHEDULE seed=S lr=LR'.
 
     Returns:
       A `Result`: history rows (update = batches applied at every stage, tick, time,

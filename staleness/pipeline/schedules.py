@@ -29,42 +29,25 @@ Per tick each stage does at most one forward and then at most one backward
 
 What is our reading (PAPERS.md marks the DSP box as not available; these are
 the rules implemented, each in one place so it is easy to change):
-- m_k = 2·Σ_{i≥k} s_i with s_k the delay of the link after stage k in *both*
-  directions, and the K-th entry the link to the loss (0 in the paper's
-  examples, so the last stage has m = 0); a nonzero last entry delays the loss
-  gradient too (`plan.make_plan`, `stage.forward`).
-- Within a tick a stage runs its forward first (current weights), then the
-  backward of the micro-batch m_k ticks older (recomputed from its stored
-  input with the current weights, which differ from that forward's when
-  m_k > 0), then its update; the backward's dL/dy is the one computed
-  downstream from the old forward's activations (`stage.py`).
+- The K-th delay is the link to the loss (0 in the paper's examples, so the
+  last stage has m = 0); a nonzero last entry delays the loss gradient too
+  (`plan.make_plan`, `stage.forward`).
+- Within a tick a stage runs its forward, then the backward of the
+  micro-batch m_k ticks older, then its update (`stage.py`); the loss and
+  dL/dlogits are computed at the last stage's forward, with its logits.
 - The paper overlaps the recomputation with the forward; `simulate_timing`
   charges it as one more forward by default (`recompute_cost=1`; 0 models a
   full overlap).
-- The loss and dL/dlogits are computed at the last stage's forward, with the
-  logits of that forward; its backward uses them m_{K-1} ticks later.
-- DDG: forward links of delay 0 (the forward of a batch crosses all stages in
-  one tick), backward links of delay 1, so stage k is K-1-k batches stale;
-  the stored graph is the forward's autodiff residuals. Huo et al.'s
-  Algorithm 1 is one iteration per batch: the forward pass through all
-  modules in sequence (and the loss), then the backward pass of all modules
-  in parallel, then the next iteration. That iteration barrier is the forward
-  locking DSP removes, and it is the default (`ddg()`, spec 'ddg'); only the
-  timing model reads it (`timing.py`), the tick tables and numbers are the
-  same without it. `ddg(barrier=False)` (spec 'ddg:nobarrier') lets stages
-  wait only for data, so the next batch's forward pipelines behind the
-  current one: an upper bound on DDG's throughput, equal to DSP's with free
-  recomputation on equal stages.
+- DDG: forward links of delay 0, backward links of delay 1, so stage k is
+  K-1-k batches stale, on the forward's stored autodiff residuals. Huo et
+  al.'s iteration barrier (forward through all modules, then every delayed
+  backward, then the next batch) is the default (`ddg()`); only the timing
+  model reads it, the tick tables and numbers are the same without it.
 - GPipe: link delays 1 like DSP(1,...,1,0), micro-batches pipelined with each
-  stage's backward interleaved after its forwards (1F1B order within a flush:
-  one flush has the tick tables of DSP(1,...,1,0) over its M micro-batches),
-  one update per batch with the mean micro-batch gradient,
-  re-materialisation (recompute) of the stored micro-batch inputs on every
-  stage but the last (whose lag is 0: it backpropagates each micro-batch in
-  the tick it forwards it). With the recomputation free (`recompute_cost=0`)
-  its simulated time is exactly GPipe's fill/drain (M+K-1)·(f+b)/M per
-  batch; charged, it is that plus the re-materialisation (closed form in
-  `timing.py`).
+  stage's backward interleaved after its forwards (one flush has the tick
+  tables of DSP(1,...,1,0) over its M micro-batches), one update per batch
+  with the mean micro-batch gradient, re-materialisation on every stage but
+  the last (closed forms of its time in `timing.py`).
 """
 
 from __future__ import annotations
@@ -120,9 +103,7 @@ class PipelineSchedule:
     backward: one of BACKWARD_MODES.
     flush: apply one synchronous update per batch after all its micro-batches
       (GPipe); else every backward applies its own update.
-    barrier: DDG's per-iteration barrier (timing only): a tick's backwards start
-      when its forward pass has crossed every stage, and the next tick starts
-      when every stage has finished and every message has arrived.
+    barrier: DDG's per-iteration barrier (timing only; see `ddg`).
     """
 
     name: str
@@ -177,12 +158,7 @@ class PipelineSchedule:
             return self
         k = num_stages
         inter = [1] * (k - 1) + [0]
-        if self.name == "gpipe":
-            f, b = inter, inter
-        elif self.name == "ddg":
-            f, b = [0] * k, inter
-        else:  # backprop
-            f, b = [0] * k, [0] * k
+        f, b = {"gpipe": (inter, inter), "ddg": ([0] * k, inter)}.get(self.name, ([0] * k, [0] * k))   # else backprop
         return dataclasses.replace(self, forward_delays=tuple(f), backward_delays=tuple(b))
 
     @property
@@ -206,16 +182,12 @@ class PipelineSchedule:
     def describe(self) -> str:
         """A spec string `parse` reads back, e.g. 'dsp:1,1,0', 'gpipe:4', 'ddg', 'ddg:nobarrier'."""
         if self.name == "gpipe":
-            out = f"gpipe:{self.microbatches}"
-        elif self.name == "dsp":
-            out = "dsp:" + ",".join(map(str, self.forward_delays))
-            if self.backward == "stash":
-                out += "+stash"
-        elif self.name == "ddg":
-            out = "ddg" if self.barrier else "ddg:nobarrier"
-        else:
-            out = self.name
-        return out
+            return f"gpipe:{self.microbatches}"
+        if self.name == "dsp":
+            return "dsp:" + ",".join(map(str, self.forward_delays)) + ("+stash" if self.backward == "stash" else "")
+        if self.name == "ddg":
+            return "ddg" if self.barrier else "ddg:nobarrier"
+        return self.name
 
     def __str__(self) -> str:
         return self.describe()

@@ -1,10 +1,7 @@
 """The settings of a pipeline run: one value, checked once, passed down whole.
 
-`RunArgs` is what `staleness.pipeline.train` (one device or K devices) and
-`multiprocess.train_distributed` (one stage per process) share, as given; `check`
-checks each value on its own (`checks.ArgumentError` naming the field) and `training.set_up`
-calls it before anything is built. `staleness pipeline` generates its flags from the
-fields' metadata (`staleness.infra.settings`) and calls `check` before JAX starts.
+`RunArgs` is what `staleness.pipeline.train` and `multiprocess.train_distributed` share, as given;
+`check` checks each value on its own, in `training.set_up` and (`staleness pipeline`) before JAX starts.
 
 Pure Python: nothing here imports JAX.
 """

@@ -17,12 +17,9 @@ is stored and the backward uses the forward's own autodiff residuals (no
 recompute: the weights have not changed in between), which is ordinary
 backpropagation.
 
-Other schedules change only what the queue holds (`StageConfig.kind`):
-"recompute" the input (DSP, GPipe), "stash" the input and the weights the
-forward used (PipeDream weight stashing), "graph" the forward's autodiff
-residuals (DDG's stored graph; the backward replays them without
-recomputing). With micro-batches (GPipe) weight gradients are summed and
-applied as their mean when the plan says so.
+Other schedules change only what the queue holds (`StageConfig.kind`, `_item`; the backward
+modes of `staleness.pipeline.schedules`). With micro-batches (GPipe) weight gradients are summed
+and applied as their mean when the plan says so.
 
 Everything here is unbatched, per-stage code with static configuration; the
 one-device engine calls it for k = 0..K-1 in turn, the K-device engine runs

@@ -6,17 +6,11 @@
     out.status                  # [B] "complete" / "diverged"
     t = tune_lr(ptask, "dsp:1,1,1,0", 1000, grid=[...], seeds=(1001, 1002))   # on a validation split
 
-`staleness.pipeline.simulate` compiles one program per run (the optimizer,
-learning rate included, is a static argument there). Here every member (lr,
-seed) of the grid is one member of a `lax.map` over the one-device engine
-(`staleness.pipeline.sim`): the tick tables are the same for all members (one
-schedule, one number of batches), the learning rate lives in each member's
-optimizer state, the seed gives its initial parameters and its minibatch key
-(`staleness.engine.keys(seed)`, as in `simulate`). So a grid costs one
-compilation. The members run one after the other inside the compiled call
-(`lax.map`, not `vmap`), so the numbers of a member are bitwise those of
-`simulate(ptask, schedule, num_batches, lr=lr, seed=seed)` on CPU
-(`tests/test_pipeline_sweep.py`).
+`staleness.pipeline.simulate` compiles one program per run (the optimizer is static there). Here every
+(lr, seed) is one member of a `lax.map` over the one-device engine: the tick tables are shared, the
+learning rate lives in each member's optimizer state, the seed gives its parameters and minibatch key. A
+grid costs one compilation, and a member's numbers are bitwise those of `simulate(ptask, schedule,
+num_batches, lr=lr, seed=seed)` on CPU (`_batched_chunk`; `tests/test_pipeline_sweep.py`).
 
 The simulated time axis does not depend on the learning rate: take it from
 `simulate_timing(plan, cluster, seed)` per seed (the reproduction does).
@@ -258,10 +252,8 @@ def tune_lr(ptask, schedule, num_batches: int, *, grid, seeds, optimizer="moment
             runs += len(out.members)
             for g in todo:
                 idx = [out.index(g, s) for s in seeds]
-                if any(out.status[i] != "complete" for i in idx):
-                    scored[g] = math.nan
-                else:
-                    scored[g] = float(np.median([np.mean(out.accuracy[i, 1:]) for i in idx]))
+                scored[g] = (math.nan if any(out.status[i] != "complete" for i in idx)
+                             else float(np.median([np.mean(out.accuracy[i, 1:]) for i in idx])))
         scores = [scored[g] for g in grid]
         finite = [i for i, sc in enumerate(scores) if math.isfinite(sc)]
         if not finite:

@@ -5,13 +5,9 @@
     ptask.apply(k, p, x)  # stage k's forward
     ptask.output_loss(logits, y)
 
-Built-in names: digits-resmlp, mnist1d-resmlp (residual MLPs for CI, one
-residual block per stage unless `blocks` says otherwise), cifar10-resnet20
-(ResNet-20 with GroupNorm, its 9 basic blocks split into K stages, CIFAR-10
-from a local directory, see `staleness.tasks.cifar`) and stdlib-lm (the
-byte-level transformer of `staleness.tasks.lm`: its `blocks` transformer
-blocks, default max(K, 2), split into K stages, the token embedding on stage 0
-and the final LayerNorm + output projection on stage K-1).
+Built-in names: digits-resmlp, mnist1d-resmlp (residual MLPs for CI), cifar10-resnet20
+(ResNet-20 with GroupNorm, CIFAR-10 from a local directory, see `staleness.tasks.cifar`) and
+stdlib-lm (the byte-level transformer of `staleness.tasks.lm`, see `stdlib_lm`); `get` splits them.
 """
 
 from __future__ import annotations

@@ -10,11 +10,7 @@ their share of it, divided by M for a micro-batch:
     backward  b = c · r / (1 + r), plus ρ = `recompute_cost` · f when the stage
               recomputes its forward in the backward (`recomputes`)
 
-A stage recomputes when its lag m_k > 0 and its backward mode is "recompute"
-(DSP, GPipe's re-materialisation) or "stash" (weight stashing re-runs the
-forward from the stored input with the stashed weights, `stage.py`); "graph"
-(DDG) and lag 0 replay the forward's own autodiff residuals and recompute
-nothing. Messages between stages take `sampler.push_delay(sender, i)` seconds.
+Messages between stages take `sampler.push_delay(sender, i)` seconds.
 
 An operation starts when its stage is free and its input has arrived: stage
 k's forward of tick t needs stage k-1's forward of tick t - f_{k-1}; its
@@ -133,15 +129,10 @@ class Timeline:
                 if i == IDLE:
                     continue
                 ft = fwd_tick[i, k]
-                rows["worker"].append(k)
-                rows["iteration"].append(i)
-                rows["pull_version"].append(upd_before[ft, k])
-                rows["apply_version"].append(upd_before[upd_tick[i // p.microbatches, k], k])
-                rows["pull_time"].append(self.fwd_start[ft, k])
-                rows["start"].append(self.bwd_start[t, k])
-                rows["end"].append(self.bwd_end[t, k])
-                rows["push_time"].append(self.bwd_end[t, k])
-                rows["wait"].append(waited[k])
+                row = (k, i, upd_before[ft, k], upd_before[upd_tick[i // p.microbatches, k], k], self.fwd_start[ft, k],
+                       self.bwd_start[t, k], self.bwd_end[t, k], self.bwd_end[t, k], waited[k])
+                for column, v in zip(rows.values(), row, strict=True):   # in the order of `rows`
+                    column.append(v)
                 waited[k] = 0.0
         order = np.lexsort((rows["worker"], rows["end"]))
         dtypes = {"worker": np.int32, "iteration": np.int64, "pull_version": np.int64, "apply_version": np.int64}
@@ -165,8 +156,8 @@ def recomputes(schedule) -> tuple[bool, ...]:
 
     `schedule`: a resolved `PipelineSchedule` or a `TickPlan`. True where the lag
     m_k > 0 and the backward mode is "recompute" (DSP, GPipe) or "stash"
-    (weight stashing re-runs the forward with the stashed weights); "graph"
-    (DDG) and lag-0 stages use the forward's stored autodiff graph."""
+    (weight stashing re-runs the forward with the stashed weights, `stage.py`); "graph"
+    (DDG) and lag-0 stages replay the forward's own autodiff residuals."""
     sched = schedule.schedule if isinstance(schedule, TickPlan) else schedule
     if not getattr(sched, "resolved", False):
         raise ValueError(f"schedule = {schedule!r} must be a resolved PipelineSchedule (call resolve(K)) or a TickPlan")
@@ -223,9 +214,8 @@ def simulate_timing(plan: TickPlan, cluster: Cluster, seed: int = 0, *, backward
         of a batch on stage k.
       seed: the cluster sampler's seed.
       backward_ratio: backward cost / forward cost (> 0).
-      recompute_cost: cost of the forward a stage recomputes in its backward (`recomputes`:
-        DSP, GPipe and weight stashing at stages with m_k > 0), in forwards (>= 0; 0 models
-        a recomputation fully overlapped with the forward).
+      recompute_cost: cost of the forward a stage recomputes in its backward (`recomputes`),
+        in forwards (>= 0; 0 models a recomputation fully overlapped with the forward).
     Returns:
       A `Timeline` (seconds; see the module docstring for the cost model and closed forms).
     """
@@ -279,10 +269,7 @@ def simulate_timing(plan: TickPlan, cluster: Cluster, seed: int = 0, *, backward
         for k in reversed(range(k_all)):
             if bwd[t, k] == IDLE:
                 continue
-            if k == k_all - 1:
-                arrive = fe[t - lags[k], k]
-            else:
-                arrive = bsend[t - b_del[k], k + 1]
+            arrive = fe[t - lags[k], k] if k == k_all - 1 else bsend[t - b_del[k], k + 1]
             ready = max(free[k], arrive, bwd_start)
             idle[t, k] += ready - free[k]
             if math.isnan(dur[k]):

@@ -11,10 +11,7 @@ engine they build; `set_up` checks the arguments and resolves everything that
 does not depend on it, `drive` runs it chunk by chunk (`staleness.engine.chunks.run`):
 evaluate, record the history, call the tracking callbacks (`staleness.infra.tracking`;
 one per history row as it is recorded, only the new ones on resume), check for
-divergence, checkpoint, assemble the `Result`. `resolve_schedule` and
-`eval_chunk` (the schedule argument, the evaluation chunk) are shared with
-`staleness.pipeline.sweep`; the other arguments are checked with
-`staleness.infra.checks`.
+divergence, checkpoint, assemble the `Result`.
 """
 
 from __future__ import annotations
@@ -93,11 +90,8 @@ def set_up(ptask, args: RunArgs) -> Setup:
     k = ptask.num_stages
     sched = resolve_schedule(args.schedule, k)
     plan = make_plan(sched, k, num_batches)
-    cluster = args.cluster
-    if cluster is None:
-        cluster = _cluster.constant(k)
-    elif isinstance(cluster, str):
-        cluster = _cluster.parse(cluster)
+    cluster = args.cluster if args.cluster is not None else _cluster.constant(k)
+    cluster = _cluster.parse(cluster) if isinstance(cluster, str) else cluster
     timeline = simulate_timing(plan, cluster, args.seed, backward_ratio=args.backward_ratio,
                                recompute_cost=args.recompute_cost)
     opt = _optim.resolve(args.optimizer, lr, num_batches,
@@ -189,9 +183,7 @@ def _config(ptask, setup: Setup, engine: Engine, host: Host) -> dict:
 
 def _losses_per_batch(plan: TickPlan, tick_loss: np.ndarray) -> np.ndarray:
     """[N] mean loss of each batch's micro-batches (computed at the last stage's forward)."""
-    t = plan.loss_tick
-    per_mb = tick_loss[t]
-    return per_mb.reshape(plan.num_batches, plan.microbatches).mean(1)
+    return tick_loss[plan.loss_tick].reshape(plan.num_batches, plan.microbatches).mean(1)
 
 
 class _Run:
