@@ -133,3 +133,40 @@ def test_for_a_fixed_h_the_loss_trajectory_is_bit_identical_across_bandwidths(po
     assert slow.history["loss"].tolist() == fast.history["loss"].tolist()
     for a, b in zip(*(jax.tree.leaves(r.params) for r in runs)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+# -- chaos: chip failures at scale ----------------------------------------------------------------
+def _down_intervals(cluster, seed, worker, n):
+    import itertools
+    ev = [e for e in itertools.islice(cluster.sampler(seed).membership(), 4 * n) if e[2] == worker]
+    return [(f[0], j[0]) for f, j in zip(ev[0::2], ev[1::2])][:n]
+
+
+def test_chaos_draws_exponential_failures_per_chip_and_fixed_repairs():
+    """A learner of 50 chips of MTBF 1000 s fails every 20 s on average (exponential: the sd
+    equals the mean) and is down exactly the repair time; the same seed gives the same
+    failures, another seed others; the spec round-trips."""
+    c = st.cluster.parse("1*2+chaos=1000:3:50:1")
+    assert c.describe() == "2+chaos=1000:3:50:1" and st.cluster.parse(c.describe()) == c
+    down = _down_intervals(c, 0, 1, 3000)
+    assert len(down) == 3000 and all(j - f == pytest.approx(3.0) for f, j in down)
+    ups = np.diff([0.0] + [f for f, _ in down]) - np.array([0.0] + [3.0] * (len(down) - 1))
+    assert ups.mean() == pytest.approx(20.0, rel=0.06) and ups.std() == pytest.approx(20.0, rel=0.08)
+    assert _down_intervals(c, 0, 1, 5) == down[:5] and _down_intervals(c, 1, 1, 5) != down[:5]
+    assert not _down_intervals(c, 0, 0, 1)   # worker 0 is not in WORKERS
+    with pytest.raises(ValueError, match="chaos chips = 2.5 must be an integer"):
+        st.cluster.parse("1*2+chaos=1000:3:2.5")
+    with pytest.raises(ValueError, match="chaos: mtbf"):
+        C.constant(2).chaos(0, 3)
+
+
+def test_goodput_under_chaos_decoupled_learners_beat_one_data_parallel_job():
+    """The shape of Decoupled DiLoCo's claim: the same 8,000 chips as one data-parallel job
+    (any chip's failure stalls it) or as 8 learners of 1,000 (a failure takes one down):
+    at a chip MTBF of 10^6 s and 30 s repairs the job is up ~81% of the time, each learner ~97%."""
+    dp = simulate_schedule("diloco:4", "1+chaos=1e6:30:8000", max_time=4000.0, seed=1)
+    dec = simulate_schedule("decoupled_diloco:4", "1*8+chaos=1e6:30:1000", max_time=4000.0, seed=1)
+    sync = simulate_schedule("diloco:4", "1*8+chaos=1e6:30:1000", max_time=4000.0, seed=1)
+    g = {k: s.summary()["goodput"] for k, s in (("dp", dp), ("dec", dec), ("sync", sync))}
+    assert g["dp"] == pytest.approx(125 / 155, abs=0.08) and g["dec"] == pytest.approx(1000 / 1030, abs=0.03)
+    assert g["dec"] > g["sync"] > g["dp"], g

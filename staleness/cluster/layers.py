@@ -292,3 +292,26 @@ def failures(inner: Layer, events) -> Layer:
     layer.outages = inner.outages + tuple(Outages(w, functools.partial(iter, tuple(sorted(iv, key=lambda x: x[0]))))
                                           for w, iv in sorted(by_worker.items()))
     return layer
+
+
+def chaos(inner: Layer, seed: int, stream: int, mtbf: float, repair: float, chips: int, workers) -> Layer:
+    """Chip failures: each worker (a learner of `chips` chips, each failing as a Poisson process
+    of mean `mtbf` seconds between failures) fails after an exponential time of mean
+    mtbf / chips and is down `repair` seconds; one uniform draw per failure, lazily (endless)."""
+    uniform = _stream(seed, stream, inner.num_workers, "uniform")
+    mean_up = mtbf / chips
+
+    def outages(w: int) -> Outages:
+        def intervals():
+            t, k = 0.0, 0
+            while True:
+                t += -mean_up * math.log1p(-uniform(w, k))
+                yield t, t + repair
+                t += repair
+                k += 1
+        return Outages(w, intervals, endless=True)
+
+    layer = Layer(inner)
+    layer.outages = inner.outages + tuple(outages(w) for w in (range(inner.num_workers) if workers is None
+                                                                else workers))
+    return layer

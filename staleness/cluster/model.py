@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from staleness.infra import checks
 from staleness.infra.checks import format_number
 from staleness.cluster.bases import Gpus, Seconds, Trace
-from staleness.cluster.modifiers import AllReduce, Failures, Jitter, Links, Network, Periodic, Server, Stragglers
+from staleness.cluster.modifiers import AllReduce, Chaos, Failures, Jitter, Links, Network, Periodic, Server, Stragglers
 from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import ClusterSampler
@@ -214,6 +214,16 @@ class Cluster:
         if any(isinstance(m, AllReduce) for m in self.modifiers):
             raise ValueError(f"{fn}: this cluster already has an all-reduce model; give one allreduce() only")
         return self.with_modifier(AllReduce(algorithm, _bandwidth(fn, bandwidth), _latency(fn, latency)))
+
+    def chaos(self, mtbf: float, repair: float, chips: int = 1, workers: Sequence[int] | None = None) -> Cluster:
+        """Random chip failures (`modifiers.Chaos`): every worker is a learner of `chips` chips,
+        each with a mean time between failures of `mtbf` seconds (exponential); a chip's failure
+        takes its learner down for `repair` seconds, then it rejoins. Combines with the other
+        layers' down intervals as a union; drawn from the cluster's seed, lazily."""
+        fn = "chaos"
+        m, r = checks.positive(fn, "mtbf", mtbf), checks.positive(fn, "repair", repair)
+        checks.integer(fn, "chips", chips, low=1)
+        return self.with_modifier(Chaos(m, r, int(chips), checks.worker_ids(fn, workers, self.num_workers)))
 
     def failures(self, events: Iterable[tuple[int, float, float | None]]) -> Cluster:
         """Workers that fail and possibly rejoin.

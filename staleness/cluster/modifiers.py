@@ -14,7 +14,7 @@ from staleness.infra.checks import format_number, format_workers
 from staleness.cluster import layers
 from staleness.cluster.network import format_bandwidth, format_latency
 
-__all__ = ["AllReduce", "Failures", "Jitter", "Links", "Network", "Periodic", "Server", "Stragglers"]
+__all__ = ["AllReduce", "Chaos", "Failures", "Jitter", "Links", "Network", "Periodic", "Server", "Stragglers"]
 
 
 @dataclass(frozen=True)
@@ -154,3 +154,23 @@ class Failures:
 
     def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
         return layers.failures(inner, self.events)
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """Chip failures at scale (Decoupled DiLoCo's chaos engineering): every worker is a learner
+    of ``chips`` chips, each failing with a mean time between failures of ``mtbf`` seconds;
+    one chip's failure takes its learner down for ``repair`` seconds. ``workers``: the ids
+    affected, None for all. A data-parallel job over N chips is one learner of N chips."""
+
+    mtbf: float
+    repair: float
+    chips: int
+    workers: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        text = f"chaos={format_number(self.mtbf)}:{format_number(self.repair)}:{self.chips}"
+        return text if self.workers is None else f"{text}:{format_workers(self.workers)}"
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.chaos(inner, seed, stream, self.mtbf, self.repair, self.chips, self.workers)

@@ -253,6 +253,14 @@ def _failures(c: Cluster, v: Value) -> Cluster:
     return c.failures(events)
 
 
+def _chaos(c: Cluster, v: Value) -> Cluster:
+    v.count(2, 4, "MTBF:REPAIR[:CHIPS[:WORKERS]], e.g. chaos=3.15e7:60:1000")
+    chips = v.number(2, "chips", 1.0)
+    if chips != int(chips) or chips < 1:
+        raise v.bad(f"chaos chips = {chips:g} must be an integer >= 1 (chips per learner)")
+    return c.chaos(v.number(0, "mtbf"), v.number(1, "repair"), int(chips), v.workers(3))
+
+
 def _jitter(c: Cluster, v: Value) -> Cluster:
     v.count(1, 1, "SIGMA")
     return c.jitter(v.number(0, "sigma"))
@@ -277,6 +285,8 @@ register_modifier("network", _network, "PUSH ':' PULL [ ':' JITTER ]", "fixed tr
 register_modifier("net", _net, "BANDWIDTH [ ':' LATENCY [ ':' WORKERS ] ]", "per-worker links")
 register_modifier("server", _server, "BANDWIDTH [ ':' LATENCY ]", "shared server link")
 register_modifier("allreduce", _allreduce, "( 'ring' | 'tree' ) ':' BANDWIDTH [ ':' LATENCY ]", "collective cost")
+register_modifier("chaos", _chaos, "MTBF ':' REPAIR [ ':' CHIPS [ ':' WORKERS ] ]",
+                  "chips fail (mean MTBF s apart), a learner of CHIPS is down REPAIR s per failure")
 register_modifier("fail", _failures, "event ( ',' event )*", "several fail= layers combine (a union)",
                   aliases=("failures",))
 
