@@ -131,7 +131,8 @@ def report(res: dict, path: Path) -> None:
         paper = g["paper"].get(k)
         lines.append(f"| {k} | " + " | ".join(f"{100 * x:.0f}%" + (f" ({paper[i]}%)" if paper else "")
                                                for i, x in enumerate(v)) + " |")
-    lines += ["", "(in parentheses: the paper's Table 1)", "", "| claim | verdict | diagnostic |", "|---|---|---|"]
+    lines += ["", "(in parentheses: the paper's Table 1 as secondary notes of the paper report it; the paper's "
+              "own text past its abstract could not be retrieved here)", "", "| claim | verdict | diagnostic |", "|---|---|---|"]
     lines += [f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in g["claims"]]
     lines += ["", "## Timing at 10,000 chips", "", "| policy | gradients | wall s | gradients/s |", "|---|---|---|---|"]
     lines += [f"| {p} | {r['gradients']:,} | {r['wall_s']:.1f} | {r['gradients_per_s']:,.0f} |"
