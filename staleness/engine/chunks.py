@@ -1,37 +1,20 @@
-"""The evaluation-chunk loop: one compiled call per chunk, then host work, for every driver.
+"""The evaluation-chunk loop (`run`): one compiled call per chunk, then host work, for every driver.
 
-`replay` (one configuration), `sweep` (B configurations in one call) and the
-pipeline's `train` all run the same loop (`run`); they pass what differs:
-
-  step(carry, xs) -> (carry, out)    the compiled chunk (out: losses, fetched once per chunk)
-  inputs(k) -> xs                    host inputs of chunk k (prepared while chunk k-1 runs)
-  record(k, carry, out, wall) -> bool
-                                     host work after chunk k: per-configuration losses,
-                                     divergence checks and history rows (`History`);
-                                     False stops the loop (replay's stop_after)
-  save(k, carry)                     optional checkpoint after chunk k (`staleness.infra.checkpoint`)
-
-The loop handles prefetching, the progress bar, the wall clock of the compiled
-calls and Ctrl-C (status 'stopped', keeping what the completed chunks recorded).
-
-`History` is one configuration's record: history rows, per-update train
-loss, status, the divergence message, and the `Result` assembled from them.
-A divergence is a `Divergence` (update, worker, staleness, where): replay
-raises it as `DivergenceError`, a sweep marks that configuration 'diverged'
-and keeps the message in its config (`config['divergence']`), the pipeline
-raises it naming the batch, the stage and its lag.
+`replay`, `sweep` (through `engine.runner`) and the pipeline's `train` pass what differs
+(see `run`); the loop handles prefetching, the progress bar, the wall clock of the compiled
+calls and Ctrl-C (status 'stopped', keeping what the completed chunks recorded). `History`
+is one configuration's record; a `Divergence` is its first non-finite loss.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from staleness.infra import interrupts
+from staleness.infra import checks, interrupts
 from staleness.engine.result import DivergenceError, Result
 
 __all__ = ["Divergence", "History", "run", "first_nonfinite", "update_losses", "chunk_length"]
@@ -66,12 +49,8 @@ class Divergence(NamedTuple):
 def chunk_length(num_updates: int, eval_every: int | None, num_evals: int) -> int:
     """Updates per chunk: `eval_every`, else ceil(num_updates / num_evals)."""
     if eval_every is not None:
-        if isinstance(eval_every, bool) or not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
-            raise ValueError(f"eval_every = {eval_every!r} must be an integer >= 1 (updates)")
-        return int(eval_every)
-    if isinstance(num_evals, bool) or not isinstance(num_evals, (int, np.integer)) or num_evals < 1:
-        raise ValueError(f"num_evals = {num_evals!r} must be an integer >= 1")
-    return max(1, -(-num_updates // num_evals))
+        return checks.at_least("eval_every", eval_every, 1, what=" (updates)")
+    return max(1, -(-num_updates // checks.at_least("num_evals", num_evals, 1)))
 
 
 def update_losses(losses: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -91,12 +70,8 @@ def first_nonfinite(losses: np.ndarray, mask: np.ndarray):
 
 
 class History:
-    """One configuration's record: history rows, per-step train loss, status.
-
-    Args:
-      num_steps: length of the train-loss array (updates; pipeline: ticks).
-      row0: the history row of the initial evaluation.
-    """
+    """One configuration's record: history rows (`row0`: of the initial evaluation), the
+    train loss of each of `num_steps` steps (updates; pipeline: ticks), status."""
 
     def __init__(self, num_steps: int, row0: dict):
         self.rows: list[dict] = [row0]
@@ -263,11 +238,6 @@ def run(step: Callable, carry: Any, *, num_chunks: int, inputs: Callable[[int], 
             if h.active:
                 h.stop()
     return carry, status, wall
-
-
-def nan_if_empty(values) -> float:
-    values = np.asarray(values, np.float64)
-    return float(np.mean(values)) if values.size else math.nan
 
 
 def raise_divergence(history: History, d: Divergence, schedule, config: dict, lr=None, cut=None):

@@ -1,19 +1,12 @@
 """The compiled replay: a loop over the updates of one evaluation chunk.
 
-Per update (unbatched code; a sweep runs each configuration's own loop, `chunk_batched`):
-  1. write the current version into its slot of a ring of R versions and read
-     the version each gradient was computed on from its slot (the plan says
-     which: `plan.Plan`),
-  2. draw each gradient's minibatch as a pure function of (key, worker,
-     iteration) and compute loss and gradient (vmapped over the C slots),
-  3. one server update (`engine.update`): weight the gradients by the lr rule,
-     average over the real slots, apply the optax optimizer.
-No Python runs per event: the host calls one compiled function per chunk.
-The optimizer's transformation is a static argument (`opt`); its learning
-rate lives in the optimizer state, so a sweep varies it per configuration.
-A configuration's numbers are bitwise the same in its own replay and in any
-sweep: a sweep runs every configuration through the same `_chunk`, on its own
-slots and with its own static settings (`Variant`).
+Per update (unbatched code): write the current version into its slot of a ring of R
+versions and read each gradient's version from its slot (`plan.Plan`), compute each slot's
+loss and gradient on its minibatch, a pure function of (key, worker, iteration), then one
+server update (`engine.update`). No Python runs per event: the host calls one compiled
+function per chunk; the learning rate lives in the optimizer state, so a sweep varies it
+per configuration, and every configuration of a sweep runs through the same `_chunk` with
+its own static settings (`Variant`): its numbers are bitwise those of its own replay.
 """
 
 from __future__ import annotations
@@ -73,8 +66,7 @@ WORKER, ITERATION, SLOT, STALENESS, MASK, WRITE = range(6)
 def keys(seed):
     """(init_key, data_key) of a run: one global key for the initial
     parameters, one for every minibatch (folded with worker, iteration)."""
-    init_key, data_key = jax.random.split(jax.random.key(seed))
-    return init_key, data_key
+    return tuple(jax.random.split(jax.random.key(seed)))
 
 
 def _state(task, seed, opt: Optimizer, inner: Optimizer | None, num_workers: int, streaming: bool):
@@ -88,12 +80,6 @@ def _state(task, seed, opt: Optimizer, inner: Optimizer | None, num_workers: int
     return params, opt_state, local
 
 
-def _ring(params, ring: int):
-    """Zeros for `ring` versions of `params` on a new leading axis, made on the host and
-    placed (an eager `jnp.zeros` compiles a program per shape and ring size)."""
-    return jax.device_put(jax.tree.map(lambda p: np.zeros((ring,) + np.shape(p), p.dtype), params))
-
-
 def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = None,
                num_workers: int = 0, streaming: bool = False) -> Carry:
     """Initial parameters (from the run's init key), optimizer state (with the
@@ -102,7 +88,9 @@ def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = 
     states. Eager: the task's own jitted init does the work, so nothing large is
     compiled here."""
     params, opt_state, local = _state(task, seed, opt, inner, num_workers, streaming)
-    return _distinct(Carry(params, opt_state, _ring(params, ring), local))
+    # the ring's zeros made on the host and placed (an eager `jnp.zeros` compiles a program per shape and ring size)
+    zeros = jax.device_put(jax.tree.map(lambda p: np.zeros((ring,) + np.shape(p), p.dtype), params))
+    return _distinct(Carry(params, opt_state, zeros, local))
 
 
 def grow_ring(carry: Carry, ring: int) -> Carry:
@@ -130,10 +118,9 @@ def _distinct(tree):
 
 
 def init_carry_batched(task, members, ring: int, num_workers: int = 0) -> Carry:
-    """`init_carry` of several configurations, stacked on a leading configuration axis
-    (the ring too: [B, R, ...]). members: one (seed, opt, inner, streaming) per
-    configuration, each as its own `init_carry` takes them (its optimizer's learning rate
-    written into its state). Stacked on the host and placed once (eager stacks compiled a
+    """`init_carry` of several configurations, stacked on a leading configuration axis (the
+    ring too: [B, R, ...]). members: one (seed, opt, inner, streaming) per configuration, as
+    `init_carry` takes them. Stacked on the host and placed once (eager stacks compiled a
     program per leaf shape, about a second for a small MLP's carry)."""
     cache = {}
     states = []
@@ -164,6 +151,14 @@ def gradient(task, params, data_key, worker, iteration, index=None):
     return jax.value_and_grad(task.loss)(params, batch)
 
 
+def _unrolled(one, args, c: int):
+    """`one` of each of the c slots of `args` ([C, ...] leaves), stacked: one standalone call
+    per slot, unrolled (not a lax.map: XLA compiles some ops, e.g. a custom_jvp's matvec,
+    with other rounding inside a loop body than in a standalone call)."""
+    outs = [one(jax.tree.map(lambda a, k=k: a[k], args)) for k in range(c)]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+
 def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration, index, inner):
     """(losses [C], grads) of one update's C slots: minibatch gradients, or for a
     local-update method the deltas of each slot's inner steps (and the new inner
@@ -180,10 +175,7 @@ def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration
 
         mine = (stale, jax.tree.map(lambda a: a[worker], own), jax.tree.map(lambda a: a[worker], states), worker,
                 iteration)
-        if slot_mode == "map" or c == 1:
-            outs = [one(jax.tree.map(lambda a, k=k: a[k], mine)) for k in range(c)]
-            return tuple(jax.tree.map(lambda *xs: jnp.stack(xs), *parts) for parts in zip(*outs))
-        return jax.vmap(one)(mine)
+        return _unrolled(one, mine, c) if slot_mode == "map" or c == 1 else jax.vmap(one)(mine)
     if local is not None:
         steps = consts["steps"][worker]
 
@@ -195,10 +187,8 @@ def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration
         if c == 1:
             loss, delta, new = one(jax.tree.map(lambda a: a[0], (stale, worker, iteration, mine, steps)))
             return loss[None], delta, jax.tree.map(lambda a: a[None], new)
-        if slot_mode == "map":
-            outs = [one(jax.tree.map(lambda a, k=k: a[k], (stale, worker, iteration, mine, steps))) for k in range(c)]
-            return tuple(jax.tree.map(lambda *xs: jnp.stack(xs), *parts) for parts in zip(*outs))
-        return jax.vmap(one)((stale, worker, iteration, mine, steps))
+        args = (stale, worker, iteration, mine, steps)
+        return _unrolled(one, args, c) if slot_mode == "map" else jax.vmap(one)(args)
     if c == 1:
         # one gradient per update (ASP, SSP, DSSP): no vmap, so a one-worker ASP
         # replay runs exactly the ops of plain training.
@@ -210,23 +200,17 @@ def _slots(task, local, slot_mode: str, consts, params, stale, worker, iteration
         p, w, i, ix = args
         return gradient(task, p, data_key, w, i, ix)
 
-    if slot_mode == "map":
-        # each slot exactly as one standalone gradient call: unrolled, not a
-        # lax.map (XLA compiles some ops, e.g. a custom_jvp's matvec, with other
-        # rounding inside a loop body than in a standalone call)
-        outs = [one(jax.tree.map(lambda a, k=k: a[k], (stale, worker, iteration, index))) for k in range(c)]
-        return jnp.stack([o[0] for o in outs]), jax.tree.map(lambda *g: jnp.stack(g), *[o[1] for o in outs]), None
-    losses, grads = jax.vmap(one)((stale, worker, iteration, index))
+    args = (stale, worker, iteration, index)
+    losses, grads = _unrolled(one, args, c) if slot_mode == "map" else jax.vmap(one)(args)
     return losses, grads, None
 
 
 def _update_from(task, static: Static, consts, params, opt_state, inner, stale, update, x, index):
-    """Gradients (or local-update deltas) of one update's C slots on their `stale`
-    params ([C, ...] leaves) and minibatch indices ([C, μ], or None), then one server
-    update (`engine.update.server_update`). static.padded: some update may have no
-    real slot (then it changes nothing); False promises every update has one, which
-    drops the per-update select of `server_update` (the same values: a select of the
-    new params and state). Returns (params, opt_state, inner, losses [C])."""
+    """Gradients (or local-update deltas) of one update's C slots on their `stale` params
+    ([C, ...] leaves) and minibatch indices ([C, μ], or None), then one server update
+    (`engine.update.server_update`). static.padded False promises every update has a real
+    slot, which drops the per-update select of `server_update` (the same values).
+    Returns (params, opt_state, inner, losses [C], diag)."""
     opt, rules, local = static.opt, static.rules, static.local
     worker, iteration, staleness = x[WORKER], x[ITERATION], x[STALENESS]
     mask = x[MASK] > 0
@@ -278,15 +262,9 @@ def _chunk(task, carry: Carry, xs, consts, *, opt, rules: tuple, slot_mode: str 
     int32, index [L, C, μ] int32 or None: the minibatch indices of every slot, n: int32
     scalar), the inputs padded to L >= n rows (`pad_chunk`): the number of updates is an
     input, not a shape, so runs of other lengths (other evaluation intervals up to L)
-    share one compiled program.
-    opt: the optimizer's optax transformation (static). local: an `engine.local.Local`
-    (static) for a local-update method, else None; its inner states are `carry.local`.
-    padded (static): False when every update the program runs has a real slot
-    (`Plan.padded_updates` of the whole plan, so all its chunks share one program); see
-    `_update_from`.
-
-    slot_mode: 'vmap' (fast) or 'map' (each gradient slot computed as one
-    standalone `gradient` call, for bitwise parity with real-run traces).
+    share one compiled program. opt, rules, slot_mode, local, padded: the fields of `Static`
+    (slot_mode 'map': each slot as one standalone `gradient` call, for bitwise parity with
+    real-run traces; padded False: `Plan.padded_updates` of the whole plan is False).
     Returns (carry, (losses [L, C], diag {name: [L]})); losses are NaN on padded slots and
     past n, diag (an RL learner's per-update diagnostics, `engine.rollout.DIAGNOSTICS`; empty
     for other work) NaN past n."""
@@ -327,10 +305,9 @@ run_chunk = jax.jit(_chunk, static_argnames=("opt", "rules", "slot_mode", "local
 
 
 class Variant(NamedTuple):
-    """What one configuration of a batched replay compiles: the `Static` of its own replay
-    (`run_chunk`'s), its own number of gradient slots C and in-flight segments S (None:
-    its replay has no `index` input). A batch's inputs are padded to the largest; each
-    configuration runs on its own columns, so its ops are those of its own replay."""
+    """What one configuration of a batched replay compiles (`chunk_batched`): the `Static`
+    of its own replay, its own number of gradient slots C and in-flight segments S (None:
+    none). A batch's inputs are padded to the largest; each configuration runs on its own."""
 
     static: Static
     slots: int
@@ -340,10 +317,9 @@ class Variant(NamedTuple):
 
 def chunk_batched(task, carry, xs, consts, *, variants: tuple):
     """B configurations, each replayed by `_chunk` with its own `Variant` (`consts['variant']`
-    picks it), one configuration after the other (`lax.map`): every configuration runs
-    the ops of its own `run_chunk` on its own shapes, so its numbers are bitwise those of
-    its own replay whatever else is in the batch (a `vmap` over configurations let XLA
-    choose other kernels, with other rounding, for the batched shapes).
+    picks it), one after the other (`lax.map`), on its own shapes: its numbers are bitwise
+    those of its own replay whatever else is in the batch (a `vmap` over configurations let
+    XLA choose other kernels, with other rounding, for the batched shapes).
 
     carry: leaves [B, ...] (the ring [B, R, ...]); xs = (update [L], packed [B, L, 6, C],
     index [B, L, C, ...] or None, n [B]): each configuration's `pad_chunk` inputs, padded to

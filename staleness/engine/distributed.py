@@ -3,18 +3,13 @@ replays its share of the grid on its local devices; process 0 gathers the Result
 
     results = sweep_process(lambda: prepare(...), coordinator="10.0.0.1:8476", num_processes=2, process_id=i)
 
-Every process prepares the same grid (schedules are deterministic from their
-seeds, so the padding agrees without a message), takes its contiguous share of
-the grid's blocks (`share(len(grid), num_processes, process_id, block)`), replays it
-(`sweeps.replay_grid`, sharded over its local devices) and sends its Results
-to process 0 through the job's key-value store. Configurations are
-independent and every block of configurations is computed by the same
-compiled program, so the gathered Results are bitwise those of a one-device sweep.
-
-A process that dies stops the job: JAX's coordination service sees its
-heartbeat stop and fails the others (after `heartbeat_timeout` seconds);
-process 0 also gives up waiting after `gather_timeout` seconds, naming the
-processes it is missing.
+Every process prepares the same grid (schedules are deterministic from their seeds, so
+the padding agrees without a message), replays its contiguous share of the grid's blocks
+(`share`) and sends its Results to process 0 through the job's key-value store; every
+block is computed by the same compiled program, so the gathered Results are bitwise those
+of a one-device sweep. A process that dies stops the job: JAX's coordination service fails
+the others (after `heartbeat_timeout` seconds); process 0 also gives up waiting after
+`gather_timeout` seconds, naming the processes it is missing.
 """
 
 from __future__ import annotations
@@ -67,12 +62,11 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
       make_grid: zero-argument callable returning the `sweeps.Grid` (called after
         `jax.distributed` is initialized: no JAX operation may run before).
       coordinator: HOST:PORT of process 0; num_processes, process_id: the job.
-      devices: this process's local devices for its share (see `sweeps.resolve_devices`).
-      block: configurations per device per call (`sweeps.replay_grid`; the same on every process).
-      init_timeout: seconds for every process to join.
-      heartbeat_timeout: seconds without a heartbeat after which JAX fails the job.
-      gather_timeout: seconds process 0 waits for the other processes' Results
-        (after its own share is done).
+      devices, block: this process's local devices and configurations per device per call
+        (`sweeps.replay_grid`; block the same on every process).
+      init_timeout: seconds for every process to join; heartbeat_timeout: seconds without a
+        heartbeat after which JAX fails the job; gather_timeout: seconds process 0 waits for
+        the other processes' Results (after its own share is done).
     Returns: all Results (in grid order) on process 0, None on the others.
     """
     _check(coordinator, num_processes, process_id)

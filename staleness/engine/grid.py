@@ -1,24 +1,10 @@
-"""The replay of a prepared sweep: many configurations in one compiled call per chunk, on one device or a mesh.
-
-A `Grid` (made by `engine.run.prepare`: every schedule, the padding shared by
-all configurations, each configuration's own replay settings) is replayed by
-`replay_grid(grid, indices, devices)`: the configurations `indices` (default:
-all) in blocks of `block` configurations, one block per device per call
-(`jax.shard_map` over the devices; no collective inside). Inside a block the
-configurations run one after the other, each with the ops of its own `replay`
-(`core.chunk_batched`: its `core.Variant`, on its own gradient slots), so a
-configuration's numbers are bitwise its `simulate`'s on CPU whatever else is in
-the grid, and any split of the grid (over devices here, over processes in
-`staleness.engine.distributed`) gives every configuration the same bits. History,
-divergence, evaluation and progress are the chunk runner's (`engine.runner`);
-this module passes it the batched program.
-
-Padding is pinned up front: `ring` (parameter versions kept, >= the largest
-staleness + 1) and `slots` (gradients per update, >= the largest update) fix
-the inputs' shapes, so grids of different policies or budgets whose
-configurations compile alike share one compiled replay. Compilation time is
-measured apart (JAX's own compile-event durations) and reported as
-`config['compile_s']`.
+"""The replay of a prepared sweep (`replay_grid`): blocks of configurations, one block per
+device per compiled call (`jax.shard_map` over the devices; no collective inside), each
+configuration running the ops of its own `replay` (`core.chunk_batched`), so its numbers
+are bitwise its `simulate`'s on CPU whatever the grid, block, devices or processes (see
+`engine.sweeps`). Pinned padding (`ring`, `slots`) fixes the inputs' shapes, so grids
+whose configurations compile alike share one compiled replay; compilation time is
+measured apart (`compile_seconds`) and reported as `config['compile_s']`.
 """
 
 from __future__ import annotations
@@ -32,11 +18,11 @@ import time
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from staleness.infra import checks
 from staleness.engine import core
 from staleness.engine import runner as _runner
 from staleness.engine.plan import Plan, chunk_inputs, make_plan
@@ -166,9 +152,7 @@ def grid_block(grid: Grid, block: int | None) -> int:
     """Configurations per device per call: `block`, else min(DEFAULT_BLOCK, grid size)."""
     if block is None:
         return min(DEFAULT_BLOCK, len(grid))
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"block = {block!r} must be an integer >= 1 (configurations per device per call)")
-    return int(block)
+    return checks.at_least("block", block, 1, what=" (configurations per device per call)")
 
 
 def blocks_of(num: int, block: int) -> int:

@@ -1,22 +1,17 @@
 """Local updates: a worker's inner steps and the delta it pushes (Local SGD, DiLoCo).
 
-A worker of a local-update method (a policy whose `work` is
-`policies.LocalSteps`) pulls the global parameters θ, takes H inner steps of
-its inner optimizer on its own minibatches, and pushes the delta
+A worker of a local-update method (`policies.LocalSteps`) pulls the global parameters θ,
+takes H inner steps of its inner optimizer on its own minibatches, and pushes the delta
 
     Δ = θ − θ_H        (an "outer gradient": θ − Δ is the worker's end point)
 
-which the server aggregates like gradients (lr-rule weights, mean over the
-update's slots) and applies with its outer optimizer
-(`engine.update.server_update`): outer SGD with learning rate 1 averages the
-workers' parameters (Local SGD); Nesterov SGD (0.7, 0.9) is DiLoCo. The inner
-optimizer's state is the worker's and persists across its rounds.
-
-Inner step h of round r of worker w uses the minibatch of (w, r·H_max + h), so
-every inner step has its own examples (H_max: the largest number of steps of
-any worker; Dynamic Local Updates give slower workers fewer, the rest of the
-scan is masked). `local_delta` is shared by the compiled replay and the real
-runtime's workers.
+which the server aggregates like gradients and applies with its outer optimizer
+(`engine.update.server_update`): outer SGD with learning rate 1 averages the workers'
+parameters (Local SGD); Nesterov SGD (0.7, 0.9) is DiLoCo. The inner optimizer's state is
+the worker's and persists across its rounds. Inner step h of round r of worker w uses the
+minibatch of (w, r·H_max + h) (H_max: the largest number of steps of any worker; Dynamic
+Local Updates give slower workers fewer, the rest of the scan is masked). `local_delta` is
+shared by the compiled replay and the real runtime's workers.
 """
 
 from __future__ import annotations
@@ -35,22 +30,15 @@ __all__ = ["Local", "NUMERICS", "configure", "local_delta", "streaming_delta", "
 
 
 class Local(NamedTuple):
-    """Static configuration of a local-update replay (hashable: a jit static argument).
+    """Static configuration of a local-update replay (hashable: a jit static argument)."""
 
-    inner: the inner optimizer's optax transformation. max_steps: H_max.
-    masked: whether workers take different numbers of steps (a step mask is applied).
-    Streaming DiLoCo: fragments P (the top-level modules of each fragment in
-    `fragment_keys`), overlap τ (inner steps before the merge), alpha (the local
-    weight of the merge), bits (of the sent outer gradients; 32: not quantized).
-    """
-
-    inner: Any
-    max_steps: int
-    masked: bool
-    fragments: int = 1
-    overlap: int = 0
-    alpha: float = 0.0
-    bits: int = 32
+    inner: Any                # the inner optimizer's optax transformation
+    max_steps: int            # H_max
+    masked: bool              # workers take different numbers of steps (a step mask is applied)
+    fragments: int = 1        # Streaming DiLoCo: P fragments, the top-level modules of each in `fragment_keys`
+    overlap: int = 0          # τ, inner steps before the merge
+    alpha: float = 0.0        # the local weight of the merge
+    bits: int = 32            # of the sent outer gradients (32: not quantized)
     fragment_keys: tuple = ()
 
     @property

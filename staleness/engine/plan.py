@@ -90,10 +90,9 @@ class Plan:
     update_time: np.ndarray  # [U] seconds
     slot: np.ndarray         # [U_pad, C] int32: the ring slot of each gradient's version
     write: np.ndarray        # [U_pad] int32: the ring slot version u is written into
-    segments: np.ndarray | None = None   # [U_pad, C, 2, S] int32 in-flight segments (None: none), see below
-
-    # segments[u, c, 0]: the first decoded token of each segment (counting the prefill, in
-    # the simulator's size units; padding NO_SEGMENT), segments[u, c, 1]: its version.
+    segments: np.ndarray | None = None   # [U_pad, C, 2, S] int32 in-flight segments (None: none): [u, c, 0]
+    #   the first decoded token of each (counting the prefill, in the simulator's size units; padding
+    #   NO_SEGMENT), [u, c, 1] its version
 
     @property
     def slots(self) -> int:
@@ -139,9 +138,8 @@ def make_plan(schedule: Schedule, chunk: int, *, slots: int | None = None, ring:
     Args:
       chunk: updates per compiled call (>= 1).
       ring: lay version v in slot v % `ring` of a ring of exactly that many slots (>= the
-        largest staleness + 1; default `ring_size` of the largest staleness). A sweep gives
-        every plan of a batch the same ring: the batched replay writes each update's version
-        into one slot for all of them (`core._step_batched`).
+        largest staleness + 1; default `ring_size` of the largest staleness; a sweep gives
+        every plan the same).
       slots, num_updates, segments: pad to at least these sizes (used to give every
         schedule of a sweep the same shapes; segments: of in-flight rollouts).
     """
@@ -202,26 +200,21 @@ def stream_ring(num_workers: int, slots: int) -> int:
 
 
 class PlanStream:
-    """The `Plan` of a schedule while it is simulated (`sim.ScheduleStream`), filled as
-    the replay goes: `fill(k)` (or `fill_to(u)`) simulates until chunk k's updates (the
-    first u) exist and writes their rows into `plan` (whose arrays are allocated for the
-    whole run), so the compiled replay of the rows before runs meanwhile
-    (`engine.run.simulate`). Every update of the policy holds exactly `slots` gradients
-    (`Policy.streamable`; checked), so the rows are those of `make_plan` on the finished
-    schedule.
+    """The `Plan` of a schedule while it is simulated (`sim.ScheduleStream`): `fill(k)` (or
+    `fill_to(u)`) simulates until chunk k's updates (the first u) exist and writes their
+    rows into `plan` (allocated for the whole run), so the compiled replay of the rows
+    before runs meanwhile (`engine.run.simulate`). Every update holds exactly `slots`
+    gradients (`Policy.streamable`; checked), so the rows are those of `make_plan` on the
+    finished schedule.
 
-    Its ring holds the versions still to be read, not the last R: version u gets a free
-    slot when it is written (update u) and gives it back after the last gradient computed
-    on it is applied (or dropped). A version is still to be read after the filled rows
-    when a gradient on it is pushed but not yet applied, or still computing (the driver's
-    in-flight pulls): the simulation runs ahead of the replay, so this is known when the
-    rows are written. The ring starts at `ring` slots (default `stream_ring`, about the
-    number of workers: ASP on 16 workers gets 19 slots, where a ring of the last R versions
-    needs R > the largest staleness, 64); rows that find no free slot add slots before they
-    run (`ring` counts the slots so far, `plan.ring` those it started with; `grew` is set:
-    the replay pads its ring, `core.grow_ring`, and compiles once more). Where a version
-    lives changes no number: the results are bitwise those of a replay of the finished
-    schedule."""
+    Its ring holds the versions still to be read, not the last R: version u gets a free slot
+    when it is written and gives it back after the last gradient computed on it is applied
+    or dropped (the simulation runs ahead of the replay, so the pushed and in-flight reads
+    are known when the rows are written). The ring starts at `ring` slots (default
+    `stream_ring`: ASP on 16 workers gets 19, where the last R versions need R > the largest
+    staleness, 64); rows that find no free slot add slots (`ring` counts them, `plan.ring`
+    those it started with; `grew` is set: the replay pads its ring, `core.grow_ring`, and
+    compiles once more). Where a version lives changes no number."""
 
     def __init__(self, stream, chunk: int, slots: int, ring: int | None = None):
         self.stream, self.slots = stream, int(slots)

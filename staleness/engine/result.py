@@ -172,9 +172,8 @@ class Result:
     train_loss: [U] mean loss of each update's gradients.
     status: 'complete', 'diverged', 'stopped' (interrupted; resumable) or 'failed' (every
       worker was lost before the budget: `config['ended']` says when).
-    diagnostics: asynchronous RL: a DataFrame with one row per update (`update`, then what the
-      learner logged: kl_behav, is_weight_mean, is_weight_max, ess, entropy, clip_fraction,
-      masked_fraction, kl_version, staleness_mean, dropped; see `staleness.engine.rollout`);
+    diagnostics: asynchronous RL: a DataFrame with one row per update (`update`, what the
+      learner logged, `staleness.engine.rollout.DIAGNOSTICS`, then staleness_mean and dropped);
       the history rows hold their means over each evaluation interval. None otherwise.
     """
 
@@ -292,25 +291,13 @@ class Result:
             if not (path / name).is_file():
                 raise FileFormatError(f"{path / name}: missing (the Result directory is incomplete)")
         schedule = Schedule.load(path / "schedule.json")
-        try:
-            with np.load(path / "params.npz", allow_pickle=False) as z:
-                params = unflatten_params({k: z[k] for k in z.files})
-        except Exception as e:  # noqa: BLE001 - zipfile/numpy raise many types for a damaged file
-            raise FileFormatError(f"{path / 'params.npz'}: cannot be read (truncated or corrupted: "
-                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-        try:
-            train_loss = np.load(path / "train_loss.npy", allow_pickle=False)
-        except Exception as e:  # noqa: BLE001
-            raise FileFormatError(f"{path / 'train_loss.npy'}: cannot be read (truncated or corrupted: "
-                                  f"{type(e).__name__})") from None
+        params = _read(path / "params.npz", _load_params, "truncated or corrupted: ")
+        train_loss = _read(path / "train_loss.npy", lambda p: np.load(p, allow_pickle=False),
+                           "truncated or corrupted: ", line=False)
         if train_loss.ndim != 1 or len(train_loss) > schedule.num_updates:
             raise FileFormatError(f"{path / 'train_loss.npy'}: holds {train_loss.shape} values for a schedule "
                                   f"of {schedule.num_updates} updates")
-        try:
-            history = pd.read_csv(path / "history.csv")
-        except Exception as e:  # noqa: BLE001 - pandas' parser errors
-            raise FileFormatError(f"{path / 'history.csv'}: cannot be read ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        history = _read(path / "history.csv", pd.read_csv)
         for col in ("update", "time"):
             if col not in history or not pd.api.types.is_numeric_dtype(history[col]):
                 raise FileFormatError(f"{path / 'history.csv'}: column {col!r} is missing or not numeric")
@@ -319,15 +306,27 @@ class Result:
                                   f"{schedule.num_updates} updates")
         diagnostics = None
         if (path / "diagnostics.csv").is_file():
-            try:
-                diagnostics = pd.read_csv(path / "diagnostics.csv")
-            except Exception as e:  # noqa: BLE001 - pandas' parser errors
-                raise FileFormatError(f"{path / 'diagnostics.csv'}: cannot be read ({type(e).__name__})") from None
+            diagnostics = _read(path / "diagnostics.csv", pd.read_csv, line=False)
             if "update" not in diagnostics or len(diagnostics) > schedule.num_updates:
                 raise FileFormatError(f"{path / 'diagnostics.csv'}: needs an 'update' column and at most one row "
                                       f"per update of the schedule ({schedule.num_updates})")
         return cls(history=history, schedule=schedule, params=params, config=meta["config"],
                    train_loss=train_loss, status=meta["status"], diagnostics=diagnostics)
+
+
+def _read(path: Path, read, what: str = "", line: bool = True):
+    """`read(path)`, or a FileFormatError naming the file and the error (its type; with
+    `line`, its message's first line)."""
+    try:
+        return read(path)
+    except Exception as e:  # noqa: BLE001 - zipfile, numpy and pandas raise many types for a damaged file
+        first = f": {str(e).splitlines()[0] if str(e) else ''}" if line else ""
+        raise FileFormatError(f"{path}: cannot be read ({what}{type(e).__name__}{first})") from None
+
+
+def _load_params(path: Path):
+    with np.load(path, allow_pickle=False) as z:
+        return unflatten_params({k: z[k] for k in z.files})
 
 
 def _jsonable(obj):

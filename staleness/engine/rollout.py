@@ -6,23 +6,14 @@ For one update slot (an actor's rollout, one row of the schedule):
     rollout = task.generate(θ_v, key(actor, iteration), idx)        # sampled from the ring's version v
     loss, g = value_and_grad(task.loss)(θ_u, rollout, prox)         # at the learner's current version u
 
-where v is the slot's pull (behavior) version, read from the ring of versions
-like a stale gradient's parameters, and u the version the update applies to.
-π_prox (decoupled PPO) is the learner's version before this update, θ_u itself
+where v is the slot's pull (behavior) version, read from the ring like a stale gradient's
+parameters, and u the version the update applies to; π_prox (decoupled PPO) is θ_u itself
 (no gradient through it). The update is then the engine's one server update
-(`engine.update`) on the mean of the slots' gradients, as for any policy.
-
-In-flight weight updates (`rl_inflight`): a rollout's tokens come from several
-versions. The slot then reads one version per segment from the ring (the
-`index` input of the replay step carries [2, S]: each segment's first
-completion position and its version), and generation samples position t with
-its segment's version (`decode.sample(starts=)`), so its behavior log-probs are
-that version's.
-
-The generation key of (actor, iteration) is folded from the run's data key, so
-a rollout is a pure function of the seed, its row and its behavior parameters:
-the simulator's timing (`RLTask.rollout_sizes`) and the replay see the same
-prompts.
+(`engine.update`). With in-flight weight updates (`rl_inflight`) the slot reads one
+version per segment (`Learner`) and position t is sampled with its segment's version
+(`decode.sample(starts=)`). The generation key of (actor, iteration) is folded from the
+run's data key, so a rollout is a pure function of the seed, its row and its behavior
+parameters: the simulator's timing (`RLTask.rollout_sizes`) and the replay see the same prompts.
 """
 
 from __future__ import annotations
@@ -113,12 +104,9 @@ def learner_update(task, tx, rules: tuple, rule_index, params, opt_state, rollou
     (many=False: C = 1, gradients unstacked, as `engine.update.aggregate` takes one).
     staleness, mask: [C] int32 / bool. padded: some update has no real rollout (then it
     changes nothing). The compiled replay (`Learner.update`) and the real runtime's learner
-    (`runtime.numerics`) both call this, so a recorded run replays bitwise.
-
-    diag: what RL systems log per step, over the update's real
-    rollouts: `objectives.diagnostics` of π_prox against π_behav (kl_behav, is_weight_mean,
-    is_weight_max, ess, and the entropy of π_prox), means over the rollouts (is_weight_max: the
-    largest), and the objective's clip_fraction and masked_fraction, means over the steps."""
+    (`runtime.numerics`) both call this, so a recorded run replays bitwise. diag: over the
+    update's real rollouts, `_diagnostics` and the objective's clip_fraction and
+    masked_fraction (means over the steps)."""
     def step(p, o, batch, prox):
         if many:
             (losses, aux), grads = lax.map(lambda a: _value_and_grad(task, p, *a), (batch, prox))
@@ -177,8 +165,9 @@ def _with_aux(diag: dict, aux: dict, mask) -> dict:
 
 
 def _diagnostics(task, params, rollouts, prox, mask, many: bool) -> dict:
-    """kl_behav, is_weight_mean, is_weight_max, ess and entropy of the update's rollouts (see
-    `learner_update`): per rollout, then over the real ones."""
+    """`objectives.diagnostics` of π_prox against π_behav (kl_behav, is_weight_mean,
+    is_weight_max, ess, and the entropy of π_prox) per rollout, then means over the real
+    ones (is_weight_max: the largest)."""
     from staleness.tasks.rl import objectives
 
     def one(args):
@@ -193,20 +182,16 @@ def _diagnostics(task, params, rollouts, prox, mask, many: bool) -> dict:
 
 class Learner(NamedTuple):
     """Static configuration of the learner step (a jit static argument; `engine.local.configure`
-    of `policies.Rollout`). It keeps no per-worker state.
-
-    inflight: rollouts carry in-flight segments: the replay step's `index` input is
-    [C, 2, S] (`SEGMENT_START`, `SEGMENT_VERSION`) and the behavior params [C, S, ...].
-    minibatches: optimizer steps per version (`learner_update`).
-    reprefill: a version reaching a rollout re-encodes its prefix (AReaL's partial rollouts),
-    else it keeps the KV cache of the earlier tokens (PipelineRL's in-flight updates); for a
-    task without a KV cache both recompute every prefix."""
+    of `policies.Rollout`). It keeps no per-worker state."""
 
     learner: bool = True
     streaming: bool = False
-    inflight: bool = False
-    minibatches: int = 1
-    reprefill: bool = False
+    inflight: bool = False   # in-flight segments: the replay step's `index` input is [C, 2, S] (`SEGMENT_START`,
+    #                          `SEGMENT_VERSION`) and the behavior params [C, S, ...]
+    minibatches: int = 1     # optimizer steps per version (`learner_update`)
+    reprefill: bool = False  # a version reaching a rollout re-encodes its prefix (AReaL's partial rollouts), else
+    #                          it keeps the earlier tokens' KV cache (PipelineRL's in-flight updates); a task
+    #                          without a KV cache recomputes every prefix either way
 
     def rollouts(self, task, slot_mode: str, data_key, behavior, worker, iteration, segments=None):
         """The C rollouts of one update, each generated with the ops an actor uses for it

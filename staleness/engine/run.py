@@ -86,13 +86,6 @@ def policy_default(optimizer, lr):
     return dataclasses.replace(spec, lr=None) if spec.lr is not None else optimizer
 
 
-def policy_optimizer(policy):
-    """The outer optimizer a schedule's policy is defined with (DiLoCo's Nesterov SGD, Local
-    SGD's averaging), or None (also for a policy this build does not know: a trace from
-    elsewhere)."""
-    return policy.optimizer
-
-
 def local_setup(schedules, task, inner_optimizer):
     """(Local config or None, inner Optimizer or None, steps [B, λ] int32 or None) of
     schedules that all are (or all are not) of a local-update method."""
@@ -143,13 +136,12 @@ def local_config(works, steps: np.ndarray, rounds: int, task, inner_optimizer):
 def configure(schedule, task, *, optimizer, inner_optimizer, lr, rule, slot_mode: str = "vmap",
               padded: bool = True) -> core.Setup:
     """One configuration's replay settings (`core.Setup`): its server (outer) optimizer
-    (`optimizer`, None: the policy's own, else the task's, else 'sgd'; its schedule over
-    the schedule's own updates), inner optimizer and steps, and the static settings its
-    chunks compile with. `replay` and every configuration of a sweep call this, so a
-    configuration compiles the same program wherever it runs. padded: some real update
-    has no real slot (`Plan.padded_updates`)."""
+    (`optimizer`, None: the policy's own, else the task's, else 'sgd'; scheduled over the
+    schedule's updates), inner optimizer and steps, and the static settings its chunks
+    compile with (padded: `Plan.padded_updates`). `replay` and every configuration of a
+    sweep call this, so a configuration compiles the same program wherever it runs."""
     if optimizer is None:   # the policy's own outer optimizer (DiLoCo's), else the task's
-        optimizer = policy_default(policy_optimizer(schedule.policy), lr)
+        optimizer = policy_default(schedule.policy.optimizer, lr)
     opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
     local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
     opt = streaming_outer(opt, local)
@@ -170,45 +162,36 @@ def _fragmented(tx, keys):
 
 
 def replay(schedule: Schedule, task, *, settings: _settings.Settings | None = None, **overrides) -> Result:
-    """Train `task` along `schedule` (simulated or recorded) in compiled chunks.
+    """Train `task` (a `staleness.tasks.Task` or a task name) along `schedule` (simulated or
+    recorded) in compiled chunks.
 
-    Args:
-      schedule: the `Schedule` to replay.
-      task: a `staleness.tasks.Task` or a built-in task name.
-      settings: an `engine.settings.Settings` (default: its defaults), taken whole; any of
-        its fields below may also be given by keyword, and overrides it (num_updates and
-        max_time bound a simulation, not a replay).
-      lr: the learning rate: sets a spec optimizer's (default `optim.DEFAULT_LR`)
-        or the `learning_rate` in an optax optimizer's state (built with
-        `optax.inject_hyperparams`); None keeps the optimizer's own.
-      lr_rule: a `staleness.lr` rule or spec ('constant', 'per_gradient',
-        'per_update', 'delay_adaptive:N'): weights each gradient by its staleness.
-      optimizer: the server optimizer: any optax transformation (e.g.
-        `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`) or a
-        spec string ('sgd', 'momentum:0.9', 'adamw:lr=1e-3,wd=0.1,clip=1+cosine');
-        see `staleness.tasks.optim`. None: the policy's (a local-update method's
-        outer optimizer), else the task's own, else 'sgd'.
-      inner_optimizer: local-update methods: the workers' inner optimizer (an optax
-        transformation or spec; default the task's, else 'sgd'); each worker keeps its
-        state across rounds.
+    settings: an `engine.settings.Settings` (default: its defaults), taken whole; its fields
+    may also be given by keyword, overriding it (num_updates and max_time bound a
+    simulation, not a replay):
+      lr: sets a spec optimizer's rate (default `optim.DEFAULT_LR`) or the `learning_rate`
+        in an optax optimizer's state (`optax.inject_hyperparams`); None keeps the optimizer's own.
+      lr_rule: a `staleness.lr` rule or spec ('constant', 'per_gradient', 'per_update',
+        'delay_adaptive:N'): weights each gradient by its staleness.
+      optimizer: the server optimizer, an optax transformation or a spec string ('sgd',
+        'momentum:0.9', 'adamw:lr=1e-3,wd=0.1,clip=1+cosine'; `staleness.tasks.optim`).
+        None: the policy's (a local-update method's outer optimizer), else the task's, else 'sgd'.
+      inner_optimizer: local-update methods: the workers' inner optimizer (default the
+        task's, else 'sgd'); each worker keeps its state across rounds.
       seed: seeds the initial parameters and every minibatch (default: the schedule's seed).
-      eval_every: updates between evaluations (= updates per compiled call);
-        default ceil(updates / num_evals).
-      checkpoint: directory to checkpoint into after every chunk; with
-        resume=True, continue from the checkpoint found there.
+      eval_every: updates between evaluations (= per compiled call); default
+        ceil(updates / num_evals).
+      checkpoint: directory to checkpoint into after every chunk; resume=True continues from it.
       stop_after: stop (status 'stopped') after the chunk that reaches this many updates.
-      slot_mode: 'vmap' (fast) or 'map': the gradients of an update that holds
-        several are computed one by one with `engine.core.gradient`, exactly as
-        the real runtime's workers compute them (bitwise trace replays on CPU).
-      config: extra entries of the Result's config; a 'label' entry names the run for
-        the callbacks (default 'POLICY seed=S lr=LR').
-      callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a
-        list of them, called with a `staleness.infra.tracking.Evaluation` at every evaluation
-        (each history row, the initial one included, as it is recorded; on resume only
-        the new ones); see `staleness.infra.tracking`.
-    Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a
-    non-finite loss, naming the update, worker and staleness, and
-    `staleness.infra.tracking.CallbackError` (with `.results`) when a callback raises.
+      slot_mode: 'vmap' (fast) or 'map': an update's gradients computed one by one with
+        `engine.core.gradient`, as the real runtime's workers do (bitwise trace replays on CPU).
+      config: extra entries of the Result's config; a 'label' entry names the run for the
+        callbacks (default 'POLICY seed=S lr=LR').
+      callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list of
+        them, called with a `staleness.infra.tracking.Evaluation` at every history row as it
+        is recorded (on resume only the new ones).
+    Returns: a `Result`. Raises `DivergenceError` (with `.result`) on a non-finite loss,
+    naming the update, worker and staleness, and `staleness.infra.tracking.CallbackError`
+    (with `.results`) when a callback raises.
     """
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule = {schedule!r} must be a staleness.Schedule")
@@ -222,19 +205,17 @@ def _replay(source, task, s: _settings.Settings) -> Result:
     `sim.ScheduleStream` replayed while it is simulated (`simulate`: the plan is filled
     chunk by chunk, `plan.PlanStream`)."""
     streamed = isinstance(source, ScheduleStream)
-    lr, lr_rule, optimizer, inner_optimizer, seed, slot_mode = (s.lr, s.lr_rule, s.optimizer, s.inner_optimizer,
-                                                               s.seed, s.slot_mode)
     callbacks = _tracking.as_callbacks(s.callbacks)
-    rule = _lr.get(lr_rule) if isinstance(lr_rule, str) else lr_rule
-    seed = int(source.seed if seed is None and source.seed is not None else (seed or 0))
+    rule = _lr.get(s.lr_rule) if isinstance(s.lr_rule, str) else s.lr_rule
+    seed = int(source.seed if s.seed is None and source.seed is not None else (s.seed or 0))
     task = resolve_task(task, source.num_workers, s.batch_size)
     chunk = _chunks.chunk_length(source.num_updates, s.eval_every, s.num_evals)
     feed = PlanStream(source, chunk, source.driver.policy.streamable(source.num_workers)) if streamed else None
     plan = feed.plan if streamed else make_plan(source, chunk)
     # a plan whose real updates all have a slot replays without the padding select (a
     # streamed plan: every update holds its policy's fixed number of gradients)
-    opt, inner_opt, steps, static = configure(source, task, optimizer=optimizer, inner_optimizer=inner_optimizer,
-                                              lr=lr, rule=rule, slot_mode=slot_mode,
+    opt, inner_opt, steps, static = configure(source, task, optimizer=s.optimizer, inner_optimizer=s.inner_optimizer,
+                                              lr=s.lr, rule=rule, slot_mode=s.slot_mode,
                                               padded=False if streamed else plan.padded_updates)
     local = static.local
     consts = {"data_key": core.keys(seed)[1], "rule": jnp.int32(0)}
@@ -245,9 +226,8 @@ def _replay(source, task, s: _settings.Settings) -> Result:
     if local is not None and local.learner:   # the probe set of the learner's kl_version, at version 0
         consts["probe"] = task.probe(carry.params)
     member = _runner.Member(source, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state), steps, s.config)
-    checkpoint = s.checkpoint
     options = _runner.Options(chunk, task.config(), opt.describe(), None if inner_opt is None else inner_opt.describe(),
-                              stop_after=s.stop_after, checkpoint=None if checkpoint is None else Path(checkpoint),
+                              stop_after=s.stop_after, checkpoint=None if s.checkpoint is None else Path(s.checkpoint),
                               resume=s.resume, progress=s.progress, desc=source.policy.describe(),
                               callbacks=callbacks)
     program = _runner.single(task, plan, consts, static)
@@ -258,12 +238,10 @@ def _replay(source, task, s: _settings.Settings) -> Result:
 
 def _streamed(program, feed: PlanStream, carry, member, options) -> Result:
     """Run `program` on a plan filled as it is simulated: chunk k's rows are simulated while
-    chunk k - 1 runs (the runner builds the next inputs then), and a ring that became too
-    small grows before the next chunk (`core.grow_ring`). The first chunk, which has
-    no chunk before it, runs in parts of `plan.LOOKAHEAD` updates, each simulated while the
-    one before runs; the rest of the simulation and the `Schedule` are done while the last
-    chunk but one runs. The Results (also those a `DivergenceError` or a `CallbackError`
-    carries) get the finished schedule."""
+    chunk k - 1 runs, and a ring that became too small grows before the next chunk
+    (`core.grow_ring`). The first chunk runs in parts of `plan.LOOKAHEAD` updates, each
+    simulated while the one before runs; the `Schedule` is finished while the last chunk but
+    one runs. The Results (also a `DivergenceError`'s or a `CallbackError`'s) get it."""
     plan = feed.plan
     first = min(plan.chunk, plan.num_updates)
     parts = [(lo, min(lo + LOOKAHEAD, first)) for lo in range(0, first, LOOKAHEAD)]
@@ -370,36 +348,25 @@ def sweep(task, policies, cluster, *, settings: _settings.SweepSettings | None =
           devices=None, block: int | None = None, callbacks=None, **overrides) -> list[Result]:
     """Replay many configurations in one compiled call per chunk.
 
-    Configurations are the product policies × seeds × lr_rules × lrs (in that
-    order); every schedule's inputs are padded to the same number of updates,
-    gradient slots and ring size, and every configuration runs the ops of its own
-    replay (its optimizer, lr rule, slots, local steps: `engine.core.chunk_batched`),
-    so each Result is bitwise the corresponding `simulate` on CPU, whatever else is
-    in the grid (`tests/test_sweep_exact.py`).
-    A diverging configuration gets status 'diverged', its history stops at the
-    last finite chunk and `config['divergence']` names the update, worker and
-    staleness (as `replay`'s DivergenceError does).
+    Configurations are the product policies × seeds × lr_rules × lrs (in that order); each
+    runs the ops of its own replay (`engine.core.chunk_batched`), so each Result is bitwise
+    the corresponding `simulate` on CPU, whatever else is in the grid. A diverging
+    configuration gets status 'diverged', its history stops at the last finite chunk and
+    `config['divergence']` names the update, worker and staleness.
 
     Args:
       settings: an `engine.settings.SweepSettings` (default: its defaults), taken whole; its
         fields may also be given by keyword (overriding it): seeds, lr_rules, lrs (the grid's
-        axes), num_updates, max_time, optimizer, inner_optimizer, eval_every, num_evals,
-        batch_size (as `simulate`'s), ring and slots (below).
-      ring: parameter versions kept (>= the largest staleness + 1; default the
-        next power of two); slots: gradient slots per update (>= the largest
-        update). Pin both to compile once for several grids whose configurations
-        compile alike (the same optimizer, lr rules and gradients per update).
-        Neither changes a number.
-      devices: shard the configuration axis over local devices: True (all), a
-        count, or a list of devices; the Results are bitwise those of one device.
-      block: configurations per device per compiled call (default min(8, grid size));
-        the Results do not depend on it, nor on the devices or processes.
-      callbacks: as `replay`'s: one call per configuration and evaluation, in this
-        order: the initial evaluation (update 0) of every configuration in grid order
-        (policies × seeds × lr_rules × lrs), then after each chunk (eval_every
-        updates) every configuration still running, in grid order; a diverged
-        configuration gets no more calls. `Evaluation.run.index` is the position
-        in grid order, `run.label` names the policy, seed, lr and lr rule.
+        axes), the others as `simulate`'s, and ring and slots: the padding, pinned (neither
+        changes a number) to compile once for several grids whose configurations compile
+        alike (the same optimizer, lr rules and gradients per update).
+      devices: shard the configuration axis over local devices (`grid.resolve_devices`);
+        block: configurations per device per compiled call (default min(8, grid size));
+        the Results do not depend on either, nor on the processes.
+      callbacks: as `replay`'s, one call per configuration and evaluation in grid order
+        (`runner.Options`); a diverged configuration gets no more calls.
+        `Evaluation.run.index` is the position in grid order, `run.label` names the policy,
+        seed, lr and lr rule.
     Each Result's config holds ring, slots, devices, compile_s (seconds spent
     compiling during the sweep) and sweep_s (the sweep's wall time).
     """
@@ -446,7 +413,7 @@ def prepare(task, policies, cluster, *, settings: _settings.SweepSettings | None
     segments = None if all(c is None for c in counts) else max(c or 1 for c in counts)
     plans = [_grid.pad_plan(schedules[(p, x)], chunk, ring=ring, slots=slots, num_updates=u_max, segments=segments)
              for p, x, _, _ in configs]
-    _sweep_optimizer(optimizer, pols, lrs, u_max, task)   # checks: one optimizer, every rate agrees with it
+    _check_optimizer(optimizer, pols, lrs, u_max, task)
     local_setup([schedules[(p, x)] for p, x, _, _ in configs], task, s.inner_optimizer)   # checks: one kind of work
     # each configuration replays as its own `replay` would (its optimizer's horizon, its lr
     # rule, inner steps, slots and segments); the batch runs each on its own variant
@@ -477,17 +444,14 @@ def _policy_rates(pols, optimizer, lrs):
     return optimizer, lrs
 
 
-def _sweep_optimizer(optimizer, pols, lrs, horizon: int, task) -> _optim.Optimizer:
-    """The server (outer) optimizer of a sweep: `optimizer`, else the policies' own if they
-    agree on one; checked against every swept rate, set to the first."""
+def _check_optimizer(optimizer, pols, lrs, horizon: int, task) -> None:
+    """Check the server (outer) optimizer of a sweep, `optimizer`, else the policies' own (they
+    must agree on one), with every swept rate (each must agree with an lr= it names)."""
     if optimizer is None:
         own = {p.optimizer for p in pols}
         if len(own) > 1:
             raise ValueError(f"sweep: the policies are defined with different optimizers {sorted(map(str, own))}; "
                              "pass optimizer= to compare them with one")
         optimizer = own.pop()
-    set_lrs = list(dict.fromkeys(v for v in lrs if v is not None))
-    opt = resolve_optimizer(optimizer, set_lrs[0] if set_lrs else None, horizon, task)
-    for v in set_lrs[1:]:   # every rate, not only the first, must agree with an lr= the optimizer names
+    for v in list(dict.fromkeys(v for v in lrs if v is not None)) or [None]:
         resolve_optimizer(optimizer, v, horizon, task)
-    return opt

@@ -2,30 +2,15 @@
 
     results = runner.run(program, carry, members, options)
 
-`engine.run.replay` (one configuration) and `engine.grid.replay_grid` (B
-configurations batched under `vmap`, sharded over devices) prepare their
-compiled program and pass what differs, as mctx passes its loop:
-
-  Program.step(carry, xs) -> (carry, out)   one compiled chunk (donates its carry)
-  Program.inputs(k) -> xs                   host inputs of chunk k (built while chunk k-1 runs)
-  Program.losses(out) -> ([B, K, C], [B])   each configuration's per-slot losses (NaN on padding), and
-                                            its per-update diagnostics {name: [K]} (RL learners; else {})
-  Program.metrics(carry) -> [B] dicts       each configuration's evaluation, on the host
-  Program.params(carry) -> [B] pytrees      each configuration's parameters, on the host
-  Program.span(lo, hi) -> xs                optional: inputs of a part of a chunk (`single`)
-  Program.capture(carry) -> fetch           optional: start `metrics` and `params` of a carry and
-                                            fetch them later, so the next chunk is dispatched first
-
-with one `Member` per configuration (its schedule, padded plan, seed, lr rule,
-rate) and the run's `Options`. Everything else happens here, the same way for
-every caller: the history rows (one per chunk, at simulated time), the
-per-update train loss, the first non-finite loss (raised as `DivergenceError`,
-or marked 'diverged' while the other configurations go on), `stop_after`,
-checkpoints and resume, the progress bar, Ctrl-C, each Result's config
-(`config`: assembled here only), and the tracking callbacks
-(`staleness.infra.tracking`: one call per history row, as it is recorded; a run
-resumed from a checkpoint calls them only for its new rows). The loop itself
-is `engine.chunks.run`.
+`engine.run.replay` (one configuration, `single`) and `engine.grid.replay_grid` (B
+configurations batched, sharded over devices) pass their compiled `Program`, one `Member`
+per configuration and the run's `Options`, as mctx passes its loop. Everything else
+happens here, the same way for every caller: the history rows (one per chunk, at
+simulated time), the per-update train loss, the first non-finite loss (raised as
+`DivergenceError`, or marked 'diverged' while the other configurations go on),
+`stop_after`, checkpoints and resume, the progress bar, Ctrl-C, each Result's config
+(`config`) and the tracking callbacks (`staleness.infra.tracking`: one call per history
+row; a resumed run calls them only for its new rows). The loop is `engine.chunks.run`.
 """
 
 from __future__ import annotations
@@ -52,16 +37,17 @@ DIVERGENCE = ("raise", "mark")   # Options.on_divergence
 
 
 class Program(NamedTuple):
-    """What differs between compiled replays (see the module docstring)."""
+    """What differs between compiled replays."""
 
-    step: Callable      # (carry, xs) -> (carry, out)
-    inputs: Callable    # k -> xs of chunk k
-    losses: Callable    # out (NumPy) -> ([B, K, C] float, [B] dicts {name: [K]} of diagnostics)
-    metrics: Callable   # carry -> B dicts {metric: value}
+    step: Callable      # (carry, xs) -> (carry, out): one compiled chunk (donates its carry)
+    inputs: Callable    # k -> xs of chunk k (built on the host while chunk k - 1 runs)
+    losses: Callable    # out (NumPy) -> ([B, K, C] per-slot losses, NaN on padding; [B] dicts {name: [K]} of
+    #                     an RL learner's per-update diagnostics, else {})
+    metrics: Callable   # carry -> B dicts {metric: value}: each configuration's evaluation, on the host
     params: Callable    # carry -> B host pytrees
     span: Callable | None = None   # (lo, hi) -> xs of updates lo..hi < one chunk, run by `step` as a chunk
     capture: Callable | None = None   # carry -> (() -> (metrics, params)): `metrics` and `params` taken
-    #                                   before the next chunk runs (`chunks.run`'s capture)
+    #                                   before the next chunk is dispatched (`chunks.run`'s capture)
 
 
 class Member(NamedTuple):
@@ -78,33 +64,22 @@ class Member(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """What every configuration of one run shares.
+    """What every configuration of one run shares."""
 
-    Args:
-      chunk: updates per compiled call (the evaluation interval).
-      task_config: `task.config()`; optimizer, inner_optimizer: the optimizers' descriptions.
-      on_divergence: 'raise' (`DivergenceError` with the Result so far: replay) or
-        'mark' (status 'diverged', the others go on: a sweep).
-      stop_after: stop (status 'stopped') after the chunk that reaches this many updates.
-      checkpoint: directory to checkpoint into after every chunk (one configuration);
-        resume: continue from the checkpoint found there.
-      progress: show a progress bar, labelled `desc`.
-      callbacks: `staleness.infra.tracking` callbacks (a tuple of callables), called with an
-        `Evaluation` at every history row: the initial evaluation of every member in
-        order, then after each chunk every member still running, in order.
-    """
-
-    chunk: int
-    task_config: dict
-    optimizer: str
+    chunk: int                           # updates per compiled call (the evaluation interval)
+    task_config: dict                    # `task.config()`
+    optimizer: str                       # the optimizers' descriptions
     inner_optimizer: str | None = None
-    on_divergence: str = "raise"
-    stop_after: int | None = None
-    checkpoint: Path | None = None
-    resume: bool = False
-    progress: bool = False
+    on_divergence: str = "raise"         # 'raise' (`DivergenceError` with the Result so far: replay) or 'mark'
+    #                                      (status 'diverged', the others go on: a sweep)
+    stop_after: int | None = None        # stop (status 'stopped') after the chunk that reaches this many updates
+    checkpoint: Path | None = None       # directory to checkpoint into after every chunk (one configuration)
+    resume: bool = False                 # continue from the checkpoint found there
+    progress: bool = False               # show a progress bar, labelled `desc`
     desc: str = ""
-    callbacks: tuple = ()
+    callbacks: tuple = ()   # `staleness.infra.tracking` callables, called with an `Evaluation` at every history
+    #                         row: the initial one of every member in order, then after each chunk every member
+    #                         still running, in order
 
 
 def single(task, plan: Plan, consts: dict, static) -> Program:

@@ -1,16 +1,9 @@
-"""The settings of a simulated run: one value, checked once, passed down whole.
-
-`Settings` holds what `simulate` and `replay` take besides the task, the policy and the
-cluster (or the schedule): the budget, the optimizer and learning rate, evaluation,
-checkpoints, progress and callbacks, as given. `check` checks each value on its own
-(`checks.ArgumentError` naming the field, the value and what would be valid) and
-normalises it; what depends on the task or the schedule is checked where it is known.
-The entry points build one `Settings`, check it, and pass it down; the command line
-(`staleness simulate`, `compare`, `sweep`, `replay`) generates its flags from the
-fields' metadata (`staleness.infra.settings`, `staleness.cli.config_flags`) and calls
-`check` before it starts JAX or builds a task, so a bad flag is one line, checked here only.
-
-Pure Python: nothing here imports JAX.
+"""The settings of a simulated run (`Settings`) and of a sweep (`SweepSettings`): one value,
+checked once (`check`, `check_sweep`: `checks.ArgumentError` naming the field, the value and
+what would be valid), passed down whole. What depends on the task or the schedule is
+checked where it is known. The command line generates its flags from the fields' metadata
+(`staleness.infra.settings`, `staleness.cli.config_flags`) and calls `check` before it
+starts JAX. Pure Python: nothing here imports JAX.
 """
 
 from __future__ import annotations

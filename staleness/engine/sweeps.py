@@ -3,17 +3,11 @@
     results = sweep(task, ["asp", "ssp:3"], cluster, seeds=range(4), lrs=[0.03, 0.1], num_updates=2000)
     results = sweep(..., devices=4)          # the configuration axis sharded over 4 local devices
 
-A sweep is prepared once on the host (`prepare`: every schedule, the padding
-shared by all configurations, the optimizer) and replayed by
-`replay_grid(grid, indices, devices)`: the configurations `indices` (default:
-all) in blocks of `block` configurations batched under `vmap`, one block per
-device per call. Any split of the grid (over devices, or over processes in
-`staleness.engine.distributed`) gives every configuration the same bits.
-
-The names of one public place: `sweep` and `prepare` resolve settings where
-`replay` does (`staleness.engine.run`); the batched replay is
-`staleness.engine.grid`, and its history, divergence, evaluation and progress
-are the one chunk runner's (`staleness.engine.runner`).
+One public place for the names of `engine.run` (`sweep`, `prepare`: every schedule, the
+padding shared by all configurations, the optimizer, prepared once on the host) and of
+`engine.grid` (`replay_grid(grid, indices, devices)`: the batched replay, in blocks of
+`block` configurations per device per call). Any split of the grid (over devices, or over
+processes in `engine.distributed`) gives every configuration the same bits.
 """
 
 from staleness.engine.grid import (DEFAULT_BLOCK, Grid, Settings, compile_seconds, grid_block, needs, pad_plan,

@@ -1,20 +1,13 @@
 """One server update: what "apply the gradients of one update" means, in one place.
 
-    grad        = aggregate(grads, staleness, mask, rules)    # lr rule weights, mean over real slots
-    params, s   = apply(tx, params, opt_state, grad, real)     # the optax optimizer
-    server_update(...) = apply(aggregate(...))
+    server_update(...) = apply(tx, params, opt_state, aggregate(grads, staleness, mask, rules), real)
 
-`aggregate` is Rudra's (1/c) Σ_l scale(τ_l)·g_l over the c real gradient
-slots: the staleness rule weights each gradient inside the average (for one
-gradient per update it is `staleness.lr.scale_by_staleness(rule)` in front
-of the optimizer; with SGD it is the learning rate α·scale(τ); with AdamW it
-rescales the gradient Adam sees). `apply` is `tx.update` + `optax.apply_updates`;
-with real=False (a padding update of a fixed-shape replay) the parameters and
-the optimizer state come back unchanged, bit for bit.
-
-The compiled replay (`engine.core`), the real runtime's server
-(`runtime.numerics`) and the pipeline stages (`pipeline.stage`) all call these
-functions, so a recorded trace replays to the same bits on CPU.
+`aggregate` is Rudra's (1/c) Σ_l scale(τ_l)·g_l over the c real gradient slots (the lr
+rule weights each gradient inside the average; with SGD it is the learning rate α·scale(τ),
+with AdamW it rescales the gradient Adam sees); `apply` is `tx.update` +
+`optax.apply_updates`. The compiled replay (`engine.core`), the real runtime's server
+(`runtime.numerics`) and the pipeline stages (`pipeline.stage`) all call these functions,
+so a recorded trace replays to the same bits on CPU.
 """
 
 from __future__ import annotations

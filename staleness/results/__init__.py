@@ -1,14 +1,9 @@
-"""Analysis and reporting: what runs produced and how they compare.
+"""Analysis and reporting: what runs produced and how they compare (`stats`, `rollouts`,
+`compare`, `planner`, `plots`, `explorer`).
 
-- `stats`: intervals and the verdict scale;
-- `rollouts`: what asynchronous RL consumed vs generated;
-- `compare`: the comparison table over policies and seeds;
-- `plots`, `explorer`: figures and the Jupyter explorer;
-
-`Result` (history, schedule, parameters, configuration, its files) lives beside the engine
-that produces it (`staleness.engine.result`) and is re-exported here with its names, as
-`staleness.Result` too; the metrics a task declares live with the tasks (`staleness.tasks.metrics`,
-`staleness.metrics`).
+`Result` lives beside the engine that produces it (`staleness.engine.result`) and is
+re-exported here with its names, as `staleness.Result` too; the metrics a task declares
+live with the tasks (`staleness.tasks.metrics`, `staleness.metrics`).
 """
 
 from staleness.engine.result import (FORMAT_VERSION, STATUSES, DivergenceError, FileFormatError, Result,

@@ -6,24 +6,15 @@
     cmp.results          # every Result (policy x seed) that ran
     cmp.save("runs/compare")   # table.csv, history.csv, comparison.png, timelines, one Result dir per run
 
-Every policy gets the same simulated-time budget (or the same number of
-updates), the same task, learning rate and seeds, so rows differ only by the
-policy.
-
-On an RL task (`rl-bandit`, `rl-digits`, `staleness.tasks.rl`) the policies are
-the rl_* ones (default `DEFAULT_RL_POLICIES`), the metric is the task's reward
-(higher is better), learning rates are tuned on a validation split of the
-training prompts (`RLTask.holdout`), and `rollout_table` gives what the learner
-consumed (`staleness.results.rollouts.summary`).
-
-With `out=`, every finished run is written to `results/<policy>_s<seed>/` as
-soon as it ends (with `compare.json` naming the whole plan), in a hidden
-sibling of `out` that replaces `out` as a whole when the comparison ends or is
-interrupted: a comparison that fails (a bad input, a full disk) keeps the old
-`out` and leaves nothing behind, an interrupted one keeps what it computed, and
-`resume=True` runs only what is missing (writing into `out` itself). Ctrl-C stops the run in progress (its Result has status
-'stopped'); the table then marks the policies with stopped or missing runs
-and leaves stopped runs out of its medians.
+Every policy gets the same simulated-time budget (or the same number of updates), the
+same task, learning rate and seeds, so rows differ only by the policy. On an RL task the
+policies are the rl_* ones (`DEFAULT_RL_POLICIES`), the metric is the task's reward, and
+`rollout_table` gives what the learner consumed. With `out=`, every finished run is written
+to `results/<policy>_s<seed>/` as soon as it ends (with `compare.json` naming the whole
+plan), in a hidden sibling of `out` that replaces `out` as a whole when the comparison ends
+or is interrupted (a failed one keeps the old `out`); `resume=True` runs only what is
+missing. Ctrl-C stops the run in progress (status 'stopped'); the table marks the policies
+with stopped or missing runs and leaves stopped runs out of its medians.
 """
 
 from __future__ import annotations
@@ -65,6 +56,13 @@ EXTEND = 2   # times the default grid is extended by one step when its best valu
 MANIFEST = "compare.json"
 _MANIFEST_VERSION = 1
 _COUNTED = ("complete", "diverged", "failed")   # statuses whose runs enter the medians
+
+
+# the table's schedule columns: (over the runs, type, value without runs)
+_SCHEDULE_COLUMNS = {"updates": (np.median, int, 0), "staleness_mean": (np.mean, float, math.nan),
+                     "staleness_max": (max, int, 0), "wait_fraction_mean": (np.mean, float, math.nan),
+                     "comm_fraction_mean": (np.mean, float, math.nan), "bytes_sent": (np.median, float, math.nan),
+                     "sim_time_s": (np.median, float, math.nan), "updates_per_s": (np.median, float, math.nan)}
 
 
 class ResumeError(ValueError):
@@ -122,9 +120,8 @@ class Comparison:
     def table(self):
         """pandas DataFrame, one row per policy: medians over the runs that finished
         (complete or diverged), spread as min-max, an interval around each median
-        (`staleness.results.stats.interval`: a bootstrap 95% interval from 5 seeds on, else the
-        min-max range; the `interval` column says which), and a status column
-        ('complete', or 'stopped' / 'incomplete' when runs were stopped or not run;
+        (`staleness.results.stats.interval`; the `interval` column says which kind), and a
+        status ('complete', or 'stopped' / 'incomplete' when runs were stopped or not run;
         stopped runs are counted in `stopped` and left out of the medians)."""
         import pandas as pd
 
@@ -161,14 +158,8 @@ class Comparison:
             row["final_max"] = float(np.max(finals)) if finals else math.nan
             row["final_ci_low"], row["final_ci_high"], row["interval"] = stats.interval(finals)
             sums = [r.schedule.summary() for r in runs]
-            row["updates"] = int(np.median([s["updates"] for s in sums])) if sums else 0
-            row["staleness_mean"] = float(np.mean([s["staleness_mean"] for s in sums])) if sums else math.nan
-            row["staleness_max"] = int(max(s["staleness_max"] for s in sums)) if sums else 0
-            row["wait_fraction_mean"] = float(np.mean([s["wait_fraction_mean"] for s in sums])) if sums else math.nan
-            row["comm_fraction_mean"] = float(np.mean([s["comm_fraction_mean"] for s in sums])) if sums else math.nan
-            row["bytes_sent"] = float(np.median([s["bytes_sent"] for s in sums])) if sums else math.nan
-            row["sim_time_s"] = float(np.median([s["sim_time_s"] for s in sums])) if sums else math.nan
-            row["updates_per_s"] = float(np.median([s["updates_per_s"] for s in sums])) if sums else math.nan
+            for key, (over, kind, empty) in _SCHEDULE_COLUMNS.items():
+                row[key] = kind(over([s[key] for s in sums])) if sums else empty
             diags = [r.diagnostics for r in runs if r.diagnostics is not None]
             for name in DIAGNOSTICS_IN_TABLE if diags else ():   # an RL learner's, medians over the runs
                 per_run = [float(d[name].max() if name == "is_weight_max" else d[name].mean()) for d in diags
@@ -306,13 +297,19 @@ def _timeline_window(result: Result) -> float:
     return max(1e-9, horizon * min(1.0, 30.0 / max(1, per_worker.min())))
 
 
+def _optimizer_of(policy, optimizer, task):
+    """The optimizer `policy` runs with: the comparison's, else the policy's own, else the task's."""
+    if optimizer is not None:
+        return optimizer
+    return policy.optimizer if policy.optimizer is not None else task.optimizer
+
+
 def _uses_default(policy, optimizer, task) -> bool:
     """Whether `policy`'s optimizer names no learning rate (so the comparison's default_lr
     is the one it uses)."""
     from staleness.tasks import optim
 
-    opt = optimizer if optimizer is not None else (policy.optimizer if policy.optimizer is not None
-                                                  else task.optimizer)
+    opt = _optimizer_of(policy, optimizer, task)
     return opt is None or (isinstance(opt, str) and optim.get(opt).lr is None)
 
 
@@ -321,8 +318,7 @@ def _base_lr(policy, optimizer, task, default_lr):
     object without a learning rate in its state)."""
     from staleness.tasks import optim
 
-    opt = optimizer if optimizer is not None else (policy.optimizer if policy.optimizer is not None
-                                                  else task.optimizer)
+    opt = _optimizer_of(policy, optimizer, task)
     if opt is None or isinstance(opt, str):
         spec = optim.get(opt or "sgd")
         return spec.lr if spec.lr is not None else (default_lr if default_lr is not None else optim.DEFAULT_LR)
@@ -355,20 +351,18 @@ def check_tunable(task, what: str) -> None:
 
 
 def tune_lr(task, policy, cluster, *, grid, seeds, metric, lr_rule, score_from: float = 0.0, **run) -> dict:
-    """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep).
+    """Pick `policy`'s learning rate from `grid` on `task`'s validation split (one sweep; run:
+    its other settings, as `st.sweep` takes them; num_evals default 8).
 
-    run: the tuning sweep's settings, as `st.sweep` takes them (max_time, num_updates,
-    optimizer, inner_optimizer; num_evals, default 8).
-
-    The score of a run is the mean of the validation metric over its evaluation points
-    (the area under its learning curve, per evaluation: fast progress and a good end
-    both count; a final value alone is noise once every rate has plateaued); score_from: only
-    the evaluations at or after this fraction of the run count (an RL reward dips first); a grid
-    value's score is the median over the tuning seeds, and a value with a diverged
-    seed is out. Returns {"lr": chosen, "grid": [...], "edge": chosen at an end of the
-    grid, "scores": [per grid value, NaN: out], "runner_up": the second best value (or
-    None), "within_noise": whether the tuning seeds cannot tell the two apart (the
-    runner-up's best seed is at least as good as the chosen value's worst)}.
+    The score of a run is the mean of the validation metric over its evaluation points (the
+    area under its learning curve: fast progress and a good end both count; a final value
+    alone is noise once every rate has plateaued); score_from: only the evaluations at or
+    after this fraction of the run count (an RL reward dips first); a grid value's score is
+    the median over the tuning seeds, and a value with a diverged seed is out. Returns
+    {"lr": chosen, "grid": [...], "edge": chosen at an end of the grid, "scores": [per grid
+    value, NaN: out], "runner_up": the second best value (or None), "within_noise": whether
+    the tuning seeds cannot tell the two apart (the runner-up's best seed is at least as
+    good as the chosen value's worst)}.
     """
     from staleness.engine.run import sweep
 
@@ -423,10 +417,7 @@ def _described(value):
 
 def _load_done(out: Path, plan_config: dict) -> dict[tuple[str, int], Result]:
     """Finished runs (complete or diverged) of the comparison in `out`."""
-    manifest = out / MANIFEST
-    if not manifest.is_file():
-        raise ResumeError(f"resume: {str(out)!r} holds no comparison ({MANIFEST} not found); "
-                          "run without resume first")
+    manifest = out / MANIFEST   # there (`_open_out`)
     try:
         meta = json.loads(manifest.read_text())
         saved = meta["config"]
@@ -477,15 +468,11 @@ def compare(task, policies=None, cluster=None, *, settings: CompareSettings | No
             **overrides) -> Comparison:
     """Run every policy × seed on `cluster` (default: `cluster.default()`) and collect Results.
 
-    settings: a `CompareSettings` (default: its defaults), taken whole; its fields (seeds,
-      max_time, num_updates, lr, lr_rule, optimizer, inner_optimizer, batch_size, metric,
-      target, num_evals, data_dir, partition, tune, lr_grid, tune_seeds, default_lr: below and
+    settings: a `CompareSettings` (default: its defaults), taken whole; its fields (below and
       as `simulate`'s) may also be given by keyword, overriding it.
-
     policies: specs or Policy objects (default: `DEFAULT_POLICIES`, `DEFAULT_RL_POLICIES`
       on an RL task). An RL policy on a supervised task, or the other way round, is a
       ValueError before anything runs.
-
     metric: the table's metric (default: the task's, accuracy where it has one);
       its direction and range come from the task. target: a value of it for
       time-to-target (checked against the metric's range), or None.
@@ -494,14 +481,11 @@ def compare(task, policies=None, cluster=None, *, settings: CompareSettings | No
       anything runs (`staleness.infra.files.check_out`; an existing comparison is
       replaced only with overwrite=True, or continued with resume=True).
     tune: with lr None (the default), pick each policy's learning rate from `lr_grid`
-      (default: its optimizer's learning rate × GRID_FACTORS, extended by a step up to
-      EXTEND times while the best value is at an edge) by a validation split of
-      the training set, disjoint from the test set (`Task.holdout`): one `st.sweep`
-      (one compiled call) per policy over the grid × `tune_seeds` (seeds of their own),
-      scored by the mean validation `metric` over each run's evaluation points (the
-      median over the tuning seeds; see `tune_lr`). The table reports the chosen
-      value and whether it lies at the edge of the grid. A given `lr`, or tune=False,
-      runs every policy at that (or the optimizer's own) learning rate.
+      (default: its optimizer's learning rate × GRID_FACTORS, extended at an edge: `_tune_one`)
+      on a validation split of the training set, disjoint from the test set, over
+      `tune_seeds` (`tune_lr`). The table reports the chosen value and whether it lies at
+      the edge of the grid. A given `lr`, or tune=False, runs every policy at that (or the
+      optimizer's own) learning rate.
     default_lr: the learning rate of an optimizer spec that names none (the CLI's).
     callbacks: a callable, a spec string ('tensorboard:DIR', 'wandb:PROJECT') or a list of
       them, called at every evaluation of every run that runs (policy major, seed minor;
@@ -709,17 +693,11 @@ def _fixed_rate(runs: _Runs, pol):
     """The learning rate of an untuned run: the given one; else None (the optimizer's
     own) for a local-update method's outer optimizer and for an optimizer that names
     its rate (a task's 'adam:lr=1e-3', an optax object); else `default_lr`."""
-    from staleness.tasks import optim
-
     if runs.lr is not None:
         return runs.lr
     if pol.local and runs.optimizer is None:
         return None
-    opt = runs.optimizer if runs.optimizer is not None else (
-        pol.optimizer if pol.optimizer is not None else runs.task.optimizer)
-    if opt is not None and not (isinstance(opt, str) and optim.get(opt).lr is None):
-        return None
-    return runs.default_lr
+    return runs.default_lr if _uses_default(pol, runs.optimizer, runs.task) else None
 
 
 def _run_all(runs: _Runs, pols, seeds, tuning: dict, done: dict, out, progress: bool,

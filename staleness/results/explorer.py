@@ -9,13 +9,10 @@ and the `staleness compare` command line that reproduces the settings.
     fig = figure(s, results)   # curves with bands over seeds | staleness histogram and timelines
     table(s, results)          # `staleness.results.compare`'s table: medians with intervals over seeds
 
-The explorer runs each policy's seeds with `st.sweep` and the command line runs
-them with `staleness compare` (one `simulate` per seed): the same schedules and
-the same training, bitwise on CPU (a sweep's configuration is its `simulate`). Both
-evaluate `NUM_EVALS` times, at a fixed learning rate (`--lr`, so compare does not
-tune it), with the task's default optimizer, batch size and partition.
-
-The widgets live in the notebook; everything here is plain functions of values,
+The explorer's `st.sweep` and the command line's `staleness compare` (one `simulate` per
+seed) train bitwise alike on CPU: both evaluate `NUM_EVALS` times, at a fixed learning rate
+(`--lr`, so compare does not tune it), with the task's default optimizer, batch size and
+partition. The widgets live in the notebook; everything here is plain functions of values,
 so the tests can check it without a kernel.
 """
 
@@ -107,23 +104,16 @@ def cluster_spec(fast: int, slow_seconds: float, jitter: float = 0.0, straggler_
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """One setting of the explorer's controls, in the command line's own terms.
+    """One setting of the explorer's controls, in the command line's own terms. Specs are
+    checked and written in their canonical form (`describe()`), so equal settings compare equal."""
 
-    task: a task name (`staleness.tasks.names()`). policies: one or two policy specs,
-    drawn overlaid (a repeated spec is drawn once). cluster: a cluster spec. seeds:
-    the runs of each policy (bands over them). lr: the fixed learning rate. lr_rule:
-    a staleness lr rule spec ('delay_adaptive' alone takes N = the cluster's workers).
-    max_time: simulated seconds per run. Specs are checked and written in their
-    canonical form (`describe()`), so equal settings compare equal.
-    """
-
-    task: str = "digits-mlp"
-    policies: tuple[str, ...] = ("dssp:3:12", "bsp")
+    task: str = "digits-mlp"                             # a task name (`staleness.tasks.names()`)
+    policies: tuple[str, ...] = ("dssp:3:12", "bsp")     # one or two specs, drawn overlaid (a repeat once)
     cluster: str = "1*4,2.6*4+jitter=0.1+stragglers=0.02:4:10"
-    seeds: tuple[int, ...] = (0, 1, 2)
-    lr: float = 0.05
-    lr_rule: str = "constant"
-    max_time: float = 80.0
+    seeds: tuple[int, ...] = (0, 1, 2)                   # the runs of each policy (bands over them)
+    lr: float = 0.05                                     # the fixed learning rate
+    lr_rule: str = "constant"                            # 'delay_adaptive' alone takes N = the cluster's workers
+    max_time: float = 80.0                               # simulated seconds per run
 
     def __post_init__(self):
         if not isinstance(self.task, str) or not self.task:
@@ -149,13 +139,10 @@ class Settings:
         if isinstance(self.max_time, bool) or not isinstance(self.max_time, (int, float)) or not (
                 math.isfinite(self.max_time) and self.max_time > 0):
             raise ValueError(f"Settings: max_time = {self.max_time!r} must be a finite number of seconds > 0")
-        set_ = object.__setattr__   # frozen: write the canonical forms once, here
-        set_(self, "cluster", c.describe())
-        set_(self, "policies", specs)
-        set_(self, "seeds", seeds)
-        set_(self, "lr", float(self.lr))
-        set_(self, "lr_rule", rule)
-        set_(self, "max_time", float(self.max_time))
+        canonical = {"cluster": c.describe(), "policies": specs, "seeds": seeds, "lr": float(self.lr),
+                     "lr_rule": rule, "max_time": float(self.max_time)}
+        for name, value in canonical.items():   # frozen: write the canonical forms once, here
+            object.__setattr__(self, name, value)
 
     def argv(self) -> list[str]:
         """The arguments of `staleness` (after the program name) that run these settings."""
@@ -244,10 +231,9 @@ def figure(settings: Settings, results, *, timeline_seconds: float = TIMELINE_SE
 
 
 def table(settings: Settings, results):
-    """`staleness.results.compare`'s table of the results (pandas, one row per policy): the final
-    metric's median over seeds with its interval (`staleness.results.stats.interval`: min-max
-    below 5 seeds, else a bootstrap 95% interval; the `interval` column says which),
-    updates, staleness and waiting, trimmed to the columns the explorer shows."""
+    """`staleness.results.compare`'s table of the results (pandas, one row per policy), trimmed
+    to the columns the explorer shows: the final metric's median over seeds with its interval,
+    updates, staleness and waiting."""
     from staleness.results.compare import Comparison
 
     first, _ = _metrics(results)

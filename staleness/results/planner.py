@@ -5,10 +5,9 @@
                        etas=[0, 1, 2, 4, 8, None], modes=["pace", "drop"], learner=0.5, num_updates=1000)
     st.rl.frontier(table)            # per mode: the η after which throughput stops rising
 
-No numerics run: every row is one simulated schedule (`st.simulate_schedule`) of a policy on
-the actors' speeds (the cluster's seconds per decoded token), with each prompt's completion
-length drawn from `lengths` (a length rule, or measured lengths: `lengths.empirical`), and
-`st.rollouts.summary` of what the learner consumed. Per policy (medians over `seeds`):
+No numerics run: a row's values are medians over `seeds` of simulated schedules
+(`st.simulate_schedule`) of a policy on the actors' speeds, and `st.rollouts.summary` of
+what the learner consumed:
 
     updates_per_s      learner updates per simulated second
     tokens_per_s       consumed completion tokens per simulated second
@@ -103,9 +102,9 @@ def plan(actors, *, lengths=None, policies=None, num_updates: int = 1000, seeds=
     Args:
       actors: the actors' speeds: a cluster spec or `Cluster` (seconds per decoded token, per
         actor), e.g. a measured trace (`st.cluster` trace-driven speeds).
-      lengths: the completion lengths: a length rule (`st.tasks.rl.lengths`: lognormal, zipf,
-        constant, or `empirical(measured lengths)`); default the bandit's long-tailed one
-        (lognormal, median 128, at most 1024 tokens).
+      lengths: each prompt's completion length: a length rule (`st.tasks.rl.lengths`:
+        lognormal, zipf, constant, or `empirical(measured lengths)`); default the bandit's
+        long-tailed one (lognormal, median 128, at most 1024 tokens).
       policies: policy specs; default `policies_of(**grid)`.
       grid: `policies_of`'s keywords (etas, modes, inflight, one_step_off, minibatches, batch,
         learner: the learner's time per update, in units of an average actor's rollout, see

@@ -1,18 +1,15 @@
 """Plots of runs (`Result`) and schedules (`Schedule`); matplotlib is imported only here.
 
-Return convention: every function returns the matplotlib `Figure` that holds
-the plot. Given `ax`, it draws on that Axes and returns `ax`'s (root) figure;
-without `ax` it makes a new figure. New figures are made with pyplot, so they
-carry the session's canvas (a notebook's inline backend shows a figure that
-is a cell's value), and are then closed in pyplot, so that sweeps making many
-figures do not pile them up in pyplot's registry. To show one in a window,
-draw on your own Axes (`fig, ax = plt.subplots(); plots.x(..., ax=ax)`);
-to write a file, `save(fig, path)`.
-
-Several runs with the same label (by default, seeds of one configuration)
-are drawn as one median line with a min-max band. The default label is the
-policy, followed by the configuration values that differ between the runs
-(`lr_rule`, `lr`, `cluster`, ...; never the seed).
+Every function returns the matplotlib `Figure` that holds the plot: given `ax` (a
+matplotlib Axes), it draws on it and returns its (root) figure; without `ax` it makes a new
+figure with pyplot (so it carries the session's canvas: a notebook shows a figure that is a
+cell's value), then closes it in pyplot (sweeps making many figures do not pile them up).
+To show one in a window, draw on your own Axes (`fig, ax = plt.subplots(); plots.x(...,
+ax=ax)`); to write a file, `save(fig, path)`. `label_fn` (Result or Schedule -> str) labels
+the runs: several runs with one label (by default, seeds of one configuration) are drawn as
+one median line with a min-max band. The default label is the policy, followed by the
+configuration values that differ between the runs (`lr_rule`, `lr`, `cluster`, ...; never
+the seed).
 """
 
 from __future__ import annotations
@@ -47,22 +44,13 @@ _LEARNER = "tab:green"
 
 # -- public plots --------------------------------------------------------------------
 def metric_vs_time(results, metric: str = "accuracy", ax=None, label_fn: Callable | None = None):
-    """`metric` of each run over simulated time (seconds).
-
-    Args:
-      results: a `Result` or a list of them.
-      metric: a column of the runs' `history` ('accuracy', 'loss', 'train_loss', ...).
-      ax: matplotlib Axes to draw on (default: a new figure).
-      label_fn: `Result -> str` legend label; runs with equal labels are drawn
-        as their median with a min-max band (default: policy + differing config).
-    Returns: the Figure.
-    """
+    """`metric` (a column of the runs' `history`: 'accuracy', 'loss', 'train_loss', ...) of
+    each run of `results` (a `Result` or a list of them) over simulated time (seconds)."""
     return _metric_plot(results, metric, "time", "simulated time (s)", ax, label_fn, "metric_vs_time")
 
 
 def metric_vs_updates(results, metric: str = "loss", ax=None, label_fn: Callable | None = None):
-    """`metric` of each run over server updates (versions). Arguments as in `metric_vs_time`.
-    Returns: the Figure."""
+    """`metric` of each run over server updates (versions). Arguments as in `metric_vs_time`."""
     return _metric_plot(results, metric, "update", "server updates", ax, label_fn, "metric_vs_updates")
 
 
@@ -73,13 +61,9 @@ def staleness_histogram(schedules_or_results, ax=None, max_tau: int | None = Non
     gradients, with integer bins; runs with equal labels are pooled. A dashed line marks
     (and a note gives) each label's mean τ.
 
-    Args:
-      schedules_or_results: a `Schedule` or `Result`, or a list of them.
-      ax: matplotlib Axes to draw on (default: a new figure).
-      max_tau: last bin shown; it then holds every τ >= max_tau, so the bars
-        still sum to 1 (default: the largest τ seen).
-      label_fn: `Schedule | Result -> str` (default: policy + differing config).
-    Returns: the Figure.
+    schedules_or_results: a `Schedule` or `Result`, or a list of them. max_tau: last bin
+    shown; it then holds every τ >= max_tau, so the bars still sum to 1 (default: the
+    largest τ seen).
     """
     fn = "staleness_histogram"
     if max_tau is not None and (isinstance(max_tau, bool) or not isinstance(max_tau, (int, np.integer))
@@ -131,12 +115,9 @@ def worker_timeline(schedule, ax=None, max_time: float | None = None, max_worker
     with a learner) gets a learner lane on top: each update's training, from its last
     rollout's arrival (or the previous update's end) to the update.
 
-    Args:
-      schedule: a `Schedule` (or a `Result`, whose schedule is drawn).
-      ax: matplotlib Axes to draw on (default: a new figure sized to the rows).
-      max_time: draw [0, max_time] seconds only (default: the whole run).
-      max_workers: draw workers 0 .. max_workers-1 only (rows get unreadable past ~32).
-    Returns: the Figure.
+    schedule: a `Schedule` (or a `Result`, whose schedule is drawn); a new figure is sized
+    to the rows. max_time: draw [0, max_time] seconds only (default: the whole run).
+    max_workers: draw workers 0 .. max_workers-1 only (rows get unreadable past ~32).
     """
     fn = "worker_timeline"
     if isinstance(schedule, Result):
@@ -223,13 +204,7 @@ def wait_fraction(schedules_or_results, ax=None, label_fn: Callable | None = Non
     as bars grouped by worker, one bar per label (policy); several runs with
     one label are averaged, with a min-max error bar. Above `MAX_BARS` workers a bar
     is the mean of a group of consecutive workers (100,000 bars took minutes to draw).
-
-    Args:
-      schedules_or_results: a `Schedule` or `Result`, or a list of them.
-      ax: matplotlib Axes to draw on (default: a new figure).
-      label_fn: `Schedule | Result -> str` (default: policy + differing config).
-    Returns: the Figure.
-    """
+    schedules_or_results: a `Schedule` or `Result`, or a list of them."""
     from matplotlib.ticker import PercentFormatter
 
     items = _items(schedules_or_results, "wait_fraction", allow_schedules=True)
@@ -272,15 +247,9 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
     """The standard 2x2 comparison of runs: `metric` vs simulated time (with a
     dashed line at `target` if given), loss vs time ('loss', or 'train_loss'
     when `metric` is 'loss' or the task has no held-out loss), staleness
-    histograms, and wait fractions per worker. Titled with the task and cluster.
-
-    Args:
-      results: a `Result` or a list of them (seeds of one config are banded).
-      metric: history column for the first panel.
-      target: value of `metric` to mark (e.g. the accuracy a time-to-target counts to).
-      label_fn: `Result -> str` (default: policy + differing config).
-    Returns: a new Figure.
-    """
+    histograms, and wait fractions per worker, in a new Figure titled with the task and
+    cluster. results: a `Result` or a list of them (seeds of one config are banded);
+    target: e.g. the accuracy a time-to-target counts to."""
     fn = "comparison_figure"
     items = _items(results, fn, allow_schedules=False)
     _check_metric(items, metric, fn)
@@ -292,12 +261,7 @@ def comparison_figure(results, metric: str = "accuracy", target: float | None = 
     else:
         second = "loss" if metric != "loss" and all("loss" in r.history for r in items) else "train_loss"
     _check_metric(items, second, fn)
-    labels = _labels(items, label_fn)
-    fixed = dict(zip(items, labels))
-
-    def by_label(x):
-        return fixed[x]
-
+    by_label = dict(zip(items, _labels(items, label_fn))).__getitem__   # the labels of all the runs, fixed
     fig, axes = _figure(2, 2, (12.0, 8.0))
     metric_vs_time(items, metric, ax=axes[0, 0], label_fn=by_label)
     if target is not None:

@@ -3,19 +3,14 @@
     table = st.rollouts.table(result.schedule, task)      # one row per rollout of the schedule
     s = st.rollouts.summary(result.schedule, task)        # histograms and length distributions
 
-Each row of an RL schedule is one rollout (an actor's B prompts × G completions,
-generated on `pull_version`, consumed by update `apply_version` unless it was
-dropped or lost). Its prompts are the task's counter-based draw for (actor,
-iteration) from the run's data key, as in the replay, so the lengths here are
-the ones that were generated. Staleness per token weights each rollout by its
-completion tokens (Σ over its B·G completions of their lengths): long
-rollouts take longer to generate, so they tend to be staler, and a per-rollout
-histogram understates what the learner trained on.
-
-With in-flight weight updates (`rl_inflight`) a rollout's tokens come from several
-versions (`Schedule.meta['segments']`): the per-token staleness counts each
-token at its own segment's version, while the per-rollout staleness is that of
-its oldest tokens (its `pull_version`, what the policy bounds).
+Each row of an RL schedule is one rollout (an actor's B prompts × G completions, generated
+on `pull_version`, consumed by update `apply_version` unless dropped or lost); its prompts
+are drawn as in the replay, so the lengths here are the ones that were generated.
+Staleness per token weights each rollout by its completion tokens: long rollouts take
+longer to generate, so they tend to be staler, and a per-rollout histogram understates
+what the learner trained on. With in-flight weight updates (`rl_inflight`) each token
+counts at its own segment's version (`Schedule.meta['segments']`), while the per-rollout
+staleness is that of its oldest tokens (its `pull_version`, what the policy bounds).
 """
 
 from __future__ import annotations

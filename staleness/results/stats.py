@@ -9,20 +9,10 @@
     v.label, v.text()                       # "MOSTLY NOT", "MOSTLY NOT: held in 1/12 ..., effect ..."
     model_set("0.01 s + μ/128 s per iteration")   # a verdict a modelling assumption decides
 
-The bootstrap is the percentile bootstrap of the median (2000 resamples, a
-fixed seed, so a report is reproducible); with fewer than `MIN_BOOTSTRAP`
-values a bootstrap interval means little, and the interval is the min-max
-range, labelled as such. NaN values (a run that never reached a target) are
-dropped by `interval` and counted by the caller.
-
-A claim is judged per scenario by the effect's interval: it held where the
-interval lies wholly on the claimed side of the null value (0 for a
-difference, 1 for a ratio), the opposite held where it lies wholly on the
-other side, and the scenario is "not distinguishable" otherwise. The verdict
-counts only the scenarios where the claim held, and reports the effect over
-scenarios (median of the per-scenario estimates, with its interval). A
-verdict that a modelling assumption decides is `model_set(...)`: it is a
-label, not evidence, and `is_evidence` says so.
+The bootstrap is the percentile bootstrap of the median (2000 resamples, a fixed seed, so
+a report is reproducible); below `MIN_BOOTSTRAP` values the interval is the min-max range,
+labelled as such. A claim is judged per scenario by its effect's interval (`judge`); a
+verdict that a modelling assumption decides is `model_set(...)`: a label, not evidence.
 """
 
 from __future__ import annotations
@@ -77,15 +67,7 @@ def verdict(held: int, total: int) -> str:
     if total <= 0 or not 0 <= held <= total:
         raise ValueError(f"verdict: held = {held!r} of total = {total!r} must satisfy 0 <= held <= total, total >= 1")
     f = held / total
-    if f == 1:
-        return "HOLDS"
-    if f >= 2 / 3:
-        return "MOSTLY"
-    if f > 1 / 3:
-        return "MIXED"
-    if f > 0:
-        return "MOSTLY NOT"
-    return "DOES NOT HOLD"
+    return next(v for v, ok in zip(VERDICTS, (f == 1, f >= 2 / 3, f > 1 / 3, f > 0, True)) if ok)
 
 
 class Effect(NamedTuple):
