@@ -39,7 +39,7 @@ param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))   
 print(f"digits-mlp: {param_bytes} bytes of float32 parameters in modules {list(params)}")'''
 
 NB08 = [
-    ("md", """# 08 · Low-communication training: DiLoCo, Streaming DiLoCo, async DiLoCo
+    ("md", """# 08 · Low-communication training: DiLoCo, Streaming DiLoCo, async and Decoupled DiLoCo
 
 The parameter-server policies of notebooks 01-05 exchange a gradient and the parameters
 for **every** minibatch. The local-update methods let each worker take H inner steps on
@@ -193,7 +193,95 @@ plt.show()'''),
     ("md", """`benchmarks/reproduce_diloco.py` does all of this at a larger scale, with 5 seeds and
 verdicts per claim of the papers (results in `benchmarks/results/reproduce_diloco.md`).
 
-## 5 · From the command line
+## 5 · Decoupled DiLoCo under chaos
+
+`decoupled_diloco:H:quorum=K:grace=G` (Douillard et al. 2026): learners run on their own
+clocks; once K of them have pushed, the synchronizer waits G seconds for more and merges every
+arrival into one update, each delta weighted by the tokens its learner processed. Chips fail:
+`+chaos=MTBF:REPAIR:CHIPS` makes each worker a learner of CHIPS chips that each fail every
+MTBF seconds on average, and a failure takes the learner down for REPAIR seconds. Goodput
+(`summary()['goodput']`) is the compute of what was applied over the chips' time.
+
+The same 8,000 chips as one data-parallel job (`bsp`: any chip's failure stalls it), as 8
+synchronous DiLoCo learners (a round waits for the live ones) and as 8 decoupled learners,
+merging every arrival alone (K = 1) or once 2 have arrived, waiting 5 s for more. Move the
+slider (the chips' mean time between failures): the left plot is goodput from schedules
+alone, the right one the loss of digits-mlp trained along the chosen rate's schedules (4
+learners of 2,000 chips there, to keep it small). With K = 1 every stale arrival is an outer
+Nesterov step of its own, which diverges here as asynchronous DiLoCo did in section 3, so it
+runs with Delayed Nesterov; the quorum and its window merge several deltas per step instead,
+at some cost in goodput (the paper's trade-off between K, the grace window and quality)."""),
+    ("code", '''import io
+
+import ipywidgets as widgets
+from IPython.display import Image, display
+
+MTBFS = [3e5, 1e6, 3e6, 1e7, 3e7]      # seconds between one chip's failures (3e7: about a year)
+HORIZON = 2000.0 if FULL else 600.0    # simulated seconds
+LEARNERS = "1*8+jitter=0.05+chaos={m:g}:30:1000"
+SETTINGS = {"data parallel (bsp)": ("bsp", "1+chaos={m:g}:30:8000"), "DiLoCo, 8 learners": ("diloco:24", LEARNERS),
+            "decoupled, K=1": ("decoupled_diloco:24", LEARNERS),
+            "decoupled, K=2, 5 s": ("decoupled_diloco:24:quorum=2:grace=5", LEARNERS)}
+goodput = {name: [st.simulate_schedule(p, c.format(m=m), max_time=HORIZON, seed=0).goodput() for m in MTBFS]
+           for name, (p, c) in SETTINGS.items()}
+losses = {}
+OUTER = {"diloco:24": None, "decoupled_diloco:24": "delayed_nesterov:4,lr=0.7",
+         "decoupled_diloco:24:quorum=2:grace=5": None}
+COLOR = {"diloco:24": "C1", "decoupled_diloco:24": "C2", "decoupled_diloco:24:quorum=2:grace=5": "C3"}   # as on the left
+
+
+def loss_runs(mtbf):
+    if mtbf not in losses:
+        cl = f"1*4+jitter=0.05+chaos={mtbf:g}:30:2000"
+        losses[mtbf] = {p: st.simulate(task, p, cl, max_time=HORIZON / 4, seed=0, inner_optimizer="adamw:lr=3e-3",
+                                       optimizer=outer, num_evals=4) for p, outer in OUTER.items()}
+    return losses[mtbf]
+
+
+def png(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return Image(buf.getvalue())
+
+
+def chaos_figure(mtbf):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for name, g in goodput.items():
+        a.plot(MTBFS, g, marker="o", label=name)
+    a.axvline(mtbf, color="grey", ls=":")
+    a.set_xscale("log"); a.set_xlabel("chip MTBF (s)"); a.set_ylabel("goodput"); a.set_ylim(0, 1.02)
+    a.legend(fontsize=8)
+    for p, r in loss_runs(mtbf).items():
+        b.plot(r.history["time"], r.history["loss"], marker="o", color=COLOR[p],
+               label=f"{p} (goodput {r.schedule.goodput():.2f})")
+    b.set_xlabel("simulated seconds"); b.set_ylabel("held-out loss"); b.set_title(f"chip MTBF {mtbf:g} s")
+    b.legend(fontsize=7, loc="upper right")
+    return png(fig)
+
+
+rate = widgets.SelectionSlider(options=MTBFS, value=1e6, description="chip MTBF (s)", continuous_update=False,
+                               style={"description_width": "100px"})
+chaos_state = {"renders": 0}
+plot = display(chaos_figure(rate.value), display_id=True)   # display handles, no Output widget (see notebook 09)
+chaos_state["renders"] = 1
+
+
+def on_rate(change):
+    plot.update(chaos_figure(change["new"]))
+    chaos_state["renders"] += 1
+
+
+rate.observe(on_rate, names="value")
+display(rate)
+pd.DataFrame(goodput, index=[f"{m:g}" for m in MTBFS]).rename_axis("chip MTBF (s)")'''),
+    ("code", '''rate.value = 3e5   # moves the slider the way a user does: the figure above follows
+assert chaos_state["renders"] == 2 and 3e5 in losses, chaos_state
+assert goodput["decoupled, K=1"][0] > goodput["data parallel (bsp)"][0]'''),
+    ("md", """`benchmarks/reproduce_decoupled_diloco.py` runs the paper's setting (150k to 2.4M chips,
+one year per chip) with verdicts per claim (`benchmarks/results/reproduce_decoupled_diloco.md`).
+
+## 6 · From the command line
 
 The same specs work in `staleness simulate`, `compare` and `run`; `--inner-optimizer` is
 the workers' optimizer and `--optimizer` the outer one."""),

@@ -154,6 +154,7 @@ def test_chaos_draws_exponential_failures_per_chip_and_fixed_repairs():
     assert ups.mean() == pytest.approx(20.0, rel=0.06) and ups.std() == pytest.approx(20.0, rel=0.08)
     assert _down_intervals(c, 0, 1, 5) == down[:5] and _down_intervals(c, 1, 1, 5) != down[:5]
     assert not _down_intervals(c, 0, 0, 1)   # worker 0 is not in WORKERS
+    assert st.cluster.parse("1*2+chaos=1e+03:3:50:1") == c   # an exponent's '+' is not a modifier's
     with pytest.raises(ValueError, match="chaos chips = 2.5 must be an integer"):
         st.cluster.parse("1*2+chaos=1000:3:2.5")
     with pytest.raises(ValueError, match="chaos: mtbf"):

@@ -304,6 +304,9 @@ def resolve(cluster, *, allow_none: bool = False) -> Cluster | None:
                     "'1*4,2.6*4' (see staleness.cluster)")
 
 
+_PLUS_RE = re.compile(r"(?<![0-9][eE])\+")
+
+
 def parse(spec: str) -> Cluster:
     """Build a Cluster from the CLI grammar documented in this module's docstring.
 
@@ -315,7 +318,7 @@ def parse(spec: str) -> Cluster:
         raise ValueError(f"parse: spec = {spec!r} must be a string")
     if not spec.strip():
         raise _bad(spec, "it is empty")
-    base, *mods = spec.split("+")
+    base, *mods = _PLUS_RE.split(spec)   # not the '+' of an exponent: chaos=1e+06:30
     c = _parse_base(spec, base)
     for m in mods:
         if not m.strip():
