@@ -1,29 +1,15 @@
-"""The second step of a run: a `RunSpec` -> a `Built`, everything the serve loop needs.
+"""The second step of a run (`staleness.runtime`): a `RunSpec` -> a `Built`, everything the serve loop needs.
 
-    spec = make_spec(...)                                  # runtime.spec: arguments, checked
-    built = build.server(spec, devs, server_device, ...)   # here: one builder per transport
-    result = execute(built, spec, stop_event, close)       # runtime.execute: start, serve, stop
-
-One builder per transport, one serve loop (`runtime.serve.Server`, made here
-only, by `_serve_loop`, with the run's checkpointer and resumed state):
-
-  - `server(spec, devs, server_device, ...)` (`sync='server'`, one process): the
-    parameter server. Its parameters and optimizer state live on
-    `server_devices`, sharded over them (`runtime.sharding`) when there are
-    several and the policy applies one gradient per update; the update is
-    `Numerics.update` (the engine's `server_update`, jitted). At the hardware's
-    speed (no cluster) the serve loop's thread dispatches every worker's step
-    (`runtime.dispatch`, no worker threads); with a cluster's injected delays a
-    thread per worker runs `worker_loop` behind a `LocalTransport`.
-  - `collective(spec, devs, ...)` (`sync='collective'`, one process or, given a
-    `coord`, this process's part of a multi-process job): no worker threads; the
-    transport and the update are a `CollectiveLink`, one `pmean` step per round.
-  - `distributed(spec, coord, ...)` (`sync='server'` across processes): process 0
-    hosts the server behind `DistributedServerLink`; every process runs the
-    worker threads of its workers behind a `DistributedWorkerLink`.
-
-A resumed run reads its checkpoint first (its identity is checked before
-anything compiles) and the server continues from it once built.
+One builder per transport, one serve loop (`runtime.serve.Server`, made here only, by
+`_serve_loop`): `server` (`sync='server'`, one process: the parameter server, its state
+sharded over `server_devices` (`runtime.sharding`) when there are several and the
+policy applies one gradient per update; workers dispatched from the serve loop's
+thread, or a thread each behind a `LocalTransport` with a cluster's delays),
+`collective` (`sync='collective'`: a `CollectiveLink`, one `pmean` step per round, in
+one process or this process's part of a multi-process job) and `distributed`
+(`sync='server'` across processes: `DistributedServerLink` on process 0, a
+`DistributedWorkerLink` in every process). A resumed run reads its checkpoint first
+(its identity is checked before anything compiles).
 """
 
 from __future__ import annotations
@@ -191,11 +177,7 @@ def collective(spec: RunSpec, devs: list, *, stop_event: threading.Event, progre
     init_key, data_key = core.keys(spec.seed)
     params = spec.task.init_params(init_key)
     step = RoundStep(spec.task, spec.opt.tx, spec.rule, mesh, data_key, spec.opt.init(params))
-    # across processes every process stops after the same round: the one dispatched after a
-    # stop request (any process's) or process 0's max_time carries the flag; a process that
-    # dies is named by liveness. Within one process and at the hardware's speed, the next
-    # round runs while the serve loop handles this one (across processes every process must
-    # dispatch the same rounds). BSP: round i makes update i + 1; none after the last is needed.
+    # BSP: round i makes update i + 1; none after the last is needed (`runtime.collective`)
     link = CollectiveLink(step, worker_timeout=spec.worker_timeout, max_iteration=spec.num_updates,
                           pipelined=not across and spec.cluster is None, delays=spec.delays,
                           stop=StopAgreement(mesh, stop_event, spec.max_time if me == 0 else None) if across else None,

@@ -1,24 +1,14 @@
 """Server checkpoints of a real run, in the one checkpoint format (`staleness.infra.checkpoint`).
 
-A checkpoint directory holds `server.json` (the run's identity and the serve
-loop's `ServerState` as plain JSON: the policy's calls so far, the trace so
-far, the evaluated history, membership epochs, the workers lost to a fault and
-the elapsed time) and its `.npz` of arrays (parameters and optimizer state
-leaves, stored exactly), written atomically by `staleness.infra.checkpoint` (a crash
-while writing leaves the previous checkpoint intact).
-
     checkpoint.save(path, server.saved_state(), config)
     saved = checkpoint.load(path, config, num_updates)      # identity checked, nothing placed
     server.restore(checkpoint.restore(saved, (params, opt_state), put))
 
-On resume the server restarts from the checkpointed version: gradients that
-were in flight are gone (their workers start the same iteration again, on the
-checkpoint's parameters), blocked workers stay blocked, and times continue
-from the checkpoint's elapsed time, so the resumed trace is one trace.
-
-No object is stored: the policy's `SyncState` is rebuilt by making the
-recorded policy calls again (`serve.PolicyCalls`), so reading a checkpoint
-runs no code and builds no class by name, and a user's policy resumes too.
+`server.json` holds the run's identity and the serve loop's `ServerState` as plain
+JSON, its `.npz` the parameters and optimizer state, written atomically. No
+object is stored: the policy's state is rebuilt by making its recorded calls
+again (`serve.PolicyCalls`), so reading a checkpoint runs no code, and a user's
+policy resumes too (what a resume restarts: `serve.Server.start`).
 """
 
 from __future__ import annotations
@@ -38,12 +28,9 @@ MATCH_KEYS = ("task", "batch_size", "policy", "workers", "seed", "lr", "lr_rule"
 
 def _plain(x):
     """`x` (numbers, strings, lists, tuples, str-keyed dicts) as JSON values."""
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x)
+    for kinds, plain in (((bool, np.bool_), bool), ((int, np.integer), int), ((float, np.floating), float)):
+        if isinstance(x, kinds):
+            return plain(x)
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
     if isinstance(x, dict):

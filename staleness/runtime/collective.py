@@ -1,86 +1,46 @@
 """Collective sync: a BSP round as one jitted step on the global mesh.
 
 When the policy releases every worker at once on the same version and
-averages all of their gradients (BSP: `spec.collective_capable`), a round
-needs no parameter server: each device computes its workers' gradients of
-the round's minibatches, one `psum` over the mesh averages them, and every
-device applies the same optimizer step to its replica of the parameters,
-all inside one compiled `shard_map` program, as a plain data-parallel
-training loop does.
+averages all their gradients (BSP: `policy.collective`), a round needs no
+parameter server: each device computes its workers' gradients, one `psum`
+averages them and every device applies the same optimizer step to its replica
+of the parameters, all in one compiled `shard_map` program. The serve loop does
+not know this: `CollectiveLink` is its transport (a release of all λ workers
+dispatches the round; its gradients "arrive" as λ pushes whose losses stay on
+the devices, fetched in batches by `Server._settle`) and `CollectiveLink.update`
+its update. The policy still decides: a round is dispatched when, and only
+when, the driver has released every worker on the same version.
 
-The serve loop does not know this: `CollectiveLink` is its transport (a
-release of all λ workers dispatches the round's step; the round's gradients
-"arrive" as λ pushes whose losses are still on the devices) and
-`CollectiveLink.update` its update (it hands back the parameters the step
-computed). The policy object still decides: a round is dispatched when, and
-only when, the driver has released every worker on the same version.
+Numerics: the step applies `engine.update.apply` to (Σ_w scale(0)·g_w) / λ; the
+server path takes the same mean with `aggregate`'s tensordot, in another order,
+so the parameters agree with the parameter server's and with the replay of the
+recorded trace within float32 rounding (tests state the tolerance), not bitwise.
 
-Parts, each made by the builder with what it needs: `CollectiveMesh` (the
-mesh and where arrays live), `RoundStep` (the compiled step and the state the
-next round reads), `RunAhead` (pipelined rounds), `StopAgreement` and
-`Liveness` (across processes), and `CollectiveLink` over them (the transport:
-rounds in flight, their deadlines, injected delays, arrivals).
+Pipelined rounds (`RunAhead`; one process at the hardware's speed): while round
+r runs, the waiter thread starts round r + 1 on r's outputs, the same step on the
+same inputs, so the parameters are bitwise those of unpipelined rounds. It counts
+only if the policy then releases exactly that round, and from that release on
+(the trace's start); otherwise it is dropped. The serve loop's Python for round r
+then overlaps the devices' round r + 1, as in a plain loop that dispatches its
+next step before it waits for the last one (8 virtual CPU devices, digits-mlp:
+0.74x -> 0.92x of such a loop's steps/s). At most one round runs ahead, none past
+the run's last update and none across processes (every process must dispatch
+the same rounds).
 
-Numerics: the per-gradient function is `engine.core.gradient` and the step
-is `engine.update.apply` of (Σ_w scale(0)·g_w) / λ, where the server path
-computes the same mean with `aggregate`'s tensordot over stacked slots; the
-sums are taken in another order, so the parameters agree with the parameter
-server's and with the engine's replay of the recorded trace within float32
-rounding (tests state the tolerance), not bitwise.
+Lost workers: a round not complete `worker_timeout` seconds after its dispatch
+loses every worker of the round (the run stops: `on_worker_failure` is 'stop'
+under collectives). Within one process the devices that wait in the all-reduce
+for a hung one have not finished either, so they cannot be told apart; a
+per-worker host callback would tell them apart but takes the GIL on every device
+each round (tried: several times slower). XLA's CPU all-reduce aborts the process
+after 40 s in a rendezvous, so keep worker_timeout below that on CPU.
 
-Times: a waiter thread blocks on each dispatched round and notes when it
-finished; the round's pushes reach the driver then (start = its release by
-the policy, end = its completion, on the serve loop's clock). Losses stay on
-the devices and are fetched in batches (`Server._settle`), never one scalar
-at a time.
-
-Pipelined rounds (within one process, at the hardware's speed: the builder
-asks for them, `RunAhead`): while round r runs, the waiter thread starts round
-r + 1 on round r's outputs (`RunAhead.start_after`), the same step on the same inputs that
-dispatching it at its release would use, so the parameters are bitwise those
-of unpipelined rounds. The policy still decides: the round computed ahead
-counts only if the policy then releases exactly that round (every worker,
-iteration r + 1, on the version round r made), and from that release on (the
-trace's start); otherwise it is dropped. The serve loop's Python for round r
-then runs while the devices compute round r + 1, as a plain loop that
-dispatches its next step before it waits for the last one overlaps them
-(measured on 8 virtual CPU devices, digits-mlp: 0.74x -> 0.92x of such a
-loop's steps/s, 12 alternating pairs). At most one round runs ahead of the
-policy, none past the run's last update (`max_iteration`), and none across
-processes (every process must dispatch the same rounds, and a stop flag is
-only known to the process that raised it). A round computed ahead times out
-`worker_timeout` after the round it starts from finished.
-
-Injected delays (a cluster model, `runtime.worker.Delays`): each worker's pull
-delay and compute time run from the round's dispatch, and the round's
-gradients reach the serve loop once the slowest worker's push delay has
-passed (`injected_round`), so a round lasts max(real, the slowest worker's
-injected time), as a BSP round on the parameter server does; the trace
-records each worker's own span. (A cluster's failure model needs sync='server'.)
-
-Lost workers: a collective cannot go on without one of its members. A round
-not complete `worker_timeout` seconds after its dispatch turns into
-`WorkerLost` for every worker of the round (the serve loop then stops the run
-naming them: `on_worker_failure` is 'stop' under collectives): inside one
-process the devices that wait in the all-reduce for a hung one have not
-finished either, so they cannot be told apart; a per-worker host callback in
-the step would tell them apart but takes the GIL on every device each round
-(tried: several times slower on the benchmark). XLA's CPU all-reduce aborts
-the process after 40 s in a rendezvous, so keep worker_timeout below that
-under collectives on CPU.
-
-Across processes (`jax.distributed`; on CPU the all-reduce goes through
-gloo): every process runs the same serve loop, policy and link over one
-global mesh, and dispatches the same rounds (BSP's decisions do not depend
-on time). The step then also returns every worker's loss and a stop flag to
-every process: a process raises the flag in the round it dispatches after its
-stop request (Ctrl-C), process 0 also after its `max_time`, and every process
-stops after that round (`agreed_stop`), so no process waits in a round the
-others never start. A process that dies is named by liveness (the
-coordination's live set, within the heartbeat timeout; its peers' all-reduce
-fails at once): the round turns into `WorkerLost` for its workers. The serve
-loop's parameters are then this process's replica (`CollectiveMesh.local`), so
-evaluation and checkpoints never enter a collective.
+Across processes (`jax.distributed`; gloo on CPU) every process runs the same
+serve loop, policy and link over one global mesh and dispatches the same rounds
+(BSP's decisions do not depend on time); `StopAgreement` stops every process
+after the same round and `Liveness` names a process that died. The serve loop
+keeps this process's replica (`CollectiveMesh.local`), so evaluation and
+checkpoints never enter a collective.
 """
 
 from __future__ import annotations
@@ -201,8 +161,7 @@ class CollectiveMesh:
         from this process's copy (every process holds the same values)."""
         if not self.across:
             return jax.device_put(tree, self.replicated)
-        sharding = self.replicated
-        me = jax.process_index()
+        sharding, me = self.replicated, jax.process_index()
         mine = [d for d in self.mesh.devices.flat if d.process_index == me]   # in the mesh's order
 
         def one(x):
@@ -398,9 +357,7 @@ class _Round:
 
 
 class RunAhead:
-    """Pipelined rounds (module docstring): on the waiter thread, before it waits for
-    round r, start round r + 1 on r's outputs; the link adopts it if the policy then
-    releases exactly that round.
+    """Pipelined rounds (module docstring), started on the waiter thread.
 
     Args:
       step: the run's `RoundStep`.
@@ -499,22 +456,17 @@ def _waiter(rounds: "queue.SimpleQueue", clock, ahead=None) -> None:
 
 
 class CollectiveLink(ServerLink):
-    """The serve loop's transport and update under collective sync (module docstring):
-    a release of every worker dispatches the round's step, whose gradients reach the
-    serve loop once it finished, and `update` applies the round's outputs.
+    """The serve loop's transport and update under collective sync (module docstring).
 
     Args:
       step: the run's `RoundStep` (its `mesh`: the run's `CollectiveMesh`).
       worker_timeout: seconds after its dispatch at which an unfinished round
         loses every worker of the round.
-      max_iteration: rounds of this iteration and later are never dispatched (no
-        update needs them), or None.
-      pipelined: compute the next round while the serve loop handles this one
-        (`RunAhead`; within one process only).
+      max_iteration: rounds of this iteration and later are never dispatched, or None.
+      pipelined: compute the next round while the serve loop handles this one (`RunAhead`).
       delays: the cluster's injected delays given the run's start on the clock
         (`RunSpec.delays`), or None.
-      stop: across processes, the `StopAgreement` (None within one process).
-      liveness: across processes, the `Liveness` that names a process that died.
+      stop, liveness: across processes, the `StopAgreement` and the `Liveness` (else None).
       clock: the serve loop's clock (seconds).
     """
 
@@ -560,8 +512,7 @@ class CollectiveLink(ServerLink):
             self.stop_agreement.started(origin)
 
     def set_state(self, params, opt_state):
-        """Make replicated `params`, `opt_state` the state the next round reads;
-        returns this process's replicas of them (for the serve loop)."""
+        """`RoundStep.set_state`, dropping the round computed ahead."""
         if self.ahead is not None:
             self.ahead.current = None
         return self.step.set_state(params, opt_state)
@@ -707,10 +658,7 @@ class CollectiveLink(ServerLink):
             return True
         if self._lost:
             return False
-        if self.clock() >= deadline:
-            # every worker of the round: the devices that wait in the all-reduce for a
-            # hung one have not finished either (within one process; across processes
-            # liveness names a process that died)
+        if self.clock() >= deadline:   # every worker of the round (module docstring)
             missing = list(range(self.num_workers))
             names = ", ".join(str(w) for w in missing)
             reason = (f"the collective step of iteration {rnd.releases[0].iteration} did not finish "

@@ -1,60 +1,44 @@
 """The multi-process transport: `jax.distributed`'s coordination service for
 control messages and liveness, `jax.experimental.transfer` for tensors.
 
-This is the one module that touches these young (partly private) APIs; tested
-with jax/jaxlib 0.10.2 on CPU. Everything else in the runtime sees only the
-`ServerLink` / `WorkerLink` interface of `staleness.runtime.transport`.
+The one module that touches these young (partly private) APIs; tested with
+jax/jaxlib 0.10.2 on CPU. The rest of the runtime sees only `ServerLink` /
+`WorkerLink` (`staleness.runtime.transport`). Process 0 hosts the server;
+worker w lives on process w % N.
 
-Layout (process 0 hosts the server; worker w lives on process w % N):
-
-- The coordination service runs in a small process of its own that process 0
-  starts (`_ServiceProcess`), not inside process 0: a client of JAX 0.10.2
-  whose service disappears aborts its process (SIGABRT, from the client's
-  error poller, within milliseconds; the Python `missed_heartbeat_callback`
-  that would let us handle it crashes with std::bad_cast). With the service
-  outside, the death of process 0 is an ordinary task failure: the other
-  processes see it through liveness and exit with a message. The service
-  process leaves after process 0 (which shut down or died) once no other
-  client is connected any more (bounded: `_service_linger`).
-- Every process has an incarnation: 1 at the job's start, incremented in the
-  key-value store each time a process with the same id starts again. Channels
-  and transfer addresses are per incarnation, so a restarted process
-  rejoins on fresh channels while the old ones are abandoned.
-- Control messages are JSON strings in the coordination service's key-value
-  store, one key per message on a per-process, per-incarnation, per-direction
-  sequence: `staleness/rel/{p}.{inc}/...` (server -> process p: releases, or
-  STOP) and `staleness/push/{p}.{inc}/...` (process p -> server: pushes, or a
-  worker's error). One dispatcher thread per direction and process reads its
-  sequence with `blocking_key_value_get` (bounded: `POLL_MS`) and deletes what
-  it read, a directory of `BLOCK` messages at a time.
-- Tensors move point-to-point and pull-based through each process's transfer
-  server: the sender offers arrays under a fresh id (`await_pull`), announces
-  the id in the control message, and the receiver pulls them onto its device
-  (`TransferConnection.pull`). A push is therefore an offer plus a pull by the
-  server; a release is an offer by the server plus a pull by the worker.
-  Offers always precede their announcement, so a pull only waits on a live
-  peer. A pull returns at once, before the data arrived, and its arrays fail
-  later if the peer dies mid-transfer; so the server's receiving thread
-  blocks until the pulled (loss, gradient) are materialized and converts the
-  loss to a float before the server sees them: a failed pull becomes
-  `WorkerLost` for that process's workers, and nothing the Result needs is
-  ever fetched from a peer later. If the peer dies mid-pull and the pull
-  never returns, the pulling thread is abandoned (it is a daemon) while the
-  server's own loop learns of the death from liveness.
-- Liveness: `jax_enable_recoverability` (the service's `recoverable`) is set,
-  so one dead process does not abort the job; a monitor thread in every
-  process calls the coordination client's `get_live_nodes` in a loop (it is a
-  barrier over the live processes, so every process must keep calling it; a
-  dead process drops out after the heartbeat timeout, a process that shut
-  down or whose connection broke drops out at once; a restarted one comes
-  back with a new incarnation id). The server turns a lost process into
-  `WorkerLost` events for its workers, and a rejoined one (it announces
-  `join/{p}` once it has compiled) into `WorkerJoined`; a worker process that
+- The coordination service runs in a small child process of process 0
+  (`_ServiceProcess`): a JAX 0.10.2 client whose service disappears aborts its
+  process (SIGABRT within milliseconds; the Python `missed_heartbeat_callback`
+  crashes with std::bad_cast). With the service outside, the death of process 0
+  is an ordinary task failure the others see through liveness. The service
+  leaves after process 0 once no other client is connected (`_service_linger`).
+- Incarnations: 1 at the job's start, incremented in the key-value store each
+  time a process with the same id starts again. Channels and transfer addresses
+  are per incarnation, so a restarted process rejoins on fresh channels.
+- Control messages are JSON strings in the key-value store, one key per message
+  on a per-process, per-incarnation sequence: `staleness/rel/{p}.{inc}/...`
+  (server -> process p: releases, or STOP) and `staleness/push/{p}.{inc}/...`
+  (pushes, or a worker's error). One thread per direction and process reads its
+  sequence (`blocking_key_value_get`, bounded by `POLL_MS`) and deletes what it
+  read, `BLOCK` messages at a time.
+- Tensors move pull-based through each process's transfer server: the sender
+  offers arrays under a fresh id (`await_pull`) before it announces the id, and
+  the receiver pulls them (`TransferConnection.pull`). A pull returns before the
+  data arrived and its arrays fail later if the peer dies, so the server's
+  receiving thread waits until (loss, gradient) are materialized: a failed pull
+  becomes `WorkerLost`, and nothing the Result needs is fetched from a peer
+  later. A pull that never returns abandons its (daemon) thread.
+- Liveness: `jax_enable_recoverability` is set, so one dead process does not
+  abort the job; a monitor thread in every process calls `get_live_nodes` in a
+  loop (a barrier over the live processes: every process must keep calling
+  it). A dead process drops out after the heartbeat timeout, one that shut down
+  at once; a restarted one comes back with a new incarnation id. The server
+  turns a lost process into `WorkerLost` for its workers and a rejoined one (it
+  announces `join/{p}` once compiled) into `WorkerJoined`; a worker process that
   loses process 0 stops.
 
-`jax.experimental.transfer`'s own pull timeout is not used: it did not fire
-on CPU in JAX 0.10 (see DESIGN.md); every wait here is bounded by the poll
-timeout plus the liveness check instead.
+`jax.experimental.transfer`'s own pull timeout did not fire on CPU in JAX 0.10
+(DESIGN.md): every wait here is bounded by the poll timeout plus liveness.
 """
 
 from __future__ import annotations
@@ -131,13 +115,10 @@ def _local_host_for(coordinator: str) -> str:
 
 
 # -- the coordination service, in a process of its own ---------------------------------------
-# Runs with `python -c`, importing jaxlib only (a quarter of a second). Its stdin
-# is a pipe from process 0 (its parent): a line 'stop' (process 0 shut down) or
-# end-of-file (process 0 died). Either way the service then stays until no
-# other client is connected any more (its accepted TCP connections, from
-# /proc/net, less those of process 0 itself), at most `linger` seconds: a
-# process that is still running (say, one that was paused) can then see the
-# job end and exit with a message instead of being aborted by JAX.
+# Runs with `python -c`, importing jaxlib only (a quarter of a second). On 'stop' or end-of-file
+# on its stdin (process 0 shut down or died) it stays until no other client is connected (its
+# accepted TCP connections in /proc/net, less process 0's), at most `linger` seconds, so that a
+# process still running can see the job end and exit with a message instead of a JAX abort.
 _SERVICE_PROGRAM = r"""
 import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to process 0, which stops us
@@ -335,7 +316,7 @@ class Coordination:
         self.transfer = transfer.start_transfer_server(device.client, f"{host}:0", [f"{host}:0"])
         self.set(f"addr/{process_id}.{self.incarnation}", self.transfer.address())
         self.live: dict[int, int | None] = {p: None for p in range(num_processes)}
-        self.declared_dead = False  # the service counts this process as dead (it stops)
+        self.declared_dead = False
         self._seen_self = threading.Event()
         self._lost_listeners = []
         self._lock = threading.Lock()
@@ -466,19 +447,15 @@ def _avals(tree, device):
 
 
 class DistributedServerLink(ServerLink):
-    """The server's end on process 0.
+    """The server's end on process 0: per process the incarnation it serves and whether
+    that one is alive, a receiving thread per served incarnation, and a watcher
+    thread that lets restarted processes back in.
 
     Args:
       coord: this process's Coordination.
       worker_process: [λ] the process of each worker.
       device: the server's device (pushes are pulled onto it).
-      push_shape: what a worker pushes beside its loss, a pytree of arrays or
-        ShapeDtypeStructs (`Numerics.push_shape`): a params-shaped gradient or delta,
-        or an actor's rollout (asynchronous RL).
-
-    Per process it keeps the incarnation it serves and whether that one is alive;
-    one receiving thread per served incarnation; a watcher thread lets restarted
-    processes back in.
+      push_shape: what a worker pushes beside its loss (`Numerics.push_shape`).
     """
 
     def __init__(self, coord: Coordination, worker_process: list[int], device, push_shape):
@@ -583,17 +560,24 @@ class DistributedServerLink(ServerLink):
                 for w in self._workers_of(p):
                     self._events.put(WorkerJoined(w, f"process {p} restarted (incarnation {inc})"))
 
-    def release(self, msg: Release, params) -> None:
-        p = self.worker_process[msg.worker]
+    def _next_message(self, p: int) -> tuple[int, int] | None:
+        """(incarnation, sequence number) of the next message to process `p`; None if it is lost."""
         with self._lock:
             if not self._alive[p]:
-                return
+                return None
             inc, k = self._inc[p], self._seq[p]
             self._seq[p] = k + 1
+            return inc, k
+
+    def release(self, msg: Release, params) -> None:
+        p = self.worker_process[msg.worker]
+        channel = self._next_message(p)
+        if channel is None:
+            return
         handle = self.coord.new_id()
         self.coord.transfer.await_pull(handle, params)
         rel = Release(msg.worker, msg.iteration, msg.version, msg.epoch, handle)
-        self.coord.set(_msg_key("rel", p, inc, k), rel.to_json())
+        self.coord.set(_msg_key("rel", p, *channel), rel.to_json())
 
     def publish(self, version: int, params, to: list[int]) -> None:
         """Offer `version` to each actor in `to` on its channel (one offer each: an actor takes
@@ -601,14 +585,12 @@ class DistributedServerLink(ServerLink):
         still queued when the run stops are held until the process exits)."""
         for w in to:
             p = self.worker_process[w]
-            with self._lock:
-                if not self._alive[p]:
-                    continue
-                inc, k = self._inc[p], self._seq[p]
-                self._seq[p] = k + 1
+            channel = self._next_message(p)
+            if channel is None:
+                continue
             handle = self.coord.new_id()
             self.coord.transfer.await_pull(handle, params)
-            self.coord.set(_msg_key("rel", p, inc, k), Published(w, version, handle).to_json())
+            self.coord.set(_msg_key("rel", p, *channel), Published(w, version, handle).to_json())
 
     def poll(self, timeout: float):
         try:
@@ -625,19 +607,14 @@ class DistributedServerLink(ServerLink):
         except Exception:  # noqa: BLE001
             pass
         for p in self.processes:
-            with self._lock:
-                if self._alive[p]:
-                    inc, k = self._inc[p], self._seq[p]
-                    self._seq[p] = k + 1
-                else:  # a restarted process still waiting to be let in is stopped too
-                    inc, k = None, 0
+            channel = self._next_message(p)
             try:
-                if inc is None:
+                if channel is None:   # a restarted process still waiting to be let in is stopped too
                     text = self.coord.try_get(f"join/{p}")
                     if text is None or int(text.split()[0]) <= self._inc[p]:
                         continue
-                    inc = int(text.split()[0])
-                self.coord.set(_msg_key("rel", p, inc, k), Release(STOP, 0, 0, 0).to_json())
+                    channel = (int(text.split()[0]), 0)
+                self.coord.set(_msg_key("rel", p, *channel), Release(STOP, 0, 0, 0).to_json())
             except Exception:  # noqa: BLE001 - best effort: a dead process needs no stop
                 pass
 

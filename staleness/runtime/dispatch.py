@@ -1,29 +1,15 @@
 """Workers without worker threads: the server's thread dispatches their steps.
 
-A run at the hardware's speed (no cluster model: nothing to sleep) needs no
-thread per worker to compute: JAX dispatches asynchronously, and one Python
-thread driving every device is how a JAX program uses several devices. Eight
-worker threads each dispatching their own steps compete for the GIL and the
-host's cores (digits-mlp on 8 virtual CPU devices, 2 cores: 8 threads computed
-about 950 gradients/s in all, one thread dispatching for every device about
-4,000-5,000).
+A run at the hardware's speed (no cluster: nothing to sleep) needs no thread per
+worker: JAX dispatches asynchronously, and one Python thread driving every device
+is how a JAX program uses several devices. Worker threads dispatching their own
+steps compete for the GIL and the host's cores (digits-mlp on 8 virtual CPU
+devices, 2 cores: 8 threads computed about 950 gradients/s in all, one thread
+dispatching for every device about 4,000-5,000).
 
-`DispatchTransport` is the server's end of such a run. A release dispatches
-the worker's pull (`jax.device_put` of the parameters onto its device), its
-gradient (`Numerics.gradient`) and the push of the gradient onto the server's
-device, all from the serve loop's thread, without waiting for any of them.
-`poll` looks at the dispatched steps (`is_ready`, oldest first; between looks
-it sleeps from 20 µs up to `PAUSE_SECONDS`, releasing the GIL) and hands the
-serve loop the first one computed as an `Arrival`, so arrivals come in the
-order the devices finish. No thread is started. A step that raises (at
-dispatch or on the device) is the worker's `WorkerFailed`, as with worker
-threads.
-
-What a thread per worker still does that this does not: inject a cluster's
-delays (`runtime.worker`; a run with a cluster uses worker threads). On CPU,
-XLA runs a small program inline in the dispatching thread, so a step that hangs
-there holds the serve loop (its deadlines then cannot fire); on accelerators
-dispatch returns at once and a hung step is a silent worker like any other.
+On CPU, XLA runs a small program inline in the dispatching thread, so a step that
+hangs there holds the serve loop (its deadlines then cannot fire); on
+accelerators dispatch returns at once and a hung step is a silent worker.
 """
 
 from __future__ import annotations
@@ -42,13 +28,16 @@ PAUSE_SECONDS = 5e-4  # longest sleep between two looks at the dispatched steps
 
 
 class DispatchTransport(ServerLink):
-    """The serve loop's thread dispatches every worker's step (module docstring).
+    """The serve loop's thread dispatches every worker's step: a release dispatches the
+    pull, the gradient and the push onto the server's device without waiting; `poll`
+    hands over the first step computed (`is_ready`, oldest first) as an `Arrival`. A
+    step that raises (at dispatch or on the device) is the worker's `WorkerFailed`.
 
     Args:
       numerics: the run's `Numerics` (its jitted gradient).
       server_device: where gradients are pushed (a device, or a pytree of shardings).
       worker_devices: [λ] the device of each worker (devices may repeat).
-    """
+"""
 
     def __init__(self, numerics, server_device, worker_devices):
         self.numerics = numerics

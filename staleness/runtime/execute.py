@@ -1,15 +1,4 @@
-"""The last steps of a run, the same for every builder: start, serve, stop, Result.
-
-    built = build.server(spec, ...)                        # or build.collective / build.distributed
-    result = execute(built, spec, stop_event, close_progress)
-
-`execute` starts the serve loop's clock and the worker threads (each with the
-cluster's injected delays, timed from the run's start), runs `main` (default
-`serve`: the serve loop, its faults turned into errors that carry the Result),
-and whatever happens stops the transport, ends the progress line and joins the
-worker threads. While it serves in the main thread, the first Ctrl-C stops the
-run cleanly (`sigint_stops`).
-"""
+"""The last steps of a run, the same for every builder: start, serve, stop, Result (`execute`)."""
 
 from __future__ import annotations
 

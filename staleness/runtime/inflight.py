@@ -1,21 +1,14 @@
 """An actor's rollout under in-flight weight updates in a real run (`rl_inflight`, `rl_partial`).
 
-The actor decodes for its injected decode time (the cluster's seconds per token × the
-rollout's size × `time_scale`, as `Delays.compute` times any rollout). Meanwhile it
-watches the versions the server publishes as it completes them (`WorkerLink.newer`): it
-fetches each one (the real transfer, through the transport) and the version reaches it
-the pull's injected transfer time later (`Delays.pull`, as in the simulator). Which token
-it reaches is the simulator's rule, `staleness.sim.inflight.Decode`; under partial rollouts
-(`Delays.refill` not None) it also pauses the decode for the transfer again and `refill`
-token-times, so the rollout ends later.
-
-When the decode ends, the rollout is generated with one version per segment
-(`Numerics.generate`: the replay's `decode.sample(starts=)`). Every position recomputes
-its prefix, so these are the tokens an actor that swaps weights between those tokens
-samples, and the push carries the switches (`Push.segments`), which the trace keeps
-(`Schedule.meta['segments']`) for the replay. The generation's own compute comes after the
-decode window here (an accelerator's actor computes while it decodes): an in-flight
-rollout takes its injected time plus the real generation.
+The actor decodes for its injected decode time (`Delays.compute`) while it takes the
+versions the server publishes (`WorkerLink.newer`): it fetches each one (the real
+transfer) and the version reaches it `Delays.pull` later, at the token the
+simulator's rule gives (`staleness.sim.inflight.Decode`; partial rollouts also
+pause the decode for the transfer and `refill` token-times). When the decode ends,
+the rollout is generated with one version per segment (`Numerics.generate`, the
+replay's `decode.sample(starts=)`), and the push carries the switches
+(`Push.segments`) for the trace. The generation's own compute comes after the
+decode window here (an accelerator's actor computes while it decodes).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""`run`: the same policies on the devices of one process, recording a trace.
+"""`run` (`staleness.runtime.run`): the same policies on the devices of one process, recording a trace.
 
-(`staleness.runtime.run` is this module's `run` function.) A run flows one
-way, each step in its own module:
-
-    spec   = spec.make_spec(...)          # the arguments, checked once
-    built  = build.build(spec, ...)       # numerics, server state, workers, transport
-    result = execute.execute(built, ...)  # start; serve.Server, the one serve loop; the Result
-
-Under `sync='server'` each worker, bound to a device (workers share devices
-when there are more workers than devices), runs the engine's jitted
-per-gradient function, and the serve loop in the calling thread owns
-parameters and optimizer state (sharded over `server_devices`); tensors move
-with `jax.device_put`. Without a cluster the serve loop dispatches every
-worker's step itself (`runtime.dispatch`: no worker threads); with one, a
-thread per worker sleeps its injected delays (`runtime.worker`). Under
-`sync='collective'` (BSP's default) each round is one jitted `pmean` step over
-the devices (`runtime.collective`). The result is the simulator's `Result`.
+Under `sync='server'` worker w computes on devices[w % len(devices)] and the serve
+loop in the calling thread owns the parameters and optimizer state (sharded over
+`server_devices`); without a cluster it dispatches every worker's step itself
+(`runtime.dispatch`), with one a thread per worker sleeps its injected delays
+(`runtime.worker`). Under `sync='collective'` each round is one jitted `pmean`
+step over the devices (`runtime.collective`). The result is the simulator's `Result`.
 """
 
 from __future__ import annotations
@@ -65,40 +55,25 @@ def run(task, policy, cluster=None, *, settings: Settings | None = None, devices
       cluster: None (workers run at the hardware's speed) or a `staleness.cluster`
         Cluster / spec: its compute times, network delays and failures are injected
         (compute: the iteration lasts max(real, compute_time · time_scale) seconds).
-      settings: a `staleness.runtime.spec.Settings` (num_updates ... sync), taken whole; its
-        fields may also be given by keyword, overriding it:
-      num_updates: stop after this many server updates.
-      num_workers: λ (default: the cluster's, else one per device).
-      seed: initial parameters and minibatches (`engine.core.keys(seed)`), and the
-        cluster's random draws.
-      lr, lr_rule, optimizer: as in `engine.replay`.
+      settings: a `staleness.runtime.spec.Settings`, taken whole; its fields (num_updates,
+        num_workers, seed, lr, lr_rule, optimizer, time_scale, max_time, checkpoint,
+        checkpoint_every, resume, worker_timeout, on_worker_failure, ...: each described in
+        its metadata, the help of its `staleness run` flag) may also be given by keyword,
+        overriding it. Also:
+      sync: 'collective' (each round one jitted pmean step over the devices; BSP only;
+        a lost worker stops the run), 'server' (the parameter server; worker-level fault
+        tolerance), or None (`spec.resolve_sync`). Recorded in the Result's config.
+      eval_every / num_evals: history rows every this many updates (evaluated after
+        the run from kept snapshots, so evaluation never stalls the server).
       devices: None (all local devices), a count, or a list; worker w runs on
         devices[w % len(devices)]. server_device: default devices[0].
-      sync: 'collective' (each round one jitted pmean step over the devices; BSP only;
-        a lost worker stops the run), 'server' (the parameter server; its workers are
-        dispatched from the serve loop, or run a thread each with a cluster's injected
-        delays; worker-level fault tolerance), or None: 'collective' for BSP unless
-        on_worker_failure='continue' or a cluster (injected delays) is given, else
-        'server'. Recorded in the Result's config and schedule meta.
       server_devices: sync='server': the devices the server's parameters and optimizer
         state are sharded over (None: all devices on accelerators for one-gradient
         policies, else server_device alone; an int: the first n devices; a list).
-      time_scale: real seconds per simulated second of the cluster model.
-      eval_every / num_evals: history rows every this many updates (evaluated after
-        the run from kept snapshots, so evaluation never stalls the server).
-      max_time: optional wall-clock budget in seconds.
-      checkpoint, checkpoint_every, resume: checkpoint directory; write every
-        `checkpoint_every` updates; resume=True continues from the checkpoint there.
-      worker_timeout: seconds after its release at which a worker without a gradient
-        is declared lost.
-      on_worker_failure: 'continue' (the policy's gates count live workers only) or
-        'stop' (raise `WorkerLostError`); None: 'stop' under collectives, else 'continue'.
       progress: True for a live line on stderr, or a callable(dict).
       stop_event: a threading.Event; setting it stops the run (status 'stopped').
-
       callbacks: `staleness.infra.tracking` callbacks or specs ('tensorboard:DIR', 'wandb:PROJECT'),
-        called with every history row when the run ends (a real run evaluates its kept
-        snapshots after serving, so as not to stall the server; `st.simulate` calls them live).
+        called with every history row when the run ends.
 
     Returns: a `Result` (status 'complete', or 'stopped' after Ctrl-C / stop_event).
     Raises: `WorkerError` (a worker raised; message names it), `WorkerLostError`,

@@ -1,22 +1,12 @@
 """Control messages between the server and its workers, whatever carries them.
 
-A `Release` goes from the server to a worker: start iteration `iteration` on
-the parameters of `version`; a `Published` offers an actor mid-rollout a version
-the server just completed (in-flight weight updates). A `Push` goes back with the gradient's metadata
-(its loss and gradient travel beside it as arrays). `WorkerFailed` (the worker
-raised), `WorkerLost` (the worker, or its process, is gone) and `WorkerJoined`
-(a restarted process is back with its workers) are events the transport
-raises on the server side. `LateLoss` and `RoundGradient` are what a collective
-round hands the serve loop in place of a loss and a gradient: both stay on the
-devices.
-
 Times inside a `Push` are durations on the worker's own clock, measured back
 from the moment it sent the push (`since_recv`, `since_start`, `since_end`), so
 worker and server clocks never need to agree (hosts do not share
 `time.monotonic()`). The server knows when it released the worker and when the
-push arrived; the difference minus the worker's `since_recv` is the time both
-messages spent in transit, which it splits evenly between the release and the
-push (as NTP does) to place `start` and `end` on its own clock.
+push arrived; the difference minus `since_recv` is the time both messages spent
+in transit, which it splits evenly between them (as NTP does) to place `start`
+and `end` on its own clock.
 """
 
 from __future__ import annotations
@@ -25,7 +15,8 @@ import dataclasses
 import json
 from typing import Any, NamedTuple
 
-__all__ = ["Release", "Published", "from_server", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "LateLoss", "RoundGradient", "STOP"]
+__all__ = ["Release", "Published", "from_server", "Push", "WorkerFailed", "WorkerLost", "WorkerJoined", "LateLoss",
+           "RoundGradient", "STOP"]
 
 STOP = -1  # worker id of a release that stops every worker of a process
 

@@ -1,33 +1,19 @@
 """Several processes and hosts: `run_process` in each process of a
 `jax.distributed` job, and `launch_local` to start N such processes here.
 
-Process 0 hosts the server; worker w runs in process w % N on that process's
-local device (w // N) % (local devices). Every process is started with the
-same arguments (`staleness run --coordinator HOST:PORT --num-processes N
---process-id I ...` on each host); process 0 returns the Result, the others
-return None when the server stops them.
+Every process is started with the same arguments (`staleness run --coordinator
+HOST:PORT --num-processes N --process-id I ...`); process 0 hosts the server
+and returns the Result, worker w runs in process w % N (`build.distributed`).
+A worker process that dies loses its workers; started again with the same id,
+it rejoins (`policy.join`). If process 0 dies the others raise
+`ServerLostError`; process 0 cannot rejoin (restart the job, with --resume).
 
-Faults: a worker process that dies is seen by process 0 (liveness) and its
-workers are lost (`on_worker_failure`). Started again with the same
-arguments and process id while the job runs, it rejoins: its workers come
-back through `policy.join` at the slowest live clock. If process 0 dies, the
-others raise `ServerLostError` (`staleness run` prints one line and exits 1);
-process 0 itself cannot rejoin (the server's state died with it: restart the
-job, with --resume from a checkpoint to continue).
-
-By default every policy, BSP included, runs through the parameter-server
-transport of `staleness.runtime.coordination` (sync='server'): the server's
-jitted `combine` + `server_update` is then the only place gradients are
-summed, which keeps traces replayable bitwise (a `pmean` would sum in another
-order) and lets BSP survive a lost worker like the other policies.
-
-With sync='collective' (BSP, asked for explicitly) the job is one SPMD
-program instead: every process runs the serve loop over one global mesh
-(`runtime.collective`; on CPU the all-reduce goes through gloo), worker w on
-mesh device w // (λ / d) (the same number of devices in every process). A
-process that dies stops the job: the others name it (liveness) within the
-heartbeat timeout; a restarted process cannot rejoin (every round needs every
-process).
+Every policy, BSP included, runs through the parameter-server transport
+(`runtime.coordination`) by default: the server's jitted update is then the
+only place gradients are summed, which keeps traces replayable bitwise (a
+`pmean` sums in another order) and lets BSP survive a lost worker. With
+sync='collective' (asked for) the job is one SPMD program over a global mesh
+(`runtime.collective`); a process that dies stops the job, and none rejoins.
 """
 
 from __future__ import annotations
@@ -85,15 +71,11 @@ def run_process(task, policy, cluster=None, *, coordinator: str, num_processes: 
         dead (default: half of worker_timeout, rounded up, at least 1); detection
         takes about this long plus a liveness round (~0.2-1 s).
       init_timeout: seconds to wait for every process to join and compile.
-      Everything else as in `runtime.run` (task, policy, cluster, num_updates, seed,
-      lr, lr_rule, optimizer, time_scale, eval_every, checkpoint, checkpoint_every,
-      resume, worker_timeout, on_worker_failure, max_time, batch_size, data_dir).
+      Everything else as in `runtime.run`.
 
-    Returns: the Result on process 0, None on the others. Process 0 raises
-    `WorkerError` / `WorkerLostError` / `DivergenceError` like `runtime.run`.
-    Other processes raise `ServerLostError` if they lose the server. A process
-    started again with the id of a lost one rejoins the running job.
-    """
+    Returns: the Result on process 0, None on the others. Process 0 raises like
+    `runtime.run`; the others raise `ServerLostError` if they lose the server.
+"""
     import math
 
     _check_job(coordinator, num_processes, process_id)

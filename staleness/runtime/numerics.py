@@ -1,12 +1,9 @@
 """The jitted functions a real run executes, built from the engine's shared numerics.
 
-Workers call `gradient` (= `engine.core.gradient` under `jax.jit`) once per
-iteration; the server stacks the gradients of an update (`stack`) and applies
-`engine.update.server_update` (`update`), the very function the compiled
-replay calls per update, so that on CPU a recorded trace replays to bitwise
-the same parameters (tests/test_engine.py proves the engine side of that
-contract). With one gradient slot per update (ASP, SSP, DSSP, 1-gradient
-softsync) the gradient is passed unstacked, as the engine passes it.
+The server applies `engine.update.server_update`'s ops, the very function the
+compiled replay calls per update, so that on CPU a recorded trace replays to
+bitwise the same parameters. With one gradient slot per update (ASP, SSP, DSSP)
+the gradient is passed unstacked, as the engine passes it.
 """
 
 from __future__ import annotations
@@ -81,17 +78,14 @@ class Numerics:
     """Per-gradient and per-update functions of one run.
 
     Args:
-      task: the Task (passed to `jit` as an argument, so its data are device
-        inputs, not constants).
+      task: the Task (a `jit` argument, so its data are device inputs, not constants).
       opt: the server `Optimizer` (its transformation is a static argument).
       rule: the lr rule.
-      slots: gradient slots per update (the policy's largest update); 1 selects
-        the one-gradient path.
+      slots: gradient slots per update (the policy's largest); 1: the one-gradient path.
       data_key: the run's minibatch key (`engine.core.keys(seed)[1]`).
-      local: the engine's step configuration of the policy's work: an `engine.local.Local`
-        (local-update methods), an `engine.rollout.Learner` (asynchronous RL: workers are
-        actors that generate rollouts and push them; `update` computes the learner's
-        gradients on them at the current parameters, then the one server update), or None.
+      local: an `engine.local.Local` (local-update methods), an `engine.rollout.Learner`
+        (asynchronous RL: workers are actors that push rollouts; `update` is the
+        learner's), or None.
     """
 
     def __init__(self, task, opt: Optimizer, rule, slots: int, data_key, local=None, inner=None,
@@ -204,15 +198,10 @@ class Numerics:
         """
         if self.learner is not None:   # the pushes are rollouts: the learner's version on them
             return self._learner_update(params, opt_state, grads, staleness, update, zeros)
-        c = len(grads)
         if self.slots == 1:
             return _server_update_jit(params, opt_state, grads[0], self._tau1(staleness[0]), self._one,
                                       self._fragment(update), tx=self.opt.tx, rule=self.rule)
-        if c > self.slots:
-            raise ValueError(f"update {update}: {c} gradients exceed the {self.slots} slots")
-        pad = self.slots - c
-        tau = np.asarray(list(staleness) + [0] * pad, np.int32)
-        mask = np.asarray([True] * c + [False] * pad)
+        pad, tau, mask = self._padded(staleness, update, "gradients")
         stacked = _stack_jit(*grads, *([zeros] * pad))
         return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update),
                                   tx=self.opt.tx, rule=self.rule)
@@ -221,17 +210,20 @@ class Numerics:
         """The learner's version on the pushed `rollouts` (padded to `slots` with empty
         rollouts, masked out), as the replay computes it."""
         task, _ = self.on(next(iter(jax.tree.leaves(params)[0].devices())))
-        c = len(rollouts)
         kw = dict(tx=self.opt.tx, rule=self.rule, minibatches=self.learner.minibatches, many=self.slots > 1)
         if self.slots == 1:
             return _learner_update_jit(task, params, opt_state, rollouts[0], self._tau1(staleness[0]), self._one, **kw)
-        if c > self.slots:
-            raise ValueError(f"update {update}: {c} rollouts exceed the {self.slots} slots")
-        pad = self.slots - c
+        pad, tau, mask = self._padded(staleness, update, "rollouts")
         empty = [] if not pad else [_empty_rollout(rollouts[0])] * pad
-        tau = np.asarray(list(staleness) + [0] * pad, np.int32)
-        mask = np.asarray([True] * c + [False] * pad)
         return _learner_update_jit(task, params, opt_state, _stack_jit(*rollouts, *empty), tau, mask, **kw)
+
+    def _padded(self, staleness: list[int], update: int, what: str):
+        """(pad, tau [slots], mask [slots]) of an update of len(staleness) `what` (gradients, rollouts)."""
+        c = len(staleness)
+        if c > self.slots:
+            raise ValueError(f"update {update}: {c} {what} exceed the {self.slots} slots")
+        pad = self.slots - c
+        return pad, np.asarray(list(staleness) + [0] * pad, np.int32), np.asarray([True] * c + [False] * pad)
 
     def _fragment(self, update: int):
         """Streaming DiLoCo: the fragment update `update` synchronizes (else None)."""

@@ -1,13 +1,10 @@
 """Replay a recorded trace in the engine and compare with the real run.
 
-On CPU the replay (slot_mode='map') reproduces the recorded run's final
-parameters bit for bit: both sides run the same compiled per-gradient
-function and the same combine + server_update on the same gradients in the
-same order, provided the replaying process has the recording process's CPU
-device configuration (a process with 8 virtual CPU devices, XLA_FLAGS
---xla_force_host_platform_device_count=8, replayed a one-device rl-digits run
-to within 3e-8, not bitwise). On GPUs the per-gradient kernels may differ between the standalone
-and the scanned program (autotuning, fusion), so compare with a tolerance.
+On CPU the replay (slot_mode='map') reproduces the recorded run's final parameters
+bit for bit (the same compiled per-gradient function and server update on the same
+gradients in the same order), given the recording process's CPU device
+configuration (a process with 8 virtual CPU devices replayed a one-device rl-digits
+run to within 3e-8, not bitwise). On GPUs compare with a tolerance.
 """
 
 from __future__ import annotations
@@ -60,11 +57,9 @@ def compare_params(a, b) -> Comparison:
 
 def _rebuild(name: str, cfg: dict, num_workers: int, batch_size, data_dir):
     """The task `name` for a replay of a run whose config is `cfg`: the recorded task rebuilt
-    from its config (an RL task's objective, group and options; a supervised task's batch
-    size, partition, seed and options), or another task named by the caller, built with its
-    defaults (the parameter check then says whether it is the recorded run's). ValueError in
-    one line: a factory's module that cannot be imported, an RL run replayed with a supervised
-    task or the other way round, a rebuilt task that differs from the recorded one."""
+    from its config, or another task named by the caller, built with its defaults (the
+    parameter check then says whether it is the recorded run's). ValueError in one line
+    when the task kinds (RL, supervised) differ or a rebuilt task differs from the recorded one."""
     import staleness as st
 
     recorded = cfg.get("task")

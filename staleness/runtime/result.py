@@ -1,13 +1,9 @@
-"""The last step of a run: the serve loop's records -> a `Result`.
+"""The last step of a run: the serve loop's records -> the simulator's `Result`.
 
-History rows are evaluated here, after serving, from the parameter snapshots
-the loop kept (so evaluation never stalls the server); a checkpoint evaluates
-the snapshots taken so far with the same function. The Result is the
-simulator's: history at evaluation points (time = wall seconds since the
-start), the recorded trace as its schedule (its meta: `sync`, how it was
-executed, `server_busy_s`, the serve loop's busy time, and `rounds_ahead`,
-the collective rounds computed before the policy released them), final parameters
-and config (`sync` too).
+History rows are evaluated after serving, from the parameter snapshots the loop
+kept (so evaluation never stalls the server; time = wall seconds since the
+start); the schedule's meta also records `sync`, `server_busy_s` (the serve
+loop's busy time) and `rounds_ahead` (`collective.RunAhead`).
 """
 
 from __future__ import annotations

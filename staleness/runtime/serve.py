@@ -1,44 +1,21 @@
 """The serve loop: the shared policy gates real workers; updates are jitted.
 
-One loop for every way of executing a run: a builder (`runtime.build`) hands
-it a transport (`ServerLink`: where releases go and events come from) and an
-update function ((params, opt_state, grads, staleness, update) -> (params,
-opt_state)): the sharded parameter server's jitted update with workers
-dispatched from this loop's thread (`DispatchTransport`), worker threads
-behind a `LocalTransport` or the multi-process transport, or the collective
-path's `CollectiveLink`, whose rounds are one `pmean` step each. The loop
-owns the parameters and the optimizer state. It drives the policy
-with the driver protocol of `staleness.policies` (init / push / fail / join),
-passing real time (seconds since the run's start, from `time.monotonic()`),
-exactly as the simulator drives it with simulated time:
-
-  - a gradient arrives: `policy.push`; record its row; buffer it if accepted;
-    on `update` apply one update from the buffer (`Numerics.update`); release
-    every worker in `released` with the current version;
-  - a worker is lost (its process died, it exceeded `worker_timeout`, or the
-    cluster's failure model says so): record its in-flight gradient as lost,
-    `policy.fail`; gates then count live workers only;
-  - a worker rejoins (cluster failure model, on resume, or its restarted process
-    rejoined the job): `policy.join`.
+One loop for every way of executing a run: a builder (`runtime.build`) hands it
+a transport (`ServerLink`: where releases go and events come from) and an
+update function (e.g. `Numerics.update`, `CollectiveLink.update`). The loop owns
+the parameters and the optimizer state and drives the policy through
+`staleness.driver.Driver` with real time (seconds since the run's start),
+exactly as the simulator drives it with simulated time: a gradient arrives
+(`policy.push`, record its row, apply an update, release workers), a worker is
+lost (its process died, it exceeded `worker_timeout`, or the cluster's failure
+model: `policy.fail`), a worker rejoins (`policy.join`).
 
 Each wait on the transport is bounded (`TICK_SECONDS`), so stop requests,
 deadlines, failure events and progress are checked even when nothing arrives.
-A transport may also decide when the loop stops (`link.agreed_stop`: the
-status, once set): collectives across processes stop every process after the
-same round.
-
-A gradient's loss arrives as a float, or (collectives) as a `LateLoss` (a
-device array and an index): it is then fetched later with others in one
-transfer (`_settle`), before any divergence check, checkpoint, progress report
-and at the end. Bytes: every row records `row_bytes` (pull, push) of the run's
-transport; a lost gradient never pushed. The loop adds up its own busy time
-(everything but waiting for events).
-
-Checkpoints and resume: `saved_state()` is the explicit `ServerState` a
-checkpoint keeps and `restore(state)` continues from one. The policy's state
-is not stored as objects: a run that checkpoints records its policy's calls
-(`PolicyCalls`, plain numbers) and a resumed run makes them again on a fresh
-state (policies are deterministic), then continues with `Driver.resume`.
+A collective round's loss arrives as a `LateLoss` (still on the devices),
+fetched later with others in one transfer (`_settle`) before any divergence
+check, checkpoint or progress report. Checkpoints keep `saved_state()`, the
+explicit `ServerState`; `restore(state)` continues from one (`PolicyCalls`).
 """
 
 from __future__ import annotations
@@ -72,11 +49,9 @@ class Diverged(FloatingPointError):
 class PolicyCalls:
     """The calls a run makes to its policy (`init`, then `push` / `fail` / `join`), in order.
 
-    Policies are deterministic: the same calls give the same `SyncState`, whatever it
-    holds (a user's policy too). A run that checkpoints hands the driver this object in
-    place of its policy; it forwards each call and records its arguments (plain
-    numbers); a checkpoint keeps them and a resumed run rebuilds the policy's state by
-    making the same calls again (`replay`). No policy object is stored.
+    Policies are deterministic (a user's too), so a run that checkpoints hands the driver
+    this object in place of its policy (it forwards each call and records its plain-number
+    arguments) and a resumed run rebuilds the `SyncState` by making the same calls again (`replay`).
 
     start: the `now` of `init` (None until it was called); calls: [('push', worker,
     pull_version, now) | ('fail', worker, now) | ('join', worker, now)].
@@ -118,18 +93,11 @@ class PolicyCalls:
             raise ValueError("resume: the checkpoint records no start of the policy")
         policy = self.policy
         state = policy.init(num_workers, self.start)
-        for call in self.calls:
-            kind = call[0]
-            if kind == "push":
-                out = policy.push(state, call[1], call[2], call[3])
-            elif kind == "fail":
-                out = policy.fail(state, call[1], call[2])
-            elif kind == "join":
-                out = policy.join(state, call[1], call[2])
-            else:
-                raise ValueError(f"resume: unknown policy call {call!r} in the checkpoint")
-            if out.update:   # the server completes each update when it decides it
-                policy.complete(state, call[-1])
+        for kind, *args in self.calls:
+            if kind not in ("push", "fail", "join"):
+                raise ValueError(f"resume: unknown policy call {(kind, *args)!r} in the checkpoint")
+            if getattr(policy, kind)(state, *args).update:   # the server completes each update when it decides it
+                policy.complete(state, args[-1])
         return state
 
 
@@ -162,15 +130,10 @@ class Server:
     """Parameter server of one real run (see the module docstring).
 
     Args:
-      spec: the run (`runtime.spec.RunSpec`); the loop reads its policy, num_workers,
-        num_updates, max_time (a wall-clock budget in seconds since the start, resumed
-        runs included), eval_every (keep a parameter snapshot every this many updates,
-        for history rows), worker_timeout (a released worker with no gradient after this
-        many seconds is lost; seconds the loop itself spent blocked in one step longer
-        than a tick do not count), on_worker_failure ('continue': policy.fail and the
-        run goes on; 'stop': raise `WorkerLostError`; failures of the cluster's failure
-        model always continue), checkpoint_every and the cluster's failure model
-        (`spec.membership`: emulated failures and rejoins).
+      spec: the run (`runtime.spec.RunSpec`, its fields as in `runtime.run`): max_time
+        counts resumed runs' seconds too; worker_timeout does not count seconds the loop
+        itself spent blocked in one step longer than a tick; failures of the cluster's
+        failure model (`spec.membership`) always continue.
       link: the server's end of the transport.
       update: the update function (params, opt_state, grads, staleness, update, zeros)
         -> (params, opt_state), e.g. `Numerics.update` or `CollectiveLink.update`.
@@ -195,7 +158,6 @@ class Server:
         self.params = params
         self.opt_state = opt_state
         self.zeros = zeros
-        # asynchronous RL: the learner's update is complete after it is computed (`_do`)
         self.link = link
         self.num_updates = int(spec.num_updates)
         self.max_time = spec.max_time
@@ -299,8 +261,7 @@ class Server:
             raise RuntimeError(f"worker {w} pushed iteration {m.iteration} on version {m.version}, "
                                f"but was released for iteration {iteration} on version {pull_version}")
         now = self.now()
-        # Place the worker's interval on the server's clock: the time both messages
-        # spent in transit is split evenly between the release and the push.
+        # the worker's interval on the server's clock (`runtime.messages`: as NTP does)
         half = max(0.0, now - pull_time - m.since_recv) / 2
         start = pull_time + half + (m.since_recv - m.since_start)
         end = max(now - half - m.since_end, start)

@@ -1,15 +1,11 @@
 """Where the parameter server keeps parameters and optimizer state: sharded over devices.
 
-An asynchronous policy's server applies one small update per gradient; with
-the state on one device, that device receives every gradient and does every
-update (the bottleneck all-reduce avoids). Here each leaf of the parameters
-(and of the optimizer state, which follows the parameters' layout through
-`jit`) is split along its leading axis over a 1-D mesh of the server's
-devices when that axis divides evenly, else replicated; a gradient is put
-into the same layout by the worker that sends it, and each shard is updated
-where it lives. Elementwise optimizer steps (SGD, momentum, Adam without
-global-norm clipping) give the same bits sharded or not, so traces still
-replay bitwise on CPU.
+With an asynchronous policy's state on one device, that device receives every
+gradient and does every update. Here each leaf (the optimizer state follows the
+parameters' layout through `jit`) is split along its leading axis over a 1-D
+mesh of the server's devices when that axis divides evenly, else replicated.
+Elementwise optimizer steps (SGD, momentum, Adam without global-norm clipping)
+give the same bits sharded or not, so traces still replay bitwise on CPU.
 """
 
 from __future__ import annotations

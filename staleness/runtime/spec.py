@@ -19,7 +19,8 @@ from staleness.infra.settings import flag, no_flag
 from staleness import lr as _lr
 from staleness import policies as _policies
 
-__all__ = ["RunSpec", "Settings", "check_settings", "make_spec", "DEFAULT_UPDATES", "FAILURE_MODES", "SYNC_MODES", "resolve_sync"]
+__all__ = ["RunSpec", "Settings", "check_settings", "make_spec", "DEFAULT_UPDATES", "FAILURE_MODES", "SYNC_MODES",
+           "resolve_sync"]
 
 FAILURE_MODES = ("continue", "stop")
 DEFAULT_UPDATES = 500   # `staleness run`'s --updates (the library has no default)
@@ -28,7 +29,7 @@ SYNC_MODES = ("collective", "server")
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """A validated real run (see `runtime.run` for the meaning of each field)."""
+    """A validated real run (`Settings` and `runtime.run` describe the fields)."""
 
     task: Any
     policy: _policies.Policy
@@ -79,15 +80,12 @@ class RunSpec:
         """Injected delays (None without a cluster); t0: the run's start on the local clock."""
         if self.cluster is None:
             return None
+        from staleness.engine import core, payload
         from staleness.runtime.worker import Delays
 
         sizes = None
         if self.local is not None and self.local.learner:   # an actor's rollout takes its size in tokens
-            from staleness.engine import core
-
             sizes = self.task.rollout_sizes(core.keys(self.seed)[1])
-        from staleness.engine import payload
-
         pull_bytes, push_bytes = payload.payload_bytes(self.task, self.policy)
         inflight = self.inflight
         return Delays(self.cluster.sampler(self.seed), self.time_scale, t0, self.local_steps, sizes, pull_bytes,
@@ -102,11 +100,10 @@ class RunSpec:
 
 
 def resolve_sync(sync, policy, cluster, on_worker_failure, processes, seed: int = 0) -> tuple[str, str]:
-    """(sync, on_worker_failure) of a run: the explicit choice, checked, or the default
-    ('collective' for a BSP-like policy unless worker-level fault tolerance was asked
-    for (on_worker_failure='continue'), a cluster is given, or the job has several
-    processes (there the server keeps BSP's fault tolerance and rejoins); 'server'
-    otherwise). An explicit 'collective' takes a cluster's delays, not its failure model."""
+    """(sync, on_worker_failure) of a run: the explicit choice, checked, or the default:
+    'collective' for a BSP-like policy in one process without a cluster or
+    on_worker_failure='continue', else 'server'. An explicit 'collective' takes a
+    cluster's delays, not its failure model."""
     if sync is not None and sync not in SYNC_MODES:
         raise checks.ArgumentError("sync", sync, f"must be one of {SYNC_MODES} (or None: collective for "
                                    "synchronous policies, server otherwise)")

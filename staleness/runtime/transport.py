@@ -1,19 +1,13 @@
 """The Transport interface between the server and its workers, and the
 in-process transport (threads of one process, tensors moved by `jax.device_put`).
 
-A transport has two ends. The server's end (`ServerLink`) offers parameters
-and releases workers, and yields events: gradients that arrived, workers that
-raised, workers that were lost. A worker's end (`WorkerLink`, shared by the
-worker threads of one process) waits for its next release, fetches the
-released parameters onto the worker's device and pushes (loss, gradient) back.
-(A release hands the worker an opaque offer; `fetch` turns it into parameters
-on the worker's device, so the worker can time the message and the transfer
-apart.) The server loop and the worker loop are written against these two small
-interfaces only, so a transport can be swapped without touching them:
+The serve loop and the worker loop are written against `ServerLink` and
+`WorkerLink` only, so a transport can be swapped without touching them:
 `LocalTransport` here, `staleness.runtime.coordination` for several processes.
-
-Every blocking call takes a timeout (seconds) and returns None when it
-expires, so that the caller can check for stop requests and liveness.
+A release hands the worker an opaque offer that `fetch` turns into parameters
+on its device, so the worker can time the message and the transfer apart. Every
+blocking call takes a timeout (seconds) and returns None when it expires, so
+that the caller can check for stop requests and liveness.
 """
 
 from __future__ import annotations
@@ -31,12 +25,10 @@ __all__ = ["Arrival", "ServerLink", "WorkerLink", "LocalTransport", "Event"]
 
 
 class Arrival(NamedTuple):
-    """A gradient at the server: its `Push` message, its loss as a Python float
-    and its gradient pytree, materialized on the server's device (a transport
-    emits an Arrival only once both are there, so the server never waits on,
-    or depends on, the worker that sent them). Collective rounds keep both on the
-    devices: a `messages.LateLoss` and a `messages.RoundGradient`. (A NamedTuple:
-    one per gradient.)"""
+    """A gradient at the server: its `Push` message, its loss as a Python float and its
+    gradient pytree on the server's device (emitted only once both are there, so the
+    server never waits on the worker that sent them). Collective rounds keep both on
+    the devices: a `messages.LateLoss` and a `messages.RoundGradient`."""
 
     push: Push
     loss: Any
@@ -47,16 +39,10 @@ Event = Arrival | WorkerFailed | WorkerLost
 
 
 class ServerLink(abc.ABC):
-    """The server's end of a transport.
-
-    Besides the three methods below, a transport may change what the serve loop
-    does through these defaults: `times_rounds` (True: the transport times out its
-    own work, so the loop checks no per-worker deadlines), `agreed_stop` (a status
-    once set: the loop stops there), `rounds_ahead` (recorded in the trace's meta),
-    `started` (told the run's time origin when the loop starts), `fetch` (host
-    copies of loss arrays) and `finish` (wait for work still in flight at the end;
-    a lost worker or None).
-    """
+    """The server's end of a transport. Besides the abstract methods, a transport may
+    change what the serve loop does through the defaults below: `times_rounds` (True:
+    the transport times out its own work, so the loop checks no per-worker deadlines)
+    and `agreed_stop` (a status once set: the loop stops there)."""
 
     times_rounds = False
     agreed_stop: str | None = None
@@ -184,5 +170,5 @@ class LocalTransport(ServerLink, WorkerLink):
         self._events.put(WorkerFailed(worker, message, exception))
 
     def lose(self, worker: int, reason: str) -> None:
-        """Report `worker` as lost (used by tests and fault injection)."""
+        """Report `worker` as lost (fault injection)."""
         self._events.put(WorkerLost(worker, reason))

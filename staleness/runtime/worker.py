@@ -1,21 +1,14 @@
 """The worker loop: wait at the gate, pull, compute, push, over and over.
 
-One thread runs `worker_loop` per worker: it waits for its release (the gate
-opened; the server offered the current parameters), fetches them onto its
-device (the pull), computes the engine's jitted gradient of its minibatch for
-the released iteration and pushes (loss, gradient). JAX releases the GIL while
-a compiled step runs, so workers on different devices overlap for real.
-
-Heterogeneity on homogeneous hardware comes from the cluster models: a worker
-with a `Delays` sleeps the cluster's pull transfer after its parameters arrive
-(latency + the parameters' bytes / its link's bandwidth, as the simulator times it),
-computes, then sleeps until `compute_time` (scaled by `time_scale`) has passed
-since its compute started (so an iteration takes max(real, injected) seconds),
-and sleeps the push transfer before pushing. An actor with in-flight weight
-updates (`Delays.inflight`) decodes through `runtime.inflight` instead, taking
-the versions the server publishes meanwhile. A shared server link is taken as
-each transfer's bottleneck without sharing it among concurrent transfers (the
-simulator shares it). Every sleep wakes up early when the run stops.
+One thread runs `worker_loop` per worker; JAX releases the GIL while a compiled
+step runs, so workers on different devices overlap for real. Heterogeneity on
+homogeneous hardware comes from the cluster models (`Delays`): a worker sleeps
+its pull transfer after its parameters arrive, computes, sleeps until its
+injected compute time has passed since its compute started (an iteration takes
+max(real, injected) seconds) and sleeps its push transfer. A shared server link
+is each transfer's bottleneck, not shared among concurrent transfers (the
+simulator shares it). An actor with in-flight weight updates decodes through
+`runtime.inflight`. Every sleep wakes up early when the run stops.
 """
 
 from __future__ import annotations
