@@ -171,3 +171,43 @@ def test_goodput_under_chaos_decoupled_learners_beat_one_data_parallel_job():
     g = {k: s.summary()["goodput"] for k, s in (("dp", dp), ("dec", dec), ("sync", sync))}
     assert g["dp"] == pytest.approx(125 / 155, abs=0.08) and g["dec"] == pytest.approx(1000 / 1030, abs=0.03)
     assert g["dec"] > g["sync"] > g["dp"], g
+
+
+# -- numerics: the token-weighted merge ------------------------------------------------------------
+def _params_equal(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
+
+
+def test_the_reductions_train_bitwise():
+    """decoupled_diloco with a quorum of every learner trains as diloco, and with k = 1 and no
+    window as async_diloco: the same parameters and losses, bitwise (equal inner steps: the
+    token weights are 1/c, the same bits as the plain mean under a constant lr rule)."""
+    kw = dict(num_updates=8, seed=3, inner_optimizer="adamw:lr=3e-3", num_evals=2)
+    for ours, theirs in (("decoupled_diloco:4:quorum=4", "diloco:4"), ("decoupled_diloco:4", "async_diloco:4")):
+        a, b = (st.simulate("digits-mlp", p, JITTERED, **kw) for p in (ours, theirs))
+        assert _params_equal(a, b) and np.array_equal(a.train_loss, b.train_loss), (ours, theirs)
+
+
+def test_token_weights_from_hand_counted_steps():
+    """Dynamic Local Updates on learners of 1, 1.3, 2.6 and 2 s per step with H = 4 take
+    round(4 · 1 / t) = 4, 3, 2, 2 inner steps; a merge of all four weights their deltas
+    4/11, 3/11, 2/11, 2/11 (tokens ∝ steps at one minibatch size), computed by `aggregate`
+    exactly as by hand; without `tokens` the plain mean, and the two runs differ."""
+    from staleness.engine import local as L
+    from staleness.engine import update as U
+
+    s = simulate_schedule("decoupled_diloco:4:quorum=4:dynamic", JITTERED, num_updates=2, seed=3)
+    assert s.meta["local_steps"] == [4, 3, 2, 2]
+    assert L.configure(P.decoupled_diloco(4).work).weighted and not L.configure(P.diloco(4).work).weighted
+    deltas = {"w": np.arange(4 * 3, dtype=np.float32).reshape(4, 3) + 1.0}
+    steps = np.array([4, 3, 2, 2, 7], np.float32)   # a fifth, padded slot (masked out)
+    mask, tau = np.array([True] * 4 + [False]), np.zeros(5, np.int32)
+    padded = {"w": np.concatenate([deltas["w"], np.full((1, 3), 99.0, np.float32)])}
+    got = U.aggregate(padded, tau, mask, (st.lr.constant(),), 0, steps)["w"]
+    assert np.allclose(got, (np.array([4, 3, 2, 2]) / 11.0) @ deltas["w"], rtol=1e-6)
+    plain = U.aggregate(padded, tau, mask, (st.lr.constant(),), 0)["w"]
+    assert np.allclose(plain, deltas["w"].mean(0), rtol=1e-6)
+    kw = dict(num_updates=6, seed=3, inner_optimizer="adamw:lr=3e-3", num_evals=2)
+    a, b = (st.simulate("digits-mlp", p, JITTERED, **kw) for p in ("decoupled_diloco:4:quorum=4:dynamic",
+                                                                      "decoupled_diloco:4:quorum=4:dynamic:notokens"))
+    assert not _params_equal(a, b)

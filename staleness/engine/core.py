@@ -221,11 +221,12 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
     losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, params, stale, worker, iteration, index,
                                       inner)
     extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
+    tokens = consts["steps"][worker] if local is not None and local.weighted else None   # ∝ tokens processed
     if static.padded:
         params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask,
-                                                  consts["rule"], **extra)
+                                                  consts["rule"], tokens, **extra)
     else:   # = server_update with mask.any() known True
-        grad = _update.aggregate(grads, staleness, mask, rules, consts["rule"])
+        grad = _update.aggregate(grads, staleness, mask, rules, consts["rule"], tokens)
         params, opt_state = _update.apply(opt, params, opt_state, grad, True, **extra)
     if new_inner is not None:   # write back the workers' states of the real slots
         keep = jax.tree.map(lambda new, old: jnp.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),

@@ -40,6 +40,7 @@ class Local(NamedTuple):
     alpha: float = 0.0        # the local weight of the merge
     bits: int = 32            # of the sent outer gradients (32: not quantized)
     fragment_keys: tuple = ()
+    weighted: bool = False    # an update's deltas weighted by their workers' inner steps (tokens)
 
     @property
     def streaming(self) -> bool:

@@ -28,13 +28,15 @@ def rule_scale(rules: tuple, rule_index, staleness, mask):
     return jnp.stack([r.scale(staleness, mask) for r in rules])[rule_index]
 
 
-def aggregate(grads, staleness, mask, rules: tuple, rule_index=0):
+def aggregate(grads, staleness, mask, rules: tuple, rule_index=0, weights=None):
     """The gradient of one update from its C slots (staleness [C], mask [C] bool).
 
     C > 1: `grads` has [C, ...] leaves; returns (1/c) Σ_l scale(τ_l)·g_l over the c
-    real slots. C == 1: `grads` is one gradient pytree (not stacked); it is scaled
-    by the rule unless the rule is constant (then returned as it is: one-worker ASP
-    runs exactly the ops of plain training).
+    real slots, or with `weights` ([C] float32: Decoupled DiLoCo's tokens per slot)
+    Σ_l scale(τ_l)·(w_l / Σ_real w)·g_l (equal weights give the same bits under a constant
+    rule: w / Σw and 1/c are both the rounded 1/c). C == 1: `grads` is one gradient pytree
+    (not stacked); it is scaled by the rule unless the rule is constant (then returned as it
+    is: one-worker ASP runs exactly the ops of plain training).
     """
     if mask.shape[0] == 1:
         if len(rules) == 1 and isinstance(rules[0], _lr.Constant):
@@ -42,7 +44,11 @@ def aggregate(grads, staleness, mask, rules: tuple, rule_index=0):
         scale = rule_scale(rules, rule_index, staleness, mask).astype(jnp.float32)
         return jax.tree.map(lambda g: g * scale[0], grads)
     scale = rule_scale(rules, rule_index, staleness, mask).astype(jnp.float32)
-    weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+    if weights is None:
+        weights = scale / jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+    else:
+        w = jnp.where(mask, weights.astype(jnp.float32), 0.0)
+        weights = scale * (w / jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny))
     return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
 
 
@@ -58,10 +64,11 @@ def apply(tx, params, opt_state, grad, real=True, **extra):
     return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state)
 
 
-def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0, **extra):
+def server_update(tx, rules: tuple, params, opt_state, grads, staleness, mask, rule_index=0, weights=None,
+                  **extra):
     """One server update from C gradient slots (see `aggregate`); an update with no
     real slot (all of `mask` False) changes nothing. Returns (params, opt_state)."""
-    grad = aggregate(grads, staleness, mask, rules, rule_index)
+    grad = aggregate(grads, staleness, mask, rules, rule_index, weights)
     return apply(tx, params, opt_state, grad, mask.any(), **extra)
 
 

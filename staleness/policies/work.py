@@ -131,7 +131,7 @@ class LocalSteps:
 
     local: ClassVar[bool] = True
     collective_round: ClassVar[bool] = False
-    compiled_what: ClassVar[str] = "nothing"
+    compiled_what: ClassVar[str] = "token weights"
     numerics: ClassVar[str] = "local"
     iterations_per_sync: ClassVar[int] = 1
 
@@ -161,11 +161,11 @@ class LocalSteps:
 
     def numerics_options(self, shapes) -> dict:
         """The engine's local steps (`engine.local.Local`: H_max inner steps of the inner
-        optimizer, masked when workers take different numbers) need nothing more."""
-        return {}
+        optimizer, masked when workers take different numbers), token-weighted or not."""
+        return {"weighted": True} if self.weighted else {}
 
     def replay_settings(self) -> tuple:
-        return ()   # H is data of the replay (steps per worker), not compiled into it
+        return (self.weighted,)   # H is data of the replay (steps per worker), not compiled into it
 
     def describe(self) -> str:
         return f"local:{self.steps}" + (":dynamic" if self.dynamic else "") + (":weighted" if self.weighted else "")

@@ -457,8 +457,11 @@ class _Window:
             if self.open or not self.pending or self.pending < min(self.quorum, self.table.num_live):
                 return None
             self.open = True
-        members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= now + self.grace]
-        self.until = max([now, *members])
+        if self.grace:   # O(λ): the pushes in flight that arrive within the grace
+            members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= now + self.grace]
+            self.until = max([now, *members])
+        else:
+            self.until = now   # pushes of this very instant were queued before its close: they join it
         return self.until
 
     def hold(self, released, now: float) -> tuple:
