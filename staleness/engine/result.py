@@ -218,7 +218,7 @@ class Result:
         s = self.schedule.summary()
         real = self.schedule.meta.get("recorded") == "runtime"   # a real run's times are wall seconds
         for k in ("updates", "sim_time_s", "updates_per_s", "staleness_mean", "staleness_max",
-                  "wait_fraction_mean", "comm_fraction_mean", "bytes_sent", "dropped", "lost"):
+                  "wait_fraction_mean", "comm_fraction_mean", "goodput", "bytes_sent", "dropped", "lost"):
             out["wall_time_s" if real and k == "sim_time_s" else k] = s[k]
         diag = set(self.diagnostics.columns) if self.diagnostics is not None else set()
         for k, v in self.final.items():

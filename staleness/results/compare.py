@@ -61,7 +61,8 @@ _COUNTED = ("complete", "diverged", "failed")   # statuses whose runs enter the 
 # the table's schedule columns: (over the runs, type, value without runs)
 _SCHEDULE_COLUMNS = {"updates": (np.median, int, 0), "staleness_mean": (np.mean, float, math.nan),
                      "staleness_max": (max, int, 0), "wait_fraction_mean": (np.mean, float, math.nan),
-                     "comm_fraction_mean": (np.mean, float, math.nan), "bytes_sent": (np.median, float, math.nan),
+                     "comm_fraction_mean": (np.mean, float, math.nan), "goodput": (np.median, float, math.nan),
+                     "bytes_sent": (np.median, float, math.nan),
                      "sim_time_s": (np.median, float, math.nan), "updates_per_s": (np.median, float, math.nan)}
 
 
