@@ -7,15 +7,9 @@
     grads = jax.grad(task.loss)(params, batch)
     task.evaluate(params)                                     # {"loss": ..., "accuracy": ...}
 
-Built-in names: quadratic, linreg, digits-mlp, digits-cnn, mnist1d-mlp,
-mnist1d-cnn, cifar10-resnet20, cifar100-resnet20, and the RL tasks rl-bandit and
-rl-digits (`rl`: asynchronous RL's actors and learner) (see `names()`).
-
-Your own: `from_flax(model, loss, data, ...)` (a linen or nnx model, a loss name
-or function, arrays), `from_functions(init, loss, sample, evaluate, ...)`;
-`register(name, factory)` names a factory for `get` and the CLI, which also
-accepts `--task package.module:factory`. Per-worker partitions: iid, shard,
-dirichlet:ALPHA, sizes:F1,...,Fλ (`partitions`).
+Built-in names: `names()` (the RL tasks' in `rl`). Your own: `from_flax`, `from_functions`,
+`register(name, factory)` or `--task package.module:factory` (`registry`). Per-worker
+partitions: `partitions`.
 """
 
 import importlib

@@ -1,19 +1,12 @@
 """The `Task` value: model + data + loss + metrics behind one small interface.
 
-A task is what the engine and the runtime train. It is an immutable value whose
-methods are pure, jittable functions:
+A task is what the engine and the runtime train: an immutable value whose methods are
+pure, jittable functions (the example in `staleness.tasks`).
 
-    params = task.init_params(key)
-    batch  = task.minibatch(key, worker, iteration)   # {"x": [μ, ...], "y": [μ], "index": [μ]}
-    loss   = task.loss(params, batch)                  # scalar mean over the batch
-    grads  = jax.grad(task.loss)(params, batch)
-    task.evaluate(params)                              # {name: scalar for name in task.metric_names}
-
-`Task` is also a pytree: its leaves are the arrays it reads (`data`, and
-`optimum`/`hessian` where known); everything else is static metadata. Closing
-over a task inside `jit` embeds its data as compile-time constants, which is
-fine for the small built-in data sets (< 1 MB) but slow to compile for CIFAR
-(150 MB); passing the task as a `jit` argument instead makes the data ordinary
+`Task` is also a pytree: its leaves are the arrays it reads (`data`, and `optimum`/`hessian` where
+known); everything else is static metadata. Closing over a task inside `jit` embeds its data as
+compile-time constants, which is fine for the small built-in data sets (< 1 MB) but slow to compile
+for CIFAR (150 MB); passing the task as a `jit` argument instead makes the data ordinary
 device inputs:
 
     step = jax.jit(lambda task, params, key, w, i: jax.grad(task.loss)(params, task.minibatch(key, w, i)))
@@ -41,11 +34,8 @@ from staleness.tasks.batches import Batch, PyTree
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Task:
-    """One training problem: model, data, loss and held-out metrics.
-
-    Build the built-in ones with `staleness.tasks.get(name, ...)`; build your own
-    from a flax (linen or nnx) model, a loss and arrays with
-    `staleness.tasks.from_flax`, or from plain functions with `from_functions`.
+    """One training problem: model, data, loss and held-out metrics (build one with
+    `staleness.tasks.get`, `from_flax` or `from_functions`).
 
     Attributes:
       name: registry name, e.g. "digits-mlp".
@@ -68,10 +58,9 @@ class Task:
         the flattened params (quadratic), else None. Pytree leaf.
       metrics: the `staleness.tasks.metrics.Metric` of each name in metric_names
         (direction and range); default: known by name (loss, accuracy, mse, ...).
-      gather_fn: (data, index [μ] int32, key, worker, iteration) -> batch, for
-        tasks whose minibatches are training examples drawn by
-        `staleness.tasks.sampling` (then `sample_fn` is the hash + gather_fn,
-        and the engine reads precomputed index tables); None for tasks that
+      gather_fn: (data, index [μ] int32, key, worker, iteration) -> batch, for tasks whose
+        minibatches are training examples drawn by `staleness.tasks.sampling` (then `sample_fn` is
+        the hash + gather_fn, and the engine reads precomputed index tables); None for tasks that
         sample otherwise (their `sample_fn` runs inside the replay).
       optimizer: the optimizer the task trains with when a run names none (an
         optimizer spec string or an optax transformation); None: 'sgd'.
@@ -155,9 +144,8 @@ class Task:
         """The minibatch worker `worker` uses for its iteration `iteration`.
 
         A pure function of (key, worker, iteration): the same triple always gives
-        the same examples, so a schedule can be replayed and the examples of any
-        gradient recovered. `worker` and `iteration` may be traced int32 scalars
-        (inside `jit`, `vmap`, `scan`).
+        the same examples, so a schedule can be replayed and the examples of any gradient recovered.
+        `worker` and `iteration` may be traced int32 scalars (inside `jit`, `vmap`, `scan`).
 
         Args:
           key: the run's data key; it is folded with the worker, then the iteration.
@@ -166,15 +154,11 @@ class Task:
           iteration: the worker's iteration (its clock when it pulled), >= 0.
 
         Returns:
-          A dict of fixed-shape arrays: "x" [μ, ...] inputs, "y" [μ] targets and
-          "index" [μ] int32 positions of the examples in the training set
-          (`NO_EXAMPLE` where the task has no data).
+          {"x": [μ, ...], "y": [μ], "index": [μ] int32}, fixed shapes (`staleness.tasks.batches`).
         """
         if isinstance(worker, (int, np.integer)) and not 0 <= worker < self.num_workers:
-            raise ValueError(
-                f"worker={worker} is out of range for task {self.name!r} with "
-                f"num_workers={self.num_workers}; valid workers are 0..{self.num_workers - 1}."
-            )
+            raise ValueError(f"worker={worker} is out of range for task {self.name!r} with "
+                             f"num_workers={self.num_workers}; valid workers are 0..{self.num_workers - 1}.")
         if isinstance(iteration, (int, np.integer)) and iteration < 0:
             raise ValueError(f"iteration={iteration} must be >= 0.")
         return self.sample_fn(self.data, key, worker, iteration)
@@ -207,11 +191,8 @@ class Task:
         return self.gather_fn(self.data, index, key, worker, iteration)
 
     def evaluate(self, params: PyTree) -> dict[str, jax.Array]:
-        """Held-out metrics of `params`: {name: scalar} for name in `metric_names`.
-
-        Jittable; large test sets are processed in fixed-size chunks so memory
-        stays bounded.
-        """
+        """Held-out metrics of `params`: {name: scalar} for name in `metric_names`. Jittable; large
+        test sets are processed in fixed-size chunks so memory stays bounded."""
         return self.eval_fn(params, self.data)
 
     @functools.cached_property
@@ -223,9 +204,7 @@ class Task:
     def shard_indices(self, worker: int) -> np.ndarray:
         """Training-set indices worker `worker` may draw from (all of them under iid)."""
         if not 0 <= worker < self.num_workers:
-            raise ValueError(
-                f"worker={worker} is out of range; valid workers are 0..{self.num_workers - 1}."
-            )
+            raise ValueError(f"worker={worker} is out of range; valid workers are 0..{self.num_workers - 1}.")
         if self.partition == "iid" or self.train_size == 0:
             return np.arange(self.train_size)
         order = np.asarray(self.data["order"])
@@ -272,28 +251,20 @@ class Task:
         return np.sort(perm[:k]), np.sort(perm[k:])
 
     def partition_info(self) -> dict:
-        """The partition and how non-IID it is (what a Result's config records):
-        {"partition", "worker_examples": [λ] examples each worker draws from,
-        "label_skew": mean total-variation distance between each worker's label
-        distribution and the training set's (None without integer labels)}."""
+        """The partition and how non-IID it is (what a Result's config records): `partitions.info`."""
         return partitions.info(self.partition, self.num_workers, self.train_size, self._layout,
                                partitions.labels_of(self.data) if self.train_size else None)
 
     def __repr__(self) -> str:
-        return (
-            f"Task(name={self.name!r}, batch_size={self.batch_size}, "
-            f"num_workers={self.num_workers}, partition={self.partition!r}, "
-            f"train_size={self.train_size}, test_size={self.test_size}, "
-            f"metric_names={self.metric_names})"
-        )
+        return (f"Task(name={self.name!r}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
+                f"partition={self.partition!r}, train_size={self.train_size}, test_size={self.test_size}, "
+                f"metric_names={self.metric_names})")
 
 
 jax.tree_util.register_dataclass(
     Task,
     data_fields=["data", "optimum", "hessian"],
-    meta_fields=[
-        "name", "batch_size", "num_workers", "partition", "metric_names",
-        "train_size", "test_size", "seed", "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics", "gather_fn",
-        "optimizer", "options", "holdout_fn",
-    ],
+    meta_fields=["name", "batch_size", "num_workers", "partition", "metric_names", "train_size", "test_size", "seed",
+                 "init_fn", "loss_fn", "sample_fn", "eval_fn", "metrics", "gather_fn", "optimizer", "options",
+                 "holdout_fn"],
 )

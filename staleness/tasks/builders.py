@@ -7,23 +7,11 @@
                               optimizer=optax.adamw(1e-3))
     st.simulate(task, st.policies.ssp(3), st.cluster.heterogeneous([1, 1, 2.6, 2.6]), num_updates=500)
 
-Models are flax linen modules (`nn.Module`: `init`/`apply`) or nnx modules
-(`nnx.Module` instances). Either way the task's params are a plain nested dict
-of arrays (string keys; an nnx model's State is converted with its paths, and
-merged back inside the loss), so optimizers, checkpoints and `Result.save`
-see ordinary pytrees. Minibatches are training examples drawn by
-`staleness.tasks.sampling` (the engine precomputes their index tables on the
-host), partitioned per worker as `staleness.tasks.partitions` describes.
-
-Mistakes are `staleness.tasks.errors.TaskError`s (ValueErrors) raised here, at
-construction, after checking one batch with `jax.eval_shape`: a model of the
-wrong kind, mutable model state (BatchNorm statistics), an unknown loss name,
-a loss that is not a scalar, labels of the wrong shape or dtype for the loss,
-data arrays of different lengths.
-
-The models' (init, apply) pairs live in `staleness.tasks.flax_models`; the named
-losses, held-out metrics and their checks in `staleness.tasks.losses`; the
-checks and the test split of the user's arrays in `staleness.tasks.examples`.
+Mistakes are `staleness.tasks.errors.TaskError`s raised here, at construction, after checking
+one batch with `jax.eval_shape`. The models' (init, apply) pairs on plain-dict params live in
+`staleness.tasks.flax_models`; the named losses, held-out metrics and their checks in
+`staleness.tasks.losses`; the checks and the test split of the user's arrays in
+`staleness.tasks.examples`.
 """
 
 from __future__ import annotations
@@ -52,64 +40,44 @@ from staleness.tasks.losses import (DEFAULT_METRICS, LOSSES, callable_per_exampl
 __all__ = ["LOSSES", "DEFAULT_METRICS", "from_flax", "from_functions", "model_kind"]
 
 
-# ---------------------------------------------------------------------------
-# from_flax
+# -- from_flax ---------------------------------------------------------------------------------
 
 
-def from_flax(
-    model: Any,
-    loss: str | Callable[[Any, dict], jax.Array],
-    data: Any,
-    *,
-    test: Any = None,
-    test_fraction: float = DEFAULT_TEST_FRACTION,
-    batch_size: int,
-    num_workers: int = 1,
-    partition: str = "iid",
-    sizes: Sequence[float] | None = None,
-    labels: Any = None,
-    metrics: Any = None,
-    optimizer: Any = None,
-    name: str | None = None,
-    seed: int = 0,
-    params: PyTree = None,
-    input_key: str = "x",
-    model_kwargs: dict | None = None,
-    eval_chunk: int = _data.DEFAULT_EVAL_CHUNK,
-) -> Task:
+def from_flax(model: Any, loss: str | Callable[[Any, dict], jax.Array], data: Any, *, test: Any = None,
+              test_fraction: float = DEFAULT_TEST_FRACTION, batch_size: int, num_workers: int = 1,
+              partition: str = "iid", sizes: Sequence[float] | None = None, labels: Any = None, metrics: Any = None,
+              optimizer: Any = None, name: str | None = None, seed: int = 0, params: PyTree = None,
+              input_key: str = "x", model_kwargs: dict | None = None,
+              eval_chunk: int = _data.DEFAULT_EVAL_CHUNK) -> Task:
     """A Task from a flax model (linen or nnx), a loss and in-memory arrays.
 
     Args:
-      model: a flax.linen Module (params from `model.init(key, x)`, one set per run
-        seed) or a flax.nnx Module instance (its current weights are the initial
-        params of every run, whatever the seed). No mutable state besides
-        parameters (no BatchNorm statistics); an nnx module's RNG streams are
-        constants (every call sees the same stream: use deterministic layers).
+      model: a flax.linen Module (params from `model.init(key, x)`, one set per run seed) or a
+        flax.nnx Module instance (its current weights are the initial params of every run, whatever
+        the seed). No mutable state besides parameters (no BatchNorm statistics); an nnx module's
+        RNG streams are constants (every call sees the same stream: use deterministic layers).
         Called on batch[input_key] ([B, ...]; 'next_token': x[:, :-1]).
-      loss: 'cross_entropy' (integer labels y: logits [B, C] with y [B], or sequence
-        logits [B, T, C] with y [B, T]), 'mse' (y of the outputs' shape),
-        'next_token' (x holds token sequences [B, T + 1]: predict x[:, 1:] from
-        x[:, :-1]; logits [B, T, vocab]), or a callable loss(outputs, batch) ->
-        scalar or per-example [B] values (averaged), with batch the dict of fields.
-        The held-out 'loss' of a callable returning a scalar is the mean of its value
-        on each example alone: a loss that couples the examples of a batch (a sum, a
-        contrastive loss) should return [B] values or come with its own metrics.
+      loss: 'cross_entropy' (integer labels y: logits [B, C] with y [B], or sequence logits [B, T,
+        C] with y [B, T]), 'mse' (y of the outputs' shape), 'next_token' (x holds token sequences
+        [B, T + 1]: predict x[:, 1:] from x[:, :-1]; logits [B, T, vocab]), or a callable
+        loss(outputs, batch) -> scalar or per-example [B] values (averaged), with batch the dict of
+        fields. The held-out 'loss' of a callable returning a scalar is the mean of its value on
+        each example alone: a loss that couples the examples of a batch (a sum, a contrastive loss)
+        should return [B] values or come with its own metrics.
       data: training examples: (x, y), a dict {field: array} (fields of one leading
         length; the batch holds the same fields), or one array (x; e.g. tokens).
       test: held-out examples, in the same form; default: `test_fraction` of `data`
         split off (seeded by `seed`); test_fraction=0 evaluates on the training data.
-      batch_size: per-worker minibatch μ (examples per gradient).
-      num_workers: workers λ the data are partitioned for.
+      batch_size, num_workers: as `Task`'s (μ, λ).
       partition: 'iid', 'shard', 'dirichlet:ALPHA' or 'sizes:F1,...' (see
         `staleness.tasks.partitions`); sizes=[F1, ...] is the same as 'sizes:F1,...'.
       labels: the per-example labels label-skewed partitions split by: None (y when
         1-D), a field name of `data`, or an array with one entry per example of `data`.
-      metrics: held-out metrics: None (cross_entropy: loss, accuracy; mse: mse;
-        next_token: loss, bits_per_byte; callable loss: loss), a sequence of names
-        (built in: loss, accuracy, error, mse, mae, bits_per_byte, perplexity, as the
-        loss allows) or `staleness.tasks.metrics.Metric` values, or a dict {name or Metric:
-        fn(outputs, batch) -> [B] per-example values, or None for the built-in}.
-        A name without a known direction must be declared as a Metric.
+      metrics: held-out metrics: None (cross_entropy: loss, accuracy; mse: mse; next_token: loss,
+        bits_per_byte; callable loss: loss), a sequence of names (built in: loss, accuracy, error,
+        mse, mae, bits_per_byte, perplexity, as the loss allows) or `staleness.tasks.metrics.Metric`
+        values, or a dict {name or Metric: fn(outputs, batch) -> [B] per-example values, or None for
+        the built-in}. A name without a known direction must be declared as a Metric.
       optimizer: the task's default optimizer (optax transformation or spec string).
       name: the task's name (default: the model's class name).
       seed: seed of the test split and of the partition layout.
@@ -146,22 +114,11 @@ def from_flax(
     layout = _Layout(batch_size, num_workers, partition, seed, input_key, eval_chunk, m.apply, inputs_of, table)
     task_data, eval_fn, sample_fn = layout.pieces(ex.train, ex.test, ex.labels, repr(name or type(model).__name__))
     return Task(
-        name=task_name,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        partition=partition,
-        metric_names=tuple(mt.name for mt, _, _ in table),
-        train_size=len(ex.train[input_key]),
-        test_size=len(ex.test[input_key]),
-        seed=seed,
-        init_fn=m.init,
-        loss_fn=loss_fn,
-        sample_fn=sample_fn,
-        gather_fn=_data.make_gather_fn(source=_data.EXAMPLES),
-        eval_fn=eval_fn,
-        data=task_data,
-        metrics=tuple(mt for mt, _, _ in table),
-        optimizer=optimizer,
+        name=task_name, batch_size=batch_size, num_workers=num_workers, partition=partition,
+        metric_names=tuple(mt.name for mt, _, _ in table), train_size=len(ex.train[input_key]),
+        test_size=len(ex.test[input_key]), seed=seed, init_fn=m.init, loss_fn=loss_fn, sample_fn=sample_fn,
+        gather_fn=_data.make_gather_fn(source=_data.EXAMPLES), eval_fn=eval_fn, data=task_data,
+        metrics=tuple(mt for mt, _, _ in table), optimizer=optimizer,
         holdout_fn=_holdout_fn(layout, ex.train, ex.labels),
     )
 
@@ -189,8 +146,7 @@ def _loss_name(loss: Any) -> str | None:
     raise LossError(f"loss = {loss!r} must be one of {LOSSES} or a callable loss(outputs, batch) -> scalar.")
 
 
-# ---------------------------------------------------------------------------
-# The model on a batch: its inputs and the shape of its outputs
+# -- The model on a batch: its inputs and the shape of its outputs -----------------------------
 
 
 def _model_input(x: np.ndarray, loss_name: str | None, batch_size: int, input_key: str) -> jax.ShapeDtypeStruct:
@@ -227,8 +183,7 @@ def _output_shape(model: Any, m: Model, example: jax.ShapeDtypeStruct) -> Any:
                         f"({example.dtype}): {type(e).__name__}: {first_line(e)}{hint}") from e
 
 
-# ---------------------------------------------------------------------------
-# Loss and held-out metrics
+# -- Loss and held-out metrics -----------------------------------------------------------------
 
 
 def _per_example(loss: Any, loss_name: str | None, outputs: Any, ex: Examples, input_key: str,
@@ -250,10 +205,7 @@ def _loss_fn(loss: Any, loss_name: str | None, per_example: Callable, apply: Cal
 
     def loss_fn(p: PyTree, batch: dict) -> jax.Array:
         out = apply(p, inputs_of(batch))
-        if loss_name is None:
-            value = loss(out, batch)
-            return jnp.mean(value)
-        return jnp.mean(per_example(out, batch))
+        return jnp.mean(loss(out, batch) if loss_name is None else per_example(out, batch))
 
     return loss_fn
 
@@ -270,8 +222,7 @@ def _checked_metrics(metrics: Any, loss_name: str | None, per_example: Callable,
     return table
 
 
-# ---------------------------------------------------------------------------
-# Data layout and the validation split
+# -- Data layout and the validation split ------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,36 +272,22 @@ def _holdout_fn(layout: _Layout, train: dict, labels: np.ndarray | None) -> Call
     return holdout
 
 
-# ---------------------------------------------------------------------------
-# from_functions
+# -- from_functions ----------------------------------------------------------------------------
 
 
-def from_functions(
-    init: Callable[[jax.Array], PyTree],
-    loss: Callable[[PyTree, Any], jax.Array],
-    sample: Callable[..., Any],
-    evaluate: Callable[..., dict],
-    *,
-    batch_size: int,
-    num_workers: int = 1,
-    metrics: Sequence[str | Metric],
-    data: PyTree = None,
-    name: str = "custom",
-    partition: str = "iid",
-    seed: int = 0,
-    optimizer: Any = None,
-    train_size: int = 0,
-    test_size: int = 0,
-) -> Task:
+def from_functions(init: Callable[[jax.Array], PyTree], loss: Callable[[PyTree, Any], jax.Array],
+                   sample: Callable[..., Any], evaluate: Callable[..., dict], *, batch_size: int, num_workers: int = 1,
+                   metrics: Sequence[str | Metric], data: PyTree = None, name: str = "custom",
+                   partition: str = "iid", seed: int = 0, optimizer: Any = None, train_size: int = 0,
+                   test_size: int = 0) -> Task:
     """A Task from plain functions, for anything `from_flax` does not cover.
 
     Args:
       init: key -> params (a pytree of float arrays).
       loss: (params, batch) -> scalar mean loss of the batch; differentiable in params.
-      sample: the minibatch of a worker's iteration, a pure function of its
-        arguments: sample(key, worker, iteration) -> batch, or, with `data`,
-        sample(data, key, worker, iteration). `worker` and `iteration` may be
-        traced int32 scalars (it runs inside the compiled replay).
+      sample: the minibatch of a worker's iteration, a pure function of its arguments: sample(key,
+        worker, iteration) -> batch, or, with `data`, sample(data, key, worker, iteration). `worker`
+        and `iteration` may be traced int32 scalars (it runs inside the compiled replay).
       evaluate: held-out metrics: evaluate(params) -> {name: scalar}, or, with
         `data`, evaluate(params, data); the names are exactly `metrics`.
       batch_size: per-worker minibatch μ (recorded; `sample` decides the batch).

@@ -1,8 +1,6 @@
-"""Checks of the arguments every task constructor shares (name, batch size,
-workers, partition, seed), with messages that say what is valid.
-
-One module, so the built-in tasks, `from_flax`/`from_functions` and the registry
-check them the same way without importing one another.
+"""Checks of the arguments every task constructor shares (name, batch size, workers, partition,
+seed), in one module, so the built-in tasks, `from_flax`/`from_functions` and the registry check
+them the same way without importing one another.
 """
 
 from __future__ import annotations
@@ -38,8 +36,6 @@ def check_common(batch_size: Any, num_workers: Any, partition: Any, seed: Any) -
 def check_shard(partition: str, num_workers: int, train_size: int, name: str) -> None:
     """Under `shard` every worker needs at least one example of its own."""
     if partition == "shard" and num_workers > train_size:
-        raise ValueError(
-            f"partition='shard' gives each worker a disjoint shard of the {train_size} training "
-            f"examples of {name!r}, so num_workers must be <= {train_size}; got {num_workers}. "
-            f"Use fewer workers or partition='iid'."
-        )
+        raise ValueError(f"partition='shard' gives each worker a disjoint shard of the {train_size} training "
+                         f"examples of {name!r}, so num_workers must be <= {train_size}; got {num_workers}. "
+                         f"Use fewer workers or partition='iid'.")

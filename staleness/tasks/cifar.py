@@ -1,8 +1,7 @@
 """CIFAR-10/100 from a local directory in the standard python-pickle format.
 
-Nothing is downloaded. Point `data_dir=` (or the environment variable
-`STALENESS_CIFAR_DIR`) at a directory that holds the extracted archive, either
-the files themselves or the archive's own folder:
+Nothing is downloaded. Point `data_dir=` (or the environment variable `STALENESS_CIFAR_DIR`) at a
+directory that holds the extracted archive, either the files themselves or the archive's own folder:
 
     CIFAR-10:  data_batch_1 .. data_batch_5, test_batch   (or cifar-10-batches-py/...)
     CIFAR-100: train, test                                 (or cifar-100-python/...)
@@ -12,10 +11,9 @@ Each file is a pickle of a dict with b"data" (uint8 [N, 3072], channel-major
 
 Images stay uint8 in device memory ([N, 32, 32, 3], 150 MB for CIFAR-10) and are
 converted per minibatch: scaled to [0, 1], normalised with the training set's
-per-channel mean and standard deviation, and (with `augment=True`, the default)
-randomly cropped from a 4-pixel zero-padded image and flipped horizontally,
-keyed by the minibatch's own (worker, iteration) key so augmentation is as
-deterministic as the examples.
+per-channel mean and standard deviation, and (with `augment=True`, the default) randomly cropped
+from a 4-pixel zero-padded image and flipped horizontally, keyed by the minibatch's own (worker,
+iteration) key so augmentation is as deterministic as the examples.
 """
 
 from __future__ import annotations
@@ -36,18 +34,9 @@ ENV_VAR = "STALENESS_CIFAR_DIR"
 CROP_PADDING = 4
 
 _LAYOUT: dict[int, dict[str, Any]] = {
-    10: {
-        "subdir": "cifar-10-batches-py",
-        "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
-        "test": ("test_batch",),
-        "label_key": b"labels",
-    },
-    100: {
-        "subdir": "cifar-100-python",
-        "train": ("train",),
-        "test": ("test",),
-        "label_key": b"fine_labels",
-    },
+    10: {"subdir": "cifar-10-batches-py", "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
+         "test": ("test_batch",), "label_key": b"labels"},
+    100: {"subdir": "cifar-100-python", "train": ("train",), "test": ("test",), "label_key": b"fine_labels"},
 }
 
 
@@ -66,11 +55,9 @@ def find_dir(data_dir: str | os.PathLike | None, num_classes: int) -> Path:
         data_dir = os.environ.get(ENV_VAR) or None
         source = f"${ENV_VAR}"
     if data_dir is None:
-        raise ValueError(
-            f"CIFAR-{num_classes} needs a local copy (nothing is downloaded): pass data_dir=... "
-            f"or set the environment variable {ENV_VAR} to a directory holding the python-pickle "
-            f"files {', '.join(files)} (directly or under {layout['subdir']}/)."
-        )
+        raise ValueError(f"CIFAR-{num_classes} needs a local copy (nothing is downloaded): pass data_dir=... "
+                         f"or set the environment variable {ENV_VAR} to a directory holding the python-pickle "
+                         f"files {', '.join(files)} (directly or under {layout['subdir']}/).")
     root = Path(data_dir).expanduser()
     candidates = [root, root / layout["subdir"]]
     for cand in candidates:
@@ -78,12 +65,10 @@ def find_dir(data_dir: str | os.PathLike | None, num_classes: int) -> Path:
             return cand
     searched = " and ".join(str(c) for c in candidates)
     missing = [f for f in files if not (root / f).is_file()]
-    raise ValueError(
-        f"CIFAR-{num_classes} files not found: searched {searched} (from {source}) for the "
-        f"python-pickle files {', '.join(files)}; missing in {root}: {', '.join(missing)}. "
-        f"Extract the python version of the archive there, or pass data_dir=... / set {ENV_VAR} "
-        f"to the directory that holds these files."
-    )
+    raise ValueError(f"CIFAR-{num_classes} files not found: searched {searched} (from {source}) for the "
+                     f"python-pickle files {', '.join(files)}; missing in {root}: {', '.join(missing)}. "
+                     f"Extract the python version of the archive there, or pass data_dir=... / set {ENV_VAR} "
+                     f"to the directory that holds these files.")
 
 
 def _read(path: Path, label_key: bytes, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,19 +77,15 @@ def _read(path: Path, label_key: bytes, num_classes: int) -> tuple[np.ndarray, n
     try:
         data, labels = d[b"data"], d[label_key]
     except (KeyError, TypeError) as e:
-        raise ValueError(
-            f"{path} is not a CIFAR-{num_classes} python-pickle batch: expected a dict with keys "
-            f"b'data' and {label_key!r}."
-        ) from e
+        raise ValueError(f"{path} is not a CIFAR-{num_classes} python-pickle batch: expected a dict with keys "
+                         f"b'data' and {label_key!r}.") from e
     data = np.asarray(data, dtype=np.uint8)
     if data.ndim != 2 or data.shape[1] != 3072:
         raise ValueError(f"{path}: b'data' must have shape [N, 3072]; got {data.shape}.")
     labels = np.asarray(labels, dtype=np.int32)
     if labels.shape != (data.shape[0],) or labels.min(initial=0) < 0 or labels.max(initial=0) >= num_classes:
-        raise ValueError(
-            f"{path}: {label_key!r} must be {data.shape[0]} labels in [0, {num_classes}); "
-            f"got shape {labels.shape}, range [{labels.min(initial=0)}, {labels.max(initial=0)}]."
-        )
+        raise ValueError(f"{path}: {label_key!r} must be {data.shape[0]} labels in [0, {num_classes}); "
+                         f"got shape {labels.shape}, range [{labels.min(initial=0)}, {labels.max(initial=0)}].")
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # [N, 32, 32, 3]
     return np.ascontiguousarray(images), labels
 
@@ -118,10 +99,8 @@ def load(data_dir: str | os.PathLike | None, num_classes: int) -> Arrays:
         raise ValueError(f"num_classes must be 10 or 100; got {num_classes}.")
     layout = _LAYOUT[num_classes]
     root = find_dir(data_dir, num_classes)
-    parts = {
-        split: [_read(root / f, layout["label_key"], num_classes) for f in layout[split]]
-        for split in ("train", "test")
-    }
+    parts = {split: [_read(root / f, layout["label_key"], num_classes) for f in layout[split]]
+             for split in ("train", "test")}
     x_tr, y_tr = (np.concatenate(a) for a in zip(*parts["train"]))
     x_te, y_te = (np.concatenate(a) for a in zip(*parts["test"]))
     return Arrays(x_tr, y_tr, x_te, y_te)

@@ -22,11 +22,8 @@ from staleness.tasks.flax_models import model_kind
 
 @functools.lru_cache(maxsize=64)
 def _classifier_fns(model: nn.Module, input_shape: tuple[int, ...], test_transform: Any):
-    """(jitted init_fn, loss_fn, per_example) for a flax classifier.
-
-    Cached so that tasks sharing a model (different batch sizes, seeds,
-    partitions) share compiled code.
-    """
+    """(jitted init_fn, loss_fn, per_example) for a flax classifier. Cached so that tasks sharing
+    a model (different batch sizes, seeds, partitions) share compiled code."""
 
     def init_fn(key: jax.Array) -> PyTree:
         return model.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
@@ -43,34 +40,21 @@ def _classifier_fns(model: nn.Module, input_shape: tuple[int, ...], test_transfo
     return jax.jit(init_fn), loss_fn, per_example
 
 
-def classification_task(
-    name: str,
-    model: nn.Module,
-    arrays: data.Arrays,
-    *,
-    batch_size: int,
-    num_workers: int = 1,
-    partition: str = "iid",
-    seed: int = 0,
-    train_transform: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-    test_transform: Callable[[jax.Array], jax.Array] | None = None,
-    eval_chunk: int = data.DEFAULT_EVAL_CHUNK,
-) -> Task:
+def classification_task(name: str, model: nn.Module, arrays: data.Arrays, *, batch_size: int, num_workers: int = 1,
+                        partition: str = "iid", seed: int = 0,
+                        train_transform: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+                        test_transform: Callable[[jax.Array], jax.Array] | None = None,
+                        eval_chunk: int = data.DEFAULT_EVAL_CHUNK) -> Task:
     """A cross-entropy classification task from a flax module and in-memory arrays.
 
     Args:
-      name: a label for the task.
+      name, batch_size, num_workers, partition, seed: as `Task`'s (seed: of the partition layout).
       model: flax.linen module mapping inputs [B, ...] to logits [B, classes]; it
         must not use mutable collections (no BatchNorm). For nnx modules, other
         losses or dict data use `staleness.tasks.from_flax`.
       arrays: `data.Arrays` of NumPy arrays; labels are int class ids.
-      batch_size: per-worker minibatch size μ.
-      num_workers: workers λ the data are partitioned for.
-      partition: "iid", "shard", "dirichlet:ALPHA" or "sizes:F1,...,Fλ" (see
-        `staleness.tasks.partitions`).
-      seed: seed of the shard permutation.
-      train_transform: optional (key, raw x batch) -> model input, applied to
-        each minibatch (e.g. normalisation + augmentation).
+      train_transform: optional (key, raw x batch) -> model input, applied to each
+        minibatch (e.g. normalisation + augmentation).
       test_transform: optional raw x batch -> model input for evaluation.
       eval_chunk: test examples per step of the chunked evaluation loop.
 
@@ -96,25 +80,14 @@ def classification_task(
         init_fn, loss_fn, per_example = _classifier_fns.__wrapped__(*fns_args)
     else:
         init_fn, loss_fn, per_example = _classifier_fns(*fns_args)
-    arrays_data = {
-        "x_train": arrays.x_train,
-        "y_train": arrays.y_train.astype(np.int32),
-        **data.sampler_data(arrays.y_train, partition, num_workers, seed, name=repr(name)),
-        **data.chunked_test_data(arrays.x_test, arrays.y_test.astype(np.int32), eval_chunk),
-    }
+    arrays_data = {"x_train": arrays.x_train, "y_train": arrays.y_train.astype(np.int32),
+                   **data.sampler_data(arrays.y_train, partition, num_workers, seed, name=repr(name)),
+                   **data.chunked_test_data(arrays.x_test, arrays.y_test.astype(np.int32), eval_chunk)}
     return Task(
-        name=name,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        partition=partition,
-        metric_names=("loss", "accuracy"),
-        train_size=train_size,
-        test_size=test_size,
-        seed=seed,
-        init_fn=init_fn,
-        loss_fn=loss_fn,
-        sample_fn=data.make_sample_fn(batch_size, partition, train_size, train_transform),
-        gather_fn=data.make_gather_fn(train_transform),
-        eval_fn=data.make_eval_fn(per_example, test_size),
+        name=name, batch_size=batch_size, num_workers=num_workers, partition=partition,
+        metric_names=("loss", "accuracy"), train_size=train_size, test_size=test_size, seed=seed,
+        init_fn=init_fn, loss_fn=loss_fn, sample_fn=data.make_sample_fn(batch_size, partition, train_size,
+                                                                      train_transform),
+        gather_fn=data.make_gather_fn(train_transform), eval_fn=data.make_eval_fn(per_example, test_size),
         data=data.device_data(arrays_data),
     )

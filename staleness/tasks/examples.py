@@ -1,9 +1,8 @@
 """The user's in-memory examples for `staleness.tasks.builders.from_flax`.
 
-`split_examples` turns what the user passes (`data=`, `test=`, `labels=`) into
-`Examples`: the training and held-out fields as NumPy arrays of one length each
-(float64 -> float32, int64 -> int32), and the per-example labels the label-skewed
-partitions split by. Mistakes are `DataError`s that name the offending field.
+`split_examples` turns what the user passes (`data=`, `test=`, `labels=`) into `Examples`, NumPy
+arrays of one length each (float64 -> float32, int64 -> int32). Mistakes are `DataError`s that
+name the offending field.
 """
 
 from __future__ import annotations

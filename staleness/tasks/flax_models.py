@@ -1,11 +1,10 @@
 """Flax models behind one interface: `linen_model` and `nnx_model` turn a linen
 module or an nnx module into a `Model`, an (init, apply) pair on plain-dict params.
 
-Either way the params are a plain nested dict of arrays (string keys; an nnx
-model's State is converted with its paths, and merged back inside `apply`), so
-optimizers, checkpoints and `Result.save` see ordinary pytrees. `model_kind`
-says which kind a model is (ModelKindError for anything else); both builders
-refuse models with mutable state besides their parameters (BatchNorm
+Either way the params are a plain nested dict of arrays (string keys; an nnx model's State is
+converted with its paths, and merged back inside `apply`), so optimizers, checkpoints and
+`Result.save` see ordinary pytrees. `model_kind` says which kind a model is (ModelKindError for
+anything else); both builders refuse models with mutable state besides their parameters (BatchNorm
 statistics), since a stale-synchronous task trains parameters only. Used by
 `staleness.tasks.builders.from_flax` (and `model_kind` by `classification_task`).
 """
@@ -25,8 +24,7 @@ from staleness.tasks.errors import ModelKindError, MutableStateError, TaskError
 __all__ = ["Model", "first_line", "linen_model", "model_kind", "nnx_model", "load_into"]
 
 
-# ---------------------------------------------------------------------------
-# Models: linen and nnx behind (init, apply) on plain-dict params
+# -- Models: linen and nnx behind (init, apply) on plain-dict params ---------------------------
 
 
 class Model(NamedTuple):

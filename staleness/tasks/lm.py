@@ -4,55 +4,23 @@
     batch = task.minibatch(key, worker, iteration)   # {"x": [μ, T] int32, "y": [μ, T] int32, "index": [μ]}
     task.evaluate(params)                            # {"loss": nats/byte, "bits_per_byte": loss / ln 2}
 
-Data every machine has offline: the `.py` files of the running interpreter's
-standard library (`sysconfig.get_paths()["stdlib"]`), read as bytes (vocab 256).
-Left out: directories named test, tests, idle_test, __pycache__, site-packages,
-dist-packages and config-*, and the build-specific `_sysconfigdata*` modules.
+Data every machine has offline: the `.py` files of the running interpreter's standard library
+(`stdlib_files`; left out: test, tests, idle_test, __pycache__, site-packages, dist-packages,
+config-* and `_sysconfigdata*`), read as bytes (vocab 256), ordered by the SHA-256 of their relative
+path (any prefix is a varied sample). A file is held out when that hash is 0 mod `HELDOUT_MOD`
+(about 1 in 20), so the split of a file does not depend on which others exist. Training files are
+concatenated, each followed by `SEPARATOR`, and cut at `corpus_bytes`; the held-out ones in full. An
+example is a window of context + 1 bytes at one of the len(stream) - context offsets
+(`batch["index"]`), drawn by `staleness.tasks.sampling`, so the engine's host index tables apply.
+Partitions: `region_layout` ("dirichlet" needs class labels, which a byte stream has not: an error).
 
-- Order and split. Files are ordered by the SHA-256 of their path relative to
-  the stdlib root (a fixed pseudo-random order, so any prefix is a varied
-  sample of the library rather than its alphabetical start). A file is held
-  out when that hash is 0 mod `HELDOUT_MOD` (about 1 file in 20): train and
-  test are disjoint files, and the split of a file does not depend on which
-  other files exist.
-- Streams. Training files are concatenated in that order, each followed by
-  `SEPARATOR`, and the stream is cut at `corpus_bytes`; held-out files are
-  concatenated the same way, in full (independent of `corpus_bytes`).
-- Examples. A training example is a window of context + 1 bytes; the
-  training set is the `train_size` = len(stream) - context valid start
-  offsets. A minibatch is μ offsets drawn by `staleness.tasks.sampling` from
-  (key, worker, iteration), so the engine's host index tables apply
-  (`Task.indexed`); `batch["index"]` holds the offsets, x = window[:-1] and
-  y = window[1:].
-- Evaluation. `eval_windows` fixed windows at evenly spaced offsets of the
-  held-out stream, evaluated `eval_chunk` at a time. `loss` is the mean
-  next-byte cross-entropy in nats; `bits_per_byte` = loss / ln 2.
-- Partitions. "iid": every worker samples all training offsets. "shard":
-  the training stream is cut into `num_workers` contiguous byte regions of
-  equal size and worker w draws windows lying wholly inside region w (its
-  offsets are region w's first size - context), so workers never share a byte
-  (and, the files being in hash order, each sees its own set of modules).
-  "sizes:F1,...,Fλ": the same with regions of those fractions of the stream.
-  "dirichlet:ALPHA" needs class labels, which a byte stream has not: an error.
+Reproducibility: the corpus depends on the Python version and distribution (CPython 3.11.7
+here); `fingerprint(task)` records what was read. Compare Results only across equal
+fingerprints. The corpus is read once per process per `corpus_bytes` (about 0.05 s for 4 MiB).
 
-Reproducibility. The corpus is a function of the installed standard library,
-so it is the same on every machine with the same Python version and
-distribution (CPython 3.11.7 from python.org/pyenv here). Another minor
-version (3.12, 3.13) has other files and other contents, and a distribution's
-patches or a different patch release may change a few files: the streams, and
-so the numbers, differ. `fingerprint(task)` (also `Corpus.fingerprint`)
-records what was read: Python version, SHA-256 of the training and held-out
-streams, their byte and file counts. Compare Results only across equal
-fingerprints.
-
-The corpus is read once per process per `corpus_bytes` (about 0.05 s for the
-default 4 MiB from a warm file cache) and cached.
-
-Cost on a shared 2-core CPU (default config, μ = 32): about 0.15 s per gradient
-(more when the machine is loaded); `st.simulate` of ASP with 16 workers compiles
-in about 11 s. Staleness matters here: after 300 updates BSP with 4 workers
-reaches 2.6 held-out bits/byte, ASP with 4 workers 4.3 and with 8 workers 4.8
-(unigram entropy of the stream: 4.58 bits/byte).
+Cost on a shared 2-core CPU (default config, μ = 32): about 0.15 s per gradient; `st.simulate`
+of ASP with 16 workers compiles in about 11 s. After 300 updates BSP with 4 workers reaches 2.6
+held-out bits/byte, ASP with 4 workers 4.3 and with 8 workers 4.8 (unigram entropy: 4.58).
 """
 
 from __future__ import annotations
@@ -76,7 +44,6 @@ import optax
 
 from staleness.tasks import data as _data
 from staleness.tasks import partitions as _partitions
-from staleness.tasks import sampling
 from staleness.tasks.base import Task
 from staleness.tasks.batches import Batch, PyTree
 from staleness.tasks.checks import check_common
@@ -101,8 +68,7 @@ _SKIP_DIRS = frozenset({"test", "tests", "idle_test", "__pycache__", "site-packa
 _FINGERPRINT_FIELDS = ("train_bytes", "train_files", "heldout_bytes", "heldout_files")
 
 
-# ---------------------------------------------------------------------------
-# Corpus
+# -- Corpus ------------------------------------------------------------------------------------
 
 
 def _path_hash(relpath: str) -> bytes:
@@ -147,13 +113,10 @@ class Corpus(NamedTuple):
     @property
     def fingerprint(self) -> dict[str, Any]:
         """What a Result should record so that runs on different machines can be compared."""
-        return {
-            "python": self.python,
-            "train_sha256": hashlib.sha256(self.train.tobytes()).hexdigest(),
-            "heldout_sha256": hashlib.sha256(self.heldout.tobytes()).hexdigest(),
-            "train_bytes": int(self.train.size), "train_files": len(self.train_files),
-            "heldout_bytes": int(self.heldout.size), "heldout_files": len(self.heldout_files),
-        }
+        return {"python": self.python, "train_sha256": hashlib.sha256(self.train.tobytes()).hexdigest(),
+                "heldout_sha256": hashlib.sha256(self.heldout.tobytes()).hexdigest(),
+                "train_bytes": int(self.train.size), "train_files": len(self.train_files),
+                "heldout_bytes": int(self.heldout.size), "heldout_files": len(self.heldout_files)}
 
 
 def _frozen_bytes(chunks: list[bytes]) -> np.ndarray:
@@ -211,8 +174,7 @@ def _fingerprint_arrays(c: Corpus) -> dict[str, np.ndarray]:
             "counts": np.array([fp[k] for k in _FINGERPRINT_FIELDS], np.int32)}
 
 
-# ---------------------------------------------------------------------------
-# Sampling: offsets -> windows
+# -- Sampling: offsets -> windows --------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=64)
@@ -233,17 +195,7 @@ def make_gather_fn(context: int) -> Callable[[PyTree, jax.Array, jax.Array, Any,
 def make_sample_fn(batch_size: int, partition: str, train_size: int, context: int):
     """`sample_fn(data, key, worker, iteration)`: `staleness.tasks.sampling`'s offsets for
     (key, worker, iteration), then `make_gather_fn(context)`. Jitted and cached."""
-    gather = make_gather_fn(context)
-
-    def sample_fn(data: PyTree, key: jax.Array, worker: Any, iteration: Any) -> Batch:
-        d = sampling.draws(jnp, jax.random.key_data(key), worker, iteration, batch_size)
-        if partition == "iid":   # else a layout (order, bounds) in data
-            index = sampling.positions(jnp, d, worker, train_size)
-        else:
-            index = sampling.positions(jnp, d, worker, train_size, data["order"], data["shard_bounds"])
-        return gather(data, index, key, worker, iteration)
-
-    return jax.jit(sample_fn)
+    return _data.sample_fn_for(make_gather_fn(context), batch_size, partition, train_size)
 
 
 def region_layout(stream_bytes: int, num_workers: int, context: int, fractions=None
@@ -269,8 +221,7 @@ def region_layout(stream_bytes: int, num_workers: int, context: int, fractions=N
     return order.astype(np.int32), bounds.astype(np.int32)
 
 
-# ---------------------------------------------------------------------------
-# Model functions
+# -- Model functions ---------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=64)
@@ -304,22 +255,19 @@ def lm_task(name: str, model: nn.Module, *, context: int, batch_size: int, num_w
     """A next-byte prediction Task on the stdlib corpus for any flax module.
 
     Args:
-      name: a label for the task.
+      name, batch_size (windows), num_workers: as `Task`'s.
       model: flax.linen module mapping tokens [B, T] (int32, T = context) to
         logits [B, T, 256]; causal, no mutable collections.
       context: T, bytes of input per example (windows are context + 1 bytes).
-      batch_size: windows per worker minibatch μ.
-      num_workers: workers λ the data are partitioned for.
-      partition: "iid", "shard" or "sizes:F1,...,Fλ" (contiguous regions, see the module docstring).
+      partition: "iid", "shard" or "sizes:F1,...,Fλ" (contiguous regions, see `region_layout`).
       seed: recorded; the corpus and the split do not depend on it.
       corpus_bytes: cap on the training stream, in bytes.
       eval_windows: held-out windows `evaluate` averages over (fixed offsets).
       eval_chunk: windows per step of the chunked evaluation loop.
 
     Returns:
-      A `Task` with metric_names ("loss", "bits_per_byte"), train_size = number
-      of valid training offsets, test_size = eval_windows, and the optimizer
-      `DEFAULT_OPTIMIZER`.
+      A `Task` with metric_names ("loss", "bits_per_byte"), train_size = number of valid
+      training offsets, test_size = eval_windows, and the optimizer `DEFAULT_OPTIMIZER`.
     """
     check_common(batch_size, num_workers, partition, seed)
     part = _partitions.parse(partition)

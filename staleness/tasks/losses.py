@@ -1,13 +1,11 @@
 """The named losses of `from_flax`, the held-out metrics of each loss, and the
 construction-time checks of losses, labels and metrics.
 
-A loss is 'cross_entropy', 'mse', 'next_token' (`LOSSES`) or a callable
-loss(outputs, batch); every loss and metric is computed per example ([B]
-values), so held-out means over padded test chunks ignore the padding. The
-checks run on shapes (`jax.eval_shape`) when the task is built and raise
-`staleness.tasks.errors.TaskError`s: labels of the wrong shape, dtype or range
-for the loss, a loss that is not a scalar, a metric that is not per example.
-Used by `staleness.tasks.builders`.
+A loss is 'cross_entropy', 'mse', 'next_token' (`LOSSES`) or a callable loss(outputs, batch); every
+loss and metric is computed per example ([B] values), so held-out means over padded test chunks
+ignore the padding. The checks run on shapes (`jax.eval_shape`) when the task is built and raise
+`staleness.tasks.errors.TaskError`s: labels of the wrong shape, dtype or range for the loss, a loss
+that is not a scalar, a metric that is not per example. Used by `staleness.tasks.builders`.
 """
 
 from __future__ import annotations
@@ -31,24 +29,15 @@ __all__ = ["LOSSES", "DEFAULT_METRICS", "callable_per_example", "check_labels", 
 LOSSES = ("cross_entropy", "mse", "next_token")
 """Loss names `from_flax` knows (or pass a callable `loss(outputs, batch)`)."""
 
-DEFAULT_METRICS = {
-    "cross_entropy": ("loss", "accuracy"),
-    "mse": ("mse",),
-    "next_token": ("loss", "bits_per_byte"),
-    None: ("loss",),          # a callable loss
-}
+DEFAULT_METRICS = {"cross_entropy": ("loss", "accuracy"), "mse": ("mse",), "next_token": ("loss", "bits_per_byte"),
+                   None: ("loss",)}   # None: a callable loss
 """Held-out metrics of each loss when `metrics` is not given."""
 
-_BUILTIN_METRICS = {
-    "cross_entropy": ("loss", "accuracy", "error"),
-    "mse": ("loss", "mse", "mae"),
-    "next_token": ("loss", "accuracy", "bits_per_byte", "perplexity"),
-    None: ("loss",),
-}
+_BUILTIN_METRICS = {"cross_entropy": ("loss", "accuracy", "error"), "mse": ("loss", "mse", "mae"),
+                    "next_token": ("loss", "accuracy", "bits_per_byte", "perplexity"), None: ("loss",)}
 
 
-# ---------------------------------------------------------------------------
-# Losses and metrics (per example: [B] values)
+# -- Losses and metrics (per example: [B] values) ----------------------------------------------
 
 
 def _mean_rest(v: jax.Array) -> jax.Array:

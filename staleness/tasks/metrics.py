@@ -1,9 +1,8 @@
 """Metrics with a direction: what "better" and "reached the target" mean.
 
-A task declares its held-out metrics as `Metric` values: a name, whether
-higher or lower is better, and the range the metric can take (accuracy in
-[0, 1], a loss >= 0). Time-to-target, comparisons and target checks read the
-direction from here, never from the metric's name.
+A task declares its held-out metrics as `Metric` values: a name, whether higher or lower is better,
+and the range the metric can take (accuracy in [0, 1], a loss >= 0). Time-to-target, comparisons and
+target checks read the direction from here, never from the metric's name.
 
     m = metrics.get("accuracy")        # Metric('accuracy', 'higher', 0.0, 1.0)
     m.reached(history["accuracy"], 0.95)
@@ -80,12 +79,8 @@ def _fmt(x: float) -> str:
 
 
 KNOWN: dict[str, Metric] = {m.name: m for m in (
-    Metric("loss", "lower", 0.0),
-    Metric("accuracy", "higher", 0.0, 1.0),
-    Metric("error", "lower", 0.0, 1.0),
-    Metric("mse", "lower", 0.0),
-    Metric("mae", "lower", 0.0),
-    Metric("bits_per_byte", "lower", 0.0),
+    Metric("loss", "lower", 0.0), Metric("accuracy", "higher", 0.0, 1.0), Metric("error", "lower", 0.0, 1.0),
+    Metric("mse", "lower", 0.0), Metric("mae", "lower", 0.0), Metric("bits_per_byte", "lower", 0.0),
     Metric("perplexity", "lower", 1.0),
 )}
 """Metrics whose direction and range are known by name (a task may declare others)."""

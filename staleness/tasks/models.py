@@ -1,11 +1,10 @@
 """Small flax.linen models for the built-in tasks.
 
 None of them keeps state outside its params (no BatchNorm): the loss must be a
-pure function of (params, batch) so that a stale gradient is exactly "the
-gradient at an older version of the params". Running batch statistics would be
-a second, separately-stale piece of server state, and how stale normalisation
-statistics affect convergence is a research question of its own; ResNet-20
-therefore uses GroupNorm, which normalises within each example.
+pure function of (params, batch) so that a stale gradient is exactly "the gradient at an older
+version of the params". Running batch statistics would be a second, separately-stale piece of server
+state, and how stale normalisation statistics affect convergence is a research question of its own;
+ResNet-20 therefore uses GroupNorm, which normalises within each example.
 """
 
 from __future__ import annotations
@@ -29,11 +28,10 @@ class Conv(nn.Module):
     nn.Conv's default initialisers, so the two are interchangeable. Two
     implementations compute the same function (up to float32 rounding):
     - "patches": gather the kernel-offset slices of the padded input into
-      [B, *out, prod(kernel_size)·in] and multiply by the flattened kernel. XLA:CPU
-      runs a convolution (and its gradients) inside a `while` loop, i.e. inside
-      `lax.scan`, an order of magnitude slower than outside one
-      (jax-ml/jax#12868; measured 16x for a 3x3 conv gradient here), and the
-      engine replays schedules in a scan; the matmul form keeps its speed.
+      [B, *out, prod(kernel_size)·in] and multiply by the flattened kernel. XLA:CPU runs a convolution (and
+      its gradients) inside a `while` loop, i.e. inside `lax.scan`, an order of magnitude slower
+      than outside one (jax-ml/jax#12868; measured 16x for a 3x3 conv gradient here), and the engine
+      replays schedules in a scan; the matmul form keeps its speed.
     - "lax": `lax.conv_general_dilated` (cuDNN on GPU).
     "auto" (default) picks "patches" when the default backend is CPU, else "lax".
     Measured on a 2-core CPU, ResNet-sized 3x3 layer, batch 128: gradient inside
@@ -73,17 +71,15 @@ def _conv_patches(x: jax.Array, kernel: jax.Array, strides: tuple[int, ...]) -> 
     """SAME-padded strided convolution as one matmul over gathered kernel offsets.
 
     The patches [B, *out, k·in] (k = prod(kernel_size), kernel-major, matching
-    kernel.reshape(-1, features)) are built as a *sum* of the k offset slices,
-    each zero-padded into its own block of channels, not as a concatenation:
-    XLA:CPU fuses the sum (and its transpose in the gradient, a sum of shifted
-    slices) into one loop kernel, while it compiles a concatenation of k
-    slices as k + 1 separate kernels, each its own LLVM module. Same values:
-    each entry of the sum has one non-zero term. The padded input goes through
-    an optimization barrier so that it is computed once: without it XLA fused
-    the producer of `x` (GroupNorm + ReLU in ResNet-20) into the patch sum and
-    recomputed it k times per entry (ResNet-20 under BSP's vmap: 1.5x slower).
-    Measured on ResNet-20, 2 cores: XLA compile of the forward 14 s -> 2.6 s,
-    of one replay chunk 20 s -> 8 s of CPU; run time the same or better.
+    kernel.reshape(-1, features)) are built as a *sum* of the k offset slices, each zero-padded into
+    its own block of channels, not as a concatenation: XLA:CPU fuses the sum (and its transpose in
+    the gradient, a sum of shifted slices) into one loop kernel, while it compiles a concatenation
+    of k slices as k + 1 separate kernels, each its own LLVM module. Same values: each entry of the
+    sum has one non-zero term. The padded input goes through an optimization barrier so that it is
+    computed once: without it XLA fused the producer of `x` (GroupNorm + ReLU in ResNet-20) into the
+    patch sum and recomputed it k times per entry (ResNet-20 under BSP's vmap: 1.5x slower).
+    Measured on ResNet-20, 2 cores: XLA compile of the forward 14 s -> 2.6 s, of one replay chunk
+    20 s -> 8 s of CPU; run time the same or better.
     """
     ks, spatial = kernel.shape[:-2], x.shape[1:-1]
     cin, k = x.shape[-1], math.prod(ks)
@@ -158,13 +154,11 @@ def block_variance_scaling(scale: float, mode: str, distribution: str, block: in
     compiles one: ResNet-20's jitted init took 7.5 s of CPU to compile (20 s
     wall on 2 loaded cores) with flax's initialisers, 2.8 s with these.
 
-    With `jax_threefry_partitionable` (JAX's default) element i of a draw does
-    not depend on the draw's shape, so the values are those of
-    `variance_scaling` (the same draws; the scaling may round differently, by
-    at most 1 ulp); without it they are other draws of the same distribution.
-    Parameters larger than `block` are drawn at their own shape. Fans as
-    `variance_scaling`'s defaults (in_axis=-2, out_axis=-1). Distributions:
-    "normal", "truncated_normal".
+    With `jax_threefry_partitionable` (JAX's default) element i of a draw does not depend on the
+    draw's shape, so the values are those of `variance_scaling` (the same draws; the scaling may
+    round differently, by at most 1 ulp); without it they are other draws of the same distribution.
+    Parameters larger than `block` are drawn at their own shape. Fans as `variance_scaling`'s
+    defaults (in_axis=-2, out_axis=-1). Distributions: "normal", "truncated_normal".
     """
     if distribution not in ("normal", "truncated_normal"):
         raise ValueError(f"distribution must be 'normal' or 'truncated_normal'; got {distribution!r}.")
@@ -197,8 +191,7 @@ class BasicBlock(nn.Module):
     When the block downsamples, the shortcut is He et al.'s option A (CIFAR
     ResNets): stride-2 subsampling plus zero channel padding, which adds no
     parameters. `init_block`: draw size of the kernels' He initialiser (see
-    `block_variance_scaling`; same values); 0 means 9·features², this block's
-    largest kernel.
+    `block_variance_scaling`; same values); 0 means 9·features², this block's largest kernel.
     """
 
     features: int
@@ -226,10 +219,8 @@ class ResNet(nn.Module):
     """CIFAR ResNet (He et al. 2016, sec. 4.2): 3 stages of `blocks` basic blocks.
 
     `blocks=3` is ResNet-20 (6·3+2 layers), about 0.27M parameters; widths 16/32/64.
-    Input [B, 32, 32, 3]; returns logits [B, num_outputs]. Every parameter's
-    random numbers are drawn at one shape (`block_variance_scaling`), so the
-    jitted init compiles one random-number kernel; the values are those of
-    flax's He (convs) and LeCun (head) initialisers.
+    Input [B, 32, 32, 3]; returns logits [B, num_outputs]. Initialised as flax's He (convs)
+    and LeCun (head) initialisers, drawn at one shape (`block_variance_scaling`).
     """
 
     blocks: int = 3

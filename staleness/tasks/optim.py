@@ -1,18 +1,11 @@
 """Optimizers: optax transformations everywhere, spec strings for the command line.
 
-Any `optax.GradientTransformation` is a server (or inner, or outer)
-optimizer: `optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))`,
-`optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)`, schedules, ...
-It carries its own learning rate; nothing multiplies it again.
+Any `optax.GradientTransformation` is a server (or inner, or outer) optimizer; it carries its
+own learning rate, nothing multiplies it again. `resolve(optimizer, lr, horizon)` turns what a
+caller passes into an `Optimizer`:
 
-`resolve(optimizer, lr, horizon)` turns what a caller passes into an
-`Optimizer` (the transformation, its description, and the learning rate to
-put into its state):
-
-- an optax transformation: used as it is. If its state holds a
-  `learning_rate` (built with `optax.inject_hyperparams`), `lr=` replaces
-  that value in the state, which is how a sweep varies the learning rate of
-  one compiled program; otherwise `lr=` is an error (it would be ignored).
+- an optax transformation: used as it is; `lr=` replaces the `learning_rate` its state holds
+  (`optax.inject_hyperparams`: how a sweep varies it in one compiled program), else is an error.
 - a spec string (the CLI's), grammar `staleness.infra.specs`:
 
       NAME[:ARGS][+SCHEDULE]
@@ -23,11 +16,9 @@ put into its state):
       SCHEDULE: constant (default) | cosine | linear  (decay to 0 over the run)
 
   e.g. `adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine`. A spec builds
-  `chain([clip], direction, [weight decay], [schedule], learning rate)` with
-  the learning rate in the state (`inject_hyperparams`), so a sweep over
-  learning rates compiles once; `adamw:lr=1e-3` gives exactly the updates of
-  `optax.adamw(1e-3)`. `lr=` (the CLI's --lr) sets the learning rate when the
-  spec does not.
+  `chain([clip], direction, [weight decay], [schedule], learning rate)` with the learning rate
+  in the state, so a sweep over learning rates compiles once; `adamw:lr=1e-3` gives exactly
+  the updates of `optax.adamw(1e-3)`.
 
 Built transformations are cached per (spec, horizon): the replay's compiled
 program is keyed by the transformation object, so equal specs share it.
@@ -105,11 +96,9 @@ class OptimizerSpec:
         horizon = int(horizon)
         if self.warmup >= horizon and self.schedule != "constant":
             raise ValueError(f"warmup = {self.warmup} must be shorter than the run ({horizon} updates)")
-        decay = {
-            "constant": lambda n: optax.constant_schedule(1.0),
-            "cosine": lambda n: optax.cosine_decay_schedule(1.0, n),
-            "linear": lambda n: optax.linear_schedule(1.0, 0.0, n),
-        }[self.schedule](max(1, horizon - self.warmup))
+        decay = {"constant": lambda n: optax.constant_schedule(1.0),
+                 "cosine": lambda n: optax.cosine_decay_schedule(1.0, n),
+                 "linear": lambda n: optax.linear_schedule(1.0, 0.0, n)}[self.schedule](max(1, horizon - self.warmup))
         if not self.warmup:
             return decay
         return optax.join_schedules([optax.linear_schedule(0.0, 1.0, self.warmup), decay], [self.warmup])
@@ -170,12 +159,11 @@ class DelayedNesterovState(NamedTuple):
 def delayed_nesterov(momentum: float = 0.9, period: int = 4, c: float = 0.0) -> optax.GradientTransformation:
     """Delayed Nesterov (Liu et al. 2024, Algorithm 3), the direction before the learning rate.
 
-    For asynchronous outer steps: every arrival g is applied at once as g/N (plus
-    c·β·m); every N-th arrival also folds the mean of the buffered arrivals into the
-    momentum m ← β·m + Δ/N and applies (1 − cN + c)·β·m + g/N. With N = the number
-    of workers and synchronous arrivals, N arrivals add up to one Nesterov step on
-    their mean (what DiLoCo does synchronously). Chain it with a learning rate
-    (`delayed_nesterov:N,lr=0.7` as a spec).
+    For asynchronous outer steps: every arrival g is applied at once as g/N (plus c·β·m); every
+    N-th arrival also folds the mean of the buffered arrivals into the momentum m ← β·m + Δ/N and
+    applies (1 − cN + c)·β·m + g/N. With N = the number of workers and synchronous arrivals, N
+    arrivals add up to one Nesterov step on their mean (what DiLoCo does synchronously). Chain it
+    with a learning rate (`delayed_nesterov:N,lr=0.7` as a spec).
     """
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)

@@ -6,14 +6,13 @@ A partition is named by a spec string (`Task.partition`, the CLI's `--partition`
 - "shard": label-skewed disjoint shards. A fixed permutation (from the seed) is
   stably sorted by label (by target value for regression) and cut into
   `num_workers` contiguous shards whose sizes differ by at most one.
-- "dirichlet:ALPHA": the standard non-IID benchmark (Dirichlet label skew, as
-  in Hsu et al. 2019 and the per-class form of NIID-Bench, Li et al. 2022): for
-  every class c, proportions p_c ~ Dir(ALPHA · 1_λ) split the class's examples
-  (in a seeded random order) among the λ workers. Small ALPHA (0.1) gives each
-  worker a few classes; large ALPHA (100) approaches iid. Shards are disjoint
-  and cover the training set. Draws are repeated (deterministically, from the
-  seed) until every worker has an example; after `MAX_RESAMPLES` failed draws
-  each empty worker takes one example from the largest worker.
+- "dirichlet:ALPHA": the standard non-IID benchmark (Dirichlet label skew, as in Hsu et al. 2019 and
+  the per-class form of NIID-Bench, Li et al. 2022): for every class c, proportions p_c ~ Dir(ALPHA
+  · 1_λ) split the class's examples (in a seeded random order) among the λ workers. Small ALPHA
+  (0.1) gives each worker a few classes; large ALPHA (100) approaches iid. Shards are disjoint and
+  cover the training set. Draws are repeated (deterministically, from the seed) until every worker
+  has an example; after `MAX_RESAMPLES` failed draws each empty worker takes one example from the
+  largest worker.
 - "sizes:F1,...,Fλ": unequal iid shards: a seeded permutation cut into
   disjoint contiguous pieces of the given fractions (> 0, summing to 1) of the
   training set (rounded by largest remainder, at least one example each).
@@ -21,12 +20,8 @@ A partition is named by a spec string (`Task.partition`, the CLI's `--partition`
 Every partition except iid is a layout (order, bounds): `order` lists training
 indices worker by worker and worker w owns order[bounds[w]:bounds[w + 1]]
 (`staleness.tasks.sampling` draws uniformly from it, on the host and in JAX
-alike). All layouts are pure functions of (labels, num_workers, seed).
-
-`info` summarises a layout for a Result's config: the partition, the number
-of examples each worker owns, and `label_skew`, the mean total-variation
-distance between each worker's label distribution and the training set's
-(0 for iid; 1 - 1/C for C balanced classes split one class per worker).
+alike). All layouts are pure functions of (labels, num_workers, seed). `info` summarises one
+for a Result's config (`label_skew`: 0 for iid, 1 - 1/C for C balanced classes split one per worker).
 """
 
 from __future__ import annotations
@@ -42,10 +37,7 @@ __all__ = ["KINDS", "PARTITIONS", "Partition", "parse", "layout", "shard_layout"
 
 KINDS = ("iid", "shard", "dirichlet", "sizes")
 PARTITIONS = ("iid", "shard", "dirichlet:ALPHA", "sizes:F1,...,Fλ")
-"""Valid values of `partition` (also for error messages and help strings): `iid`
-samples every worker's minibatches from the whole training set; `shard` gives
-worker w its own disjoint, label-skewed shard; `dirichlet:ALPHA` Dirichlet(ALPHA)
-label proportions per worker; `sizes:...` unequal iid shards."""
+"""Valid values of `partition` (also for error messages and help strings; see the module docstring)."""
 
 MAX_RESAMPLES = 100
 """Dirichlet draws tried before empty workers are filled from the largest one."""
@@ -229,8 +221,7 @@ def sizes_layout(train_size: int, fractions, seed: int) -> tuple[np.ndarray, np.
     return order.astype(np.int32), bounds.astype(np.int32)
 
 
-# ---------------------------------------------------------------------------
-# Measures
+# -- Measures ----------------------------------------------------------------------------------
 
 
 def worker_examples(layout_: tuple[np.ndarray, np.ndarray] | None, num_workers: int, train_size: int) -> list[int]:

@@ -1,15 +1,11 @@
 """Tasks by name: built-in, registered (`register`) or `package.module:factory`.
 
-`get(name, ...)` builds any of them; `resolve(task, num_workers, ...)` is what the
-engine and the runtime call (a Task, or a name built for the run's workers);
-`names()`, `options(name)`.
+`get` builds any of them; `resolve` is what the engine and the runtime call; `names`, `options`.
 
-A factory (registered or named as `module:factory`) is called with the keyword
-arguments a built-in task gets (batch_size, num_workers, partition, seed, and
-data_dir), filtered by its signature (all of them if it takes **kwargs), plus
-any task options, and must return a `Task`. The Task is renamed to the name it
-was asked for, so a Result records that name and `staleness replay` can
-resolve it again.
+A factory (registered or named as `module:factory`) is called with the keyword arguments a built-in
+task gets (batch_size, num_workers, partition, seed, and data_dir), filtered by its signature (all of
+them if it takes **kwargs), plus any task options, and must return a `Task`. The Task is renamed to
+the name it was asked for, so a Result records that name and `staleness replay` can resolve it again.
 """
 
 from __future__ import annotations
@@ -90,20 +86,14 @@ def _cifar(num_classes: int):
             train_transform=train_tf, test_transform=test_tf, eval_chunk=eval_chunk,
         )
 
-    build.__doc__ = f"{name}: CIFAR-{num_classes} from a local directory (staleness.tasks.cifar), ResNet-20 + GroupNorm."
+    build.__doc__ = f"{name}: CIFAR-{num_classes} from a local directory (tasks.cifar), ResNet-20 + GroupNorm."
     return build
 
 
 _BUILDERS: dict[str, Callable[..., Task]] = {
-    "quadratic": quadratic,
-    "linreg": linreg,
-    "digits-mlp": _digits_mlp,
-    "digits-cnn": _digits_cnn,
-    "mnist1d-mlp": _mnist1d_mlp,
-    "mnist1d-cnn": _mnist1d_cnn,
-    "cifar10-resnet20": _cifar(10),
-    "cifar100-resnet20": _cifar(100),
-    "stdlib-lm": lm.stdlib_lm,
+    "quadratic": quadratic, "linreg": linreg, "digits-mlp": _digits_mlp, "digits-cnn": _digits_cnn,
+    "mnist1d-mlp": _mnist1d_mlp, "mnist1d-cnn": _mnist1d_cnn, "cifar10-resnet20": _cifar(10),
+    "cifar100-resnet20": _cifar(100), "stdlib-lm": lm.stdlib_lm,
 }
 
 _NEEDS_DATA_DIR = ("cifar10-resnet20", "cifar100-resnet20")
@@ -258,20 +248,15 @@ def resolve(task: Any, num_workers: int, batch_size: int | None = None, data_dir
                              f"schedule has {num_workers}; build it for num_workers={num_workers} (tasks.get)")
         return task
     if isinstance(task, str):
-        kwargs = {"num_workers": num_workers}
-        for key, value in (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition)):
-            if value is not None:
-                kwargs[key] = value
-        return get(task, **kwargs)
+        given = (("batch_size", batch_size), ("data_dir", data_dir), ("partition", partition))
+        return get(task, num_workers=num_workers, **{k: v for k, v in given if v is not None})
     if not isinstance(task, Task):
         raise ValueError(f"task = {task!r} must be a staleness.tasks.Task or a task name {names()} "
                          "(or 'package.module:factory')")
     if task.partition != "iid" and task.num_workers < num_workers:
-        raise ValueError(
-            f"task {task.name!r} is sharded for num_workers = {task.num_workers} but the schedule has "
-            f"{num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax or "
-            "from_functions)"
-        )
+        raise ValueError(f"task {task.name!r} is sharded for num_workers = {task.num_workers} but the schedule has "
+                         f"{num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax or "
+                         "from_functions)")
     return task
 
 
@@ -315,21 +300,13 @@ def get(name: str, batch_size: int | None = None, partition: str | None = None, 
 
     Args:
       name: one of `names()`, or 'package.module:factory' (see the module docstring).
-      batch_size: per-worker minibatch size μ (examples per gradient).
-      partition: "iid" (every worker samples the whole training set), "shard"
-        (disjoint label-skewed shards, one per worker), "dirichlet:ALPHA" or
-        "sizes:F1,...,Fλ" (see `staleness.tasks.partitions`).
-      num_workers: number of workers λ the data are partitioned for.
-      data_dir: directory with local data (CIFAR tasks; ignored by the others,
-        whose data ship with a package or are generated). Defaults to
-        $STALENESS_CIFAR_DIR.
-      seed: seed of generated data (quadratic, linreg) and of the shard
-        permutation. Fixed data (digits split, MNIST-1D generation) do not
-        depend on it. Initial params come from the key given to `init_params`.
-      **task_options: task-specific options; see `options(name)` (e.g.
-        quadratic: dim, condition_number, noise_scale; mnist1d-*: num_samples;
-        cifar*: augment, eval_chunk; conv models: conv_impl, see
-        `models.Conv`).
+      batch_size, partition, num_workers: as `Task`'s (μ, `staleness.tasks.partitions`, λ).
+      data_dir: directory with local data (CIFAR tasks only; default $STALENESS_CIFAR_DIR).
+      seed: seed of generated data (quadratic, linreg) and of the shard permutation; fixed data
+        (digits split, MNIST-1D generation) do not depend on it, nor do the initial params.
+      **task_options: task-specific options; see `options(name)` (e.g. quadratic: dim,
+        condition_number, noise_scale; mnist1d-*: num_samples; cifar*: augment, eval_chunk;
+        conv models: conv_impl, see `models.Conv`).
 
     Returns:
       The `Task`.
@@ -350,10 +327,7 @@ def get(name: str, batch_size: int | None = None, partition: str | None = None, 
     valid = options(name)
     unknown = sorted(set(task_options) - set(valid))
     if unknown:
-        raise TypeError(
-            f"task {name!r} got unknown option(s) {unknown}; its options are "
-            f"{sorted(valid) or 'none'}."
-        )
+        raise TypeError(f"task {name!r} got unknown option(s) {unknown}; its options are {sorted(valid) or 'none'}.")
     recorded = tuple(sorted((k, v) for k, v in task_options.items() if isinstance(v, (bool, int, float, str))))
     if name in _NEEDS_DATA_DIR:
         task_options["data_dir"] = data_dir

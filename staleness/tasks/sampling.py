@@ -5,17 +5,14 @@ Example j of the minibatch of `worker` at its `iteration` is position
     h_j = mix(mix(mix(k0 ^ worker·G0) ^ k1 ^ iteration·G1) + j·G2)     (uint32)
     index_j = order[lo + h_j mod (hi − lo)]                             (lo, hi: the worker's slice)
 
-of the training set, where (k0, k1) are the 32-bit words of the run's data
-key, `mix` is a 32-bit integer finalizer ("lowbias32": two multiply-xorshift
-rounds), G0..G2 are odd constants, and (order, bounds) is the partition
-layout (`order` lists the training indices worker by worker, worker w owns
-order[bounds[w]:bounds[w+1]]; iid: every worker owns the whole set in its
-natural order). The same few integer operations run in NumPy (to build a
-chunk's index table on the host, [K, C, μ], that the compiled replay reads
-like a plain training loop reads its precomputed batches) and in JAX (for
-`task.minibatch` inside `jit`); uint32 arithmetic wraps identically in both,
-so both give exactly the same indices. The modulo's bias is below
-size / 2^32 (< 3e-4 relative for a million examples).
+of the training set, where (k0, k1) are the 32-bit words of the run's data key, `mix` is a 32-bit
+integer finalizer ("lowbias32": two multiply-xorshift rounds), G0..G2 are odd constants, and (order,
+bounds) is the partition layout (`order` lists the training indices worker by worker, worker w owns
+order[bounds[w]:bounds[w+1]]; iid: every worker owns the whole set in its natural order). The same
+few integer operations run in NumPy (to build a chunk's index table on the host, [K, C, μ], that the
+compiled replay reads like a plain training loop reads its precomputed batches) and in JAX (for
+`task.minibatch` inside `jit`); uint32 arithmetic wraps identically in both, so both give exactly
+the same indices. The modulo's bias is below size / 2^32 (< 3e-4 relative for a million examples).
 """
 
 from __future__ import annotations

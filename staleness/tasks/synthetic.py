@@ -19,19 +19,16 @@ def quadratic(batch_size: int, num_workers: int, partition: str, seed: int, *,
               dim: int = 10, condition_number: float = 10.0, noise_scale: float = 0.0) -> Task:
     """f(θ) = ½ (θ − θ*)ᵀ A (θ − θ*): the exact-check task.
 
-    A is symmetric positive definite with eigenvalues geometrically spaced in
-    [1, condition_number], rotated by an orthogonal matrix close to the identity
-    (so A is diagonally dominant); θ* ~ N(0, I). Both come from `seed`; the
-    task exposes them as `optimum` ({"theta": θ*}) and `hessian` (A).
+    A is symmetric positive definite with eigenvalues geometrically spaced in [1, condition_number],
+    rotated by an orthogonal matrix close to the identity (so A is diagonally dominant); θ* ~ N(0,
+    I). Both come from `seed`; the task exposes them as `optimum` ({"theta": θ*}) and `hessian` (A).
 
-    The gradient is defined (custom JVP) as exactly `A @ (θ − θ*)` in float32, so
-    with `noise_scale=0` (default) it is deterministic and a delayed recurrence
-    θ_{u+1} = θ_u − α·A(θ_{u−τ_u} − θ*) can be checked in closed form. The batch
-    is then a fixed-shape dummy ({"x": [μ, 0]}) that the loss ignores, and
-    `partition`/`num_workers` have no effect (there is no data to split).
-    With `noise_scale=σ > 0`, batch["x"] holds μ draws of N(0, σ²I) and the
-    minibatch gradient is A(θ − θ*) + mean(x): unbiased, with per-coordinate
-    standard deviation σ/√μ.
+    The gradient is defined (custom JVP) as exactly `A @ (θ − θ*)` in float32, so with
+    `noise_scale=0` (default) it is deterministic and a delayed recurrence θ_{u+1} = θ_u −
+    α·A(θ_{u−τ_u} − θ*) can be checked in closed form. The batch is then a fixed-shape dummy ({"x":
+    [μ, 0]}) that the loss ignores, and `partition`/`num_workers` have no effect (there is no data
+    to split). With `noise_scale=σ > 0`, batch["x"] holds μ draws of N(0, σ²I) and the minibatch
+    gradient is A(θ − θ*) + mean(x): unbiased, with per-coordinate standard deviation σ/√μ.
 
     params: {"theta": [dim]}; evaluate: {"loss": f(θ)} (= f(θ) − f(θ*)).
     """
@@ -113,12 +110,11 @@ def linreg(batch_size: int, num_workers: int, partition: str, seed: int, *,
            dim: int = 20, num_train: int = 2000, num_test: int = 500, noise_scale: float = 0.1) -> Task:
     """Linear regression with a known least-squares optimum.
 
-    Data y = x·w* + b* + noise_scale·ε generated from `seed` (see
-    `data.linreg`). Loss ½·mean((x·w + b − y)²). `optimum` is the exact
-    minimiser of the full training loss ({"w": [dim], "b": []}, float64
-    least squares cast to float32), which differs from (w*, b*) by the noise.
-    Under `shard`, examples are sorted by target value before sharding.
-    evaluate: {"loss"} on the test set.
+    Data y = x·w* + b* + noise_scale·ε generated from `seed` (see `data.linreg`).
+    Loss ½·mean((x·w + b − y)²). `optimum` is the exact minimiser of the full training loss
+    ({"w": [dim], "b": []}, float64 least squares cast to float32), which differs from (w*, b*) by
+    the noise. Under `shard`, examples are sorted by target value before sharding. evaluate:
+    {"loss"} on the test set.
     """
     for arg, v in (("dim", dim), ("num_train", num_train), ("num_test", num_test)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -132,17 +128,13 @@ def linreg(batch_size: int, num_workers: int, partition: str, seed: int, *,
     coef = np.linalg.lstsq(design, arrays.y_train.astype(np.float64), rcond=None)[0]
     optimum = {"w": jnp.asarray(coef[:dim], jnp.float32), "b": jnp.asarray(coef[dim], jnp.float32)}
 
-    arrays_data = {
-        "x_train": arrays.x_train, "y_train": arrays.y_train,
-        **data.sampler_data(arrays.y_train, partition, num_workers, seed),
-        **data.chunked_test_data(arrays.x_test, arrays.y_test, data.DEFAULT_EVAL_CHUNK),
-    }
+    arrays_data = {"x_train": arrays.x_train, "y_train": arrays.y_train,
+                   **data.sampler_data(arrays.y_train, partition, num_workers, seed),
+                   **data.chunked_test_data(arrays.x_test, arrays.y_test, data.DEFAULT_EVAL_CHUNK)}
     return Task(
         name="linreg", batch_size=batch_size, num_workers=num_workers, partition=partition,
         metric_names=("loss",), train_size=num_train, test_size=num_test, seed=seed,
-        init_fn=_linreg_init(dim), loss_fn=_linreg_loss,
+        init_fn=_linreg_init(dim), loss_fn=_linreg_loss, gather_fn=data.make_gather_fn(),
         sample_fn=data.make_sample_fn(batch_size, partition, num_train),
-        gather_fn=data.make_gather_fn(),
-        eval_fn=data.make_eval_fn(_linreg_per_example, num_test),
-        data=data.device_data(arrays_data), optimum=optimum,
+        eval_fn=data.make_eval_fn(_linreg_per_example, num_test), data=data.device_data(arrays_data), optimum=optimum,
     )

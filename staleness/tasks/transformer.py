@@ -3,24 +3,17 @@
     model  = Transformer(num_layers=2, d_model=128, num_heads=4, context=64)
     logits = model.apply({"params": params}, tokens)     # tokens [B, T] int, T <= context -> [B, T, vocab]
 
-Three parts, each an ordinary module, so the pipeline splitter can put
-`TokenEmbed` with the first block(s) on stage 0 and `LMHead` with the last
-block(s) on stage K-1 (`staleness.pipeline.tasks`):
+Three parts, each an ordinary module (`TokenEmbed`; `Block`: pre-LayerNorm, x + Attn(LN(x)),
+then x + MLP(LN(x)), MLP 4x with GELU; `LMHead`), so the pipeline splitter can put `TokenEmbed`
+with the first block(s) on stage 0 and `LMHead` with the last block(s) on stage K-1
+(`staleness.pipeline.tasks`).
 
-- `TokenEmbed`: token embedding + learned positional embedding.
-- `Block`: pre-LayerNorm residual block, x + Attn(LN(x)), then x + MLP(LN(x)),
-  causal multi-head self-attention, MLP 4x with GELU.
-- `LMHead`: final LayerNorm + linear projection to the vocabulary.
+The output projection is not tied to the token embedding: tied weights would live on the first
+and the last pipeline stage at once, and a pipeline stage owns its parameters. No mutable
+collections (LayerNorm only) and no dropout (see `staleness.tasks.models`).
 
-The output projection is not tied to the token embedding: tied weights would
-live on the first and the last pipeline stage at once, and a pipeline stage
-owns its parameters. No mutable collections (LayerNorm only) and no dropout,
-so the loss is a pure function of (params, batch) and a stale gradient is
-exactly the gradient at an older version of the params.
-
-Initialisation as GPT-2: weights N(0, 0.02), the two residual projections of
-each block N(0, 0.02 / sqrt(2 * num_layers)), biases 0. The logits at
-initialisation are small, so the loss starts near ln(vocab).
+Initialisation as GPT-2: weights N(0, 0.02), the two residual projections of each block
+N(0, 0.02 / sqrt(2 * num_layers)), biases 0, so the loss starts near ln(vocab).
 """
 
 from __future__ import annotations

@@ -9,11 +9,9 @@
     task.evaluate(params)                                     # {"reward", "greedy_reward"}
     task.decode_tokens(idx)                                   # tokens the batch decodes (timing)
 
-Built-in names: rl-bandit (a contextual bandit with a float64 expected-gradient reference),
-rl-digits (reverse a digit string with a small transformer). Your own:
-`from_functions(Policy(init_fn, logits_fn, max_length), PromptSet(prompts, length_rule), reward_fn)`. Objectives
-(`OBJECTIVES`): reinforce, ppo, decoupled_ppo, tis, mis, and any `objectives.register`ed one (see
-`objectives`). Length rules: `lengths`.
+Built-in names: rl-bandit (`bandit`), rl-digits (`digits`). Your own:
+`from_functions(Policy(init_fn, logits_fn, max_length), PromptSet(prompts, length_rule), reward_fn)`.
+Objectives: `objectives`. Length rules: `lengths`.
 """
 
 from __future__ import annotations
@@ -76,12 +74,10 @@ def get(name: str, num_workers: int = 4, objective: str = "decoupled_ppo", seed:
     Args:
       name: "rl-bandit" or "rl-digits".
       num_workers: actors.
-      objective: a registered objective (reinforce, ppo, decoupled_ppo, tis, mis, or your own;
-        'package.module:name' imports the module that registers it).
+      objective: a registered objective, or 'package.module:name' (`objectives.spec`).
       seed: seed of the prompts, their lengths and the evaluation key.
-      **options: the objective's parameters (eps, cap, level for decoupled_ppo; c, level for
-        tis; lo, hi, level for mis; std_advantages) and the task's own options (see `bandit.rl_bandit`, `digits.rl_digits`:
-        group_size, prompts_per_rollout, num_prompts, length_rule, warm_start_steps, ...).
+      **options: the objective's parameters (`objectives.make`) and the task's own options
+        (`bandit.rl_bandit`, `digits.rl_digits`: group_size, prompts_per_rollout, num_prompts, ...).
     """
     if name not in _BUILTINS:
         raise ValueError(f"name = {name!r} is not a built-in RL task; valid: {', '.join(NAMES)} "

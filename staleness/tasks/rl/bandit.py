@@ -1,26 +1,18 @@
 """rl-bandit: a contextual bandit whose expected policy gradient is known in closed form.
 
-N contexts x_n ∈ R^d are the prompts, the K arms are the tokens, and the policy is linear
-softmax, π(a | x) = softmax(x·W)_a. The reward table is deterministic, from the seed:
-r(x_n, ·) = the min-max normalised scores x_n·U (U ~ N(0, 1)), so rewards lie in [0, 1], every
-context's best arm has reward 1 and is linearly realisable (greedy reward 1 is reachable). A
-rollout is a sequence of length T = 1: G arms sampled per context. Each prompt still has a
-long-tailed decode length (`task.lengths`, lognormal, median 128 tokens, at most 1024), used
-only for timing.
+N contexts x_n ∈ R^d are the prompts, the K arms are the tokens, and the policy is linear softmax,
+π(a | x) = softmax(x·W)_a. The reward table is deterministic, from the seed: r(x_n, ·) = the
+min-max normalised scores x_n·U (U ~ N(0, 1)), so rewards lie in [0, 1], every context's best arm
+has reward 1 and is linearly realisable (greedy reward 1 is reachable). A rollout is a sequence of
+length T = 1: G arms sampled per context. Each prompt still has a long-tailed decode length
+(`task.lengths`; default `DEFAULT_LENGTHS`), used only for timing.
 
-Float64 NumPy references, for exact numerics tests of the objectives:
-
-- `policy_gradient(task, params, idx)`: ∇_W of mean_b E_{a~π}[r(x_b, a)], in closed form
-  mean_b x_b ⊗ π_b ⊙ (r_b − π_b·r_b).
-- `expected_gradient(task, params, idx, behavior_params, prox_params)`: the expectation of
-  ∇_W task.loss over the rollouts the behavior policy samples, exactly: every one of the K^G
-  joint outcomes of a group is enumerated with its probability Π_i β(a_i), and the gradient of
-  each is written analytically (per sample i, ∇ = coef_i · x ⊗ (e_{a_i} − π_θ), coef from the
-  objective's formula). With the group-mean baseline this expectation is not the textbook
-  one: on-policy it is −(1 − 1/G) · policy_gradient for every objective (the mean includes the
-  sample itself); off-policy the clip makes it piecewise, hence the enumeration.
-- `enumerated(task, behavior_params, prompt)`: the same K^G outcomes as JAX rollouts with their
-  probabilities, so a test can average the task's own `jax.grad(task.loss)` over them.
+Float64 NumPy references, for exact numerics tests of the objectives: `policy_gradient` (closed
+form), `expected_gradient` (every one of a group's K^G joint outcomes enumerated) and
+`enumerated` (the same outcomes as JAX rollouts, to average the task's own `jax.grad(task.loss)`
+over). With the group-mean baseline the expected gradient is not the textbook one: on-policy it
+is −(1 − 1/G) · policy_gradient for every objective (the mean includes the sample itself);
+off-policy the clip makes it piecewise, hence the enumeration.
 """
 
 from __future__ import annotations
@@ -77,15 +69,12 @@ def rl_bandit(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
       num_workers: actors.
       objective: one of OBJECTIVES; **objective_params its parameters (eps, c, std_advantages).
       seed: seed of the contexts, the reward table and the decode lengths.
-      num_prompts: N contexts.
-      dim: d, context dimension.
-      arms: K arms.
+      num_prompts, dim, arms: N contexts of dimension d, K arms.
       group_size: G arms sampled per context per rollout (>= 2).
       prompts_per_rollout: B contexts per rollout.
       length_rule: decode lengths for timing (tokens; default lognormal, median 128, max 1024).
       init_scale: std of the initial W (0.01: a near-uniform policy).
-      actor_dtype: the precision the actors sample in ('float32', 'bfloat16', 'float16'; see
-        `staleness.tasks.rl.RLTask`).
+      actor_dtype: the precision the actors sample in (`staleness.tasks.rl.RLTask`).
     """
     num_prompts = check_int("num_prompts", num_prompts, 1, "contexts")
     dim = check_int("dim", dim, 1, "context dimension")
@@ -108,8 +97,7 @@ def rl_bandit(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
                           options=options, actor_dtype=actor_dtype, **objective_params)
 
 
-# ---------------------------------------------------------------------------
-# Float64 references
+# -- Float64 references ------------------------------------------------------------------------
 
 
 def probs(params: PyTree, x: np.ndarray) -> np.ndarray:
@@ -154,10 +142,7 @@ def expected_gradient(task: RLTask, params: PyTree, prompt_idx: Any, *, behavior
 
     Exact: each prompt's K^G joint outcomes are enumerated with probability Π_i β(a_i); the
     per-sample gradient is coef_i · x ⊗ (e_{a_i} − π_θ(·|x)) with coef_i the objective's own
-    float64 reference (`ObjectiveSpec.reference`), for ρ = π_θ/π_behav, ρ' = π_θ/π_prox,
-    w = π_prox/π_behav and active = the clip's unclipped branch: reinforce A_i; ppo
-    A_i ρ_i active(ρ_i); decoupled_ppo w_i A_i ρ'_i active(ρ'_i) 1[w_i <= cap]; tis
-    min(ρ_i, c) A_i; mis ρ_i A_i 1[lo <= ρ_i <= hi] (T = 1: a sequence's ratio is its token's).
+    float64 reference (`ObjectiveSpec.reference`; T = 1: a sequence's ratio is its token's).
     The loss is −(1/(B G)) Σ_b Σ_i, so the result is the mean over prompts. An objective
     without a reference: ValueError.
     """

@@ -1,24 +1,16 @@
 """The `RLTask` value: policy + prompts + reward + length rule + objective, as pure functions.
 
-An RL task is what actors sample from and the learner trains. Its methods are pure and
-jittable with fixed shapes, so a whole asynchronous run replays inside one `lax.scan`:
-
-    params  = task.init_params(key)
-    idx     = task.prompt_indices(seed, actor, iteration)    # [B] int32, counter-based (host or traced)
-    rollout = task.generate(params_v, key, idx)              # Rollout of B prompts × G completions × T
-    prox    = task.logp(params_prev, rollout)                # [B, G, T] π_prox for decoupled_ppo
-    grads   = jax.grad(task.loss)(params_u, rollout, prox)   # the objective chosen at construction
-    task.evaluate(params)                                    # {"reward": ..., "greedy_reward": ...}
-    task.decode_tokens(idx)                                  # tokens the batch decodes (timing; host)
+An RL task is what actors sample from and the learner trains. Its methods (the example in
+`staleness.tasks.rl`) are pure and jittable with fixed shapes, so a whole asynchronous run
+replays inside one `lax.scan`.
 
 Data staleness is u − v: the actor generated with version v, the learner's gradient is at u.
 Time comes from the prompt: `lengths[i]` tokens are decoded for prompt i whatever the params,
 so a batch's generation time is prefill + max(lengths[idx]) × per-token time, computable
 before any numerics.
 
-`RLTask` is a pytree like `staleness.tasks.Task`: its leaves are its arrays (prompts, lengths);
-everything else (functions, sizes, objective) is static. Closing over a task inside `jit`
-embeds its prompts as constants (small here); passing it as an argument makes them inputs.
+`RLTask` is a pytree like `staleness.tasks.Task` (see there): its leaves are its arrays (prompts,
+lengths); everything else (functions, sizes, objective) is static.
 """
 
 from __future__ import annotations
@@ -206,10 +198,8 @@ def _human(n: float, unit: str) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RLTask:
-    """One RL problem: policy, prompts, reward, length rule and objective.
-
-    Build the built-ins with `staleness.tasks.rl.get(name, ...)` and your own with
-    `staleness.tasks.rl.from_functions(...)`, which check every argument.
+    """One RL problem: policy, prompts, reward, length rule and objective (build one with
+    `staleness.tasks.rl.get` or `staleness.tasks.rl.from_functions`, which check every argument).
 
     Attributes:
       name: e.g. "rl-bandit".
@@ -379,13 +369,9 @@ class RLTask:
         rollout. Give each actor and iteration its own key, e.g.
         fold_in(fold_in(key, actor), iteration). Jittable; B may differ from prompts_per_rollout.
 
-        starts: in-flight weight updates: [S] int32, the first completion position of each
-        segment (starts[0] = 0, ascending; padding entries past T), and `params` stacked
-        on a leading [S] axis, one version per segment: position t is sampled with the
-        version of its segment, and its behavior log-prob is that version's (`decode.sample`).
-        keep_cache: with a KV cache (`cached`), a new version keeps the cache of the tokens
-        older versions decoded (PipelineRL); False re-prefills the prefix (AReaL's partial
-        rollouts). Without a cache every position recomputes its prefix (re-prefill).
+        starts, keep_cache: in-flight weight updates, `params` stacked on a leading [S] axis, one
+        version per segment (`decode.sample`; with a KV cache, `decode.sample_cached`). Without
+        a cache every position recomputes its prefix (re-prefill).
         """
         return _generate(self, params, key, prompt_idx, starts, keep_cache=keep_cache)
 
@@ -395,14 +381,9 @@ class RLTask:
         return _logp(self, params, rollout)
 
     def loss(self, params: PyTree, rollout: Rollout, prox_logp: jax.Array | None = None) -> jax.Array:
-        """The objective (scalar, to minimise) at `params` on `rollout`.
-
-        Args:
-          params: the learner's current params (version u).
-          rollout: generated with version v <= u (its logp are the behavior log-probs).
-          prox_logp: [B, G, T] log π_prox (decoupled_ppo; None: π_prox = π_behav). Not read by
-            the other objectives.
-        """
+        """The objective (scalar, to minimise) at the learner's current `params` (version u) on
+        `rollout` (generated with version v <= u; its logp are the behavior log-probs).
+        prox_logp: [B, G, T] log π_prox (decoupled_ppo; None: π_prox = π_behav)."""
         return self.objective.loss(self.logp(params, rollout), rollout.logp, prox_logp, rollout.mask,
                                    rollout.rewards)
 
@@ -483,8 +464,7 @@ class RLTask:
                 "num_prompts": self.num_prompts, "num_eval_prompts": self.num_eval_prompts,
                 "max_length": self.max_length, "eval_samples": self.eval_samples, "param_count": self.param_count,
                 "actor_dtype": self.actor_dtype, "actor_logits_fn": self.actor_logits_fn is not None,
-                "kv_cache": self.cached,
-                "lengths": _lengths.summary(self.lengths),
+                "kv_cache": self.cached, "lengths": _lengths.summary(self.lengths),
                 "completion_lengths": _lengths.summary(self.completion_lengths),
                 "task_options": {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
                                  for k, v in self.options},

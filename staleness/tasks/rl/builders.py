@@ -8,13 +8,8 @@
         reward_fn=lambda prompt, completion, length: prompt["r"][completion[0]],                 # scalar
         objective="tis", c=2.0)
 
-Every argument is checked here, at construction, with a one-line ValueError (a
-`staleness.tasks.TaskError`) naming it: an unknown objective or a parameter out of range, prompts
-whose arrays disagree on the number of prompts, a length rule that can draw more tokens than
-`max_length` (the completion positions the model's context holds), a `logits_fn` that fails on
-a completion of max_length tokens or does not return [max_length, V] logits, a `reward_fn` that
-does not return one scalar per completion. The shapes are checked with `jax.eval_shape` (no
-FLOPs).
+Every argument is checked here, at construction, with a one-line `staleness.tasks.TaskError`
+naming it; the model's shapes with `jax.eval_shape` (no FLOPs).
 """
 
 from __future__ import annotations
@@ -130,8 +125,7 @@ class Policy(NamedTuple):
       `staleness.tasks.rl.decode.sample_cached`): init_cache(params, prompt, completion [T],
       upto) -> (logits [V] of completion position `upto`, cache) encodes the prompt and the
       first `upto` tokens; step(params, cache, token, t) -> (logits [V] of position t + 1,
-      cache) appends completion token t. Generation then costs one prefill and T one-token
-      steps instead of T whole forward passes; the learner's log-probs stay logits_fn's.
+      cache) appends completion token t. The learner's log-probs stay logits_fn's.
     """
 
     init_fn: Callable[[jax.Array], PyTree]
@@ -174,22 +168,10 @@ def from_functions(policy: Policy, prompt_set: PromptSet,
       prompt_set: a `PromptSet` (prompts, length_rule, eval_prompts, decode_length_rule).
       reward_fn: (prompt, completion [T] int32, length int32 scalar) -> scalar reward, per item;
         positions >= length hold pad_token.
-      objective: one of `objectives.OBJECTIVES`; **objective_params its parameters (eps, c,
-        std_advantages; see `objectives.DEFAULTS`).
-      name: the task's name.
-      num_workers: actors (>= 1).
-      group_size: G completions per prompt (>= 2: the group baseline needs two).
-      prompts_per_rollout: B prompts per rollout (>= 1).
-      seed: seed of the length draws and the evaluation key (>= 0).
-      eval_samples: completions sampled per held-out prompt for `evaluate`'s "reward" (>= 1).
+      objective: a registered objective (`objectives.make`); **objective_params its parameters.
+      name, num_workers, group_size (>= 2), prompts_per_rollout, seed, eval_samples, options,
+        optimizer, prefill, actor_dtype: the `RLTask` attributes.
       reward_range: (low, high) of rewards, recorded with the metrics.
-      options: ((key, value), ...) recorded in `config()` (hashable values).
-      optimizer: the learner's optimizer when a run names none (a spec such as 'adam:lr=1e-3'
-        or an optax transformation); None: 'sgd'.
-      prefill: a prompt's simulated cost in decoded tokens (timing only; default 0).
-      actor_dtype: the precision the actors sample in: 'float32' (default), 'bfloat16' or
-        'float16' (training–inference mismatch: their behaviour log-probs are a lower-precision
-        forward's, the learner's float32; see `RLTask`).
       actor_logits_fn: the actors' own implementation of the same policy (the signature of
         `policy.logits_fn`, checked likewise); None: the policy's.
 

@@ -5,24 +5,13 @@ A policy is a single causal function
     logits_fn(params, prompt, completion [T] int32) -> logits [T, V]
 
 where row t is the distribution of completion token t given the prompt and completion[:t]
-(teacher forcing: row t must not read completion[t:]). Both directions come from it, so a
-behavior log-probability and the learner's log-probability of the same tokens at the same
-params are the same function:
+(teacher forcing: row t must not read completion[t:]). Both directions come from it (`sample`,
+`sample_cached` with a policy's KV cache, `token_logp`), so a behavior log-probability and the
+learner's log-probability of the same tokens at the same params are the same function.
 
-- `sample`: a `lax.scan` over the T positions; step t recomputes the whole forward pass on
-  the tokens so far and samples token t (or takes the argmax). Positions t >= length are not
-  sampled: they hold `pad_token` and log-prob 0.
-- `sample_cached`: the same samples with a KV cache, for a policy that gives `init_cache` and
-  `step` (one prefill, then one token per step).
-- `token_logp`: one teacher-forced forward pass, log-softmax, the log-prob of each token.
-
-In-flight weight updates (PipelineRL): `sample(..., starts=)` takes params stacked on a
-leading [S] axis, one version per segment, and samples position t with segment
-s(t) = #{j : starts[j] <= t} − 1 (starts[0] = 0, ascending; a padding entry holds a start
-past the last position). Since every step recomputes the prefix, position t's token and
-log-prob are those of version s(t) on the whole prefix (AReaL's partial rollout, which
-re-prefills). `sample_cached` with keep_cache=True keeps the keys and values older versions
-computed for the earlier tokens (PipelineRL).
+In-flight weight updates (PipelineRL): `starts=` takes params stacked on a leading [S] axis, one
+version per segment, and samples position t with segment s(t) = #{j : starts[j] <= t} − 1
+(starts[0] = 0, ascending; a padding entry holds a start past the last position).
 
 Everything has fixed shapes (T = the task's max_length), so both run inside `jit`/`scan`.
 """
@@ -46,13 +35,10 @@ def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length
     """One completion of exactly `length` tokens (int32 scalar, 1 <= length <= max_length).
 
     Args:
-      logits_fn: the policy (see the module docstring).
-      params: its parameters.
+      logits_fn, params: the policy (see the module docstring) and its parameters.
       key: PRNG key of this completion (split per position; unused when greedy).
       prompt: one prompt (a pytree of arrays without the prompt axis).
-      length: tokens to generate.
-      max_length: T, the completion axis.
-      pad_token: the token stored at positions >= length.
+      max_length: T, the completion axis; pad_token: the token stored at positions >= length.
       greedy: argmax instead of sampling at temperature 1.
       starts: [S] int32 first position of each segment (in-flight updates); `params` then
         has a leading [S] axis, one version per segment. None: one version.
@@ -65,16 +51,9 @@ def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length
 
     def step(tokens, inputs):
         t, k = inputs
-        p = params
-        if starts is not None:   # the version of position t's segment
-            seg = jnp.sum((starts <= t).astype(jnp.int32)) - 1
-            p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, seg, keepdims=False), params)
+        p = _version(params, starts, t)
         logits = jax.lax.dynamic_index_in_dim(logits_fn(p, prompt, tokens), t, keepdims=False)        # [V]
-        logp_all = jax.nn.log_softmax(logits.astype(jnp.float32))                                   # [V]
-        token = jnp.argmax(logits) if greedy else jax.random.categorical(k, logits)
-        live = t < length
-        logp = jnp.where(live, logp_all[token], 0.0)
-        token = jnp.where(live, token, pad_token).astype(jnp.int32)
+        token, logp = _draw(logits, k, t, length, greedy, pad_token)
         return tokens.at[t].set(token), logp
 
     tokens0 = jnp.full((max_length,), pad_token, jnp.int32)                                          # [T]
@@ -82,18 +61,31 @@ def sample(logits_fn: LogitsFn, params: Any, key: jax.Array, prompt: Any, length
     return tokens, logp
 
 
+def _segment(starts: jax.Array, t) -> jax.Array:
+    return jnp.sum((starts <= t).astype(jnp.int32)) - 1
+
+
+def _version(params: Any, starts: jax.Array | None, t) -> Any:
+    """The params of position t's segment (all of `params` without `starts`)."""
+    if starts is None:
+        return params
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, _segment(starts, t), keepdims=False), params)
+
+
+def _draw(logits: jax.Array, k: jax.Array, t, length, greedy: bool, pad_token: int) -> tuple[jax.Array, jax.Array]:
+    """(token, its log-prob) of position t from logits [V]: (pad_token, 0.0) past `length`."""
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32))                                       # [V]
+    token = jnp.argmax(logits) if greedy else jax.random.categorical(k, logits)
+    live = t < length
+    return jnp.where(live, token, pad_token).astype(jnp.int32), jnp.where(live, logp_all[token], 0.0)
+
+
 def sample_cached(init_cache: Callable, step: Callable, params: Any, key: jax.Array, prompt: Any, length: jax.Array,
                   *, max_length: int, pad_token: int, greedy: bool = False, starts: jax.Array | None = None,
                   keep_cache: bool = True) -> tuple[jax.Array, jax.Array]:
     """`sample` with a KV cache: the same tokens for the same key (the same random numbers per
     position; the logits equal to float32 rounding), in one prefill and T one-token steps
-    instead of T whole forward passes.
-
-    The policy gives, per item:
-      init_cache(params, prompt, completion [T], upto) -> (logits [V] of completion position
-        `upto`, cache): the prompt and completion[:upto] encoded (a prefill);
-      step(params, cache, token, t) -> (logits [V] of completion position t + 1, cache):
-        completion token t appended.
+    instead of T whole forward passes (`init_cache` and `step`: see `staleness.tasks.rl.Policy`).
 
     In-flight weight updates (`starts`, params stacked [S, ...]): position t's logits come from
     version s(t). keep_cache=True (PipelineRL): a new version computes only the tokens from its
@@ -102,30 +94,17 @@ def sample_cached(init_cache: Callable, step: Callable, params: Any, key: jax.Ar
     and every token so far are encoded again with the new version (a re-prefill), so position
     t is version s(t) on the whole prefix, as `sample` computes it."""
     keys = jax.random.split(key, max_length)
-
-    def segment(t):
-        return jnp.sum((starts <= t).astype(jnp.int32)) - 1
-
-    def version(t):
-        if starts is None:
-            return params
-        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, segment(t), keepdims=False), params)
-
     tokens0 = jnp.full((max_length,), pad_token, jnp.int32)                                          # [T]
-    logits0, cache0 = init_cache(version(0), prompt, tokens0, 0)
+    logits0, cache0 = init_cache(_version(params, starts, 0), prompt, tokens0, 0)
 
     def body(carry, inputs):
         cache, logits, tokens = carry
         t, k = inputs
-        logp_all = jax.nn.log_softmax(logits.astype(jnp.float32))                                    # [V]
-        token = jnp.argmax(logits) if greedy else jax.random.categorical(k, logits)
-        live = t < length
-        logp = jnp.where(live, logp_all[token], 0.0)
-        token = jnp.where(live, token, pad_token).astype(jnp.int32)
+        token, logp = _draw(logits, k, t, length, greedy, pad_token)
         tokens = tokens.at[t].set(token)
-        nxt = version(t + 1)
+        nxt = _version(params, starts, t + 1)
         if starts is not None and not keep_cache:   # a new version re-encodes the whole prefix
-            logits, cache = jax.lax.cond(segment(t + 1) != segment(t),
+            logits, cache = jax.lax.cond(_segment(starts, t + 1) != _segment(starts, t),
                                          lambda: init_cache(nxt, prompt, tokens, t + 1),
                                          lambda: step(nxt, cache, token, t))
         else:

@@ -13,16 +13,12 @@ The prompt is left-padded, so under "reverse" completion token t always copies t
 token at index T-1-t whatever L is. The logits at index T+t are the distribution of c_{t+1}
 (t = 0..T-1), restricted to the 10 digits: the policy cannot emit PAD or SEP. The transformer
 is `staleness.tasks.transformer.Transformer` (2 pre-LN blocks, d_model 64, 4 heads by default:
-about 100k parameters); generation decodes with a KV cache (`cache_fns`: one prefill, then one
-token per step; kv_cache=False recomputes the full forward pass at each of the T positions).
+about 100k parameters); generation decodes with a KV cache (`cache_fns`).
 
-Warm start: `warm_start(params, steps, config, key)` trains with supervised cross-entropy on
-correct completions of fresh random strings (lengths uniform in 1..T, so long strings are not
-left to RL alone; Adam 3e-4, 32 strings a step) in one jitted `lax.scan`;
-`rl_digits(warm_start_steps=50)` makes it part of `init_fn`, so RL starts from a non-trivial
-reward: random guessing scores 0.1, the warm start about 0.2 sampled (0.6 greedy), and 100
-on-policy updates (8 prompts × 8 completions, Adam 1e-3) reach about 0.7 sampled. Nothing is
-cached on disk.
+Warm start: `warm_start` (lengths uniform in 1..T, so long strings are not left to RL alone);
+`rl_digits(warm_start_steps=50)` makes it part of `init_fn`, so RL starts from a non-trivial reward:
+random guessing scores 0.1, the warm start about 0.2 sampled (0.6 greedy), and 100 on-policy updates
+(8 prompts × 8 completions, Adam 1e-3) reach about 0.7 sampled. Nothing is cached on disk.
 """
 
 from __future__ import annotations
@@ -215,8 +211,7 @@ def rl_digits(num_workers: int = 4, objective: str = "decoupled_ppo", seed: int 
       length_rule: prompt lengths, a `lengths` rule with draw(rng, n) and high <= max_digits
         (default lognormal, median 3, sigma 0.7, at most max_digits).
       warm_start_steps: supervised steps `init_fn` runs before RL (0: a random policy).
-      actor_dtype: the precision the actors sample in ('float32', 'bfloat16', 'float16'; see
-        `staleness.tasks.rl.RLTask`): the training–inference mismatch of an inference engine.
+      actor_dtype: the precision the actors sample in (`staleness.tasks.rl.RLTask`).
       kv_cache: decode with a KV cache (`cache_fns`; False: recompute every prefix).
       **options: the model's (`DigitsConfig` fields: max_digits = T, the longest prompt, 8;
         target "reverse" or "sort"; num_layers 2, d_model 64, num_heads 4) and the objective's

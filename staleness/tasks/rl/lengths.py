@@ -1,10 +1,8 @@
 """Length rules: how many tokens each prompt's completion has, drawn once per prompt.
 
-Generation time comes from the prompt, not the parameters: a task draws every prompt's
-completion length once, at construction (deterministic from the task's seed), and every
-completion of that prompt is generated to exactly that length. So the schedule of an
-asynchronous RL run (a batch decodes as long as its longest completion) is known before any
-numerics run.
+A task draws every prompt's completion length once, at construction (from its seed), and
+every completion of that prompt has exactly that length, so a run's schedule is known before
+any numerics run (`staleness.tasks.rl.base`).
 
 A length rule is a callable `rule(prompts, rng) -> [N] int` (`prompts` the task's prompt
 pytree with leading axis N, `rng` a `numpy.random.Generator`); the rules here are small
@@ -37,6 +35,11 @@ def num_prompts(prompts: Any) -> int:
     return int(np.shape(leaves[0])[0])
 
 
+def _by_prompts(rule, prompts: Any, rng: np.random.Generator) -> np.ndarray:
+    """A rule's `__call__`: one `draw` per prompt."""
+    return rule.draw(rng, num_prompts(prompts))
+
+
 class LogNormal(NamedTuple):
     """L = clip(round(median · exp(sigma · z)), low, high), z ~ N(0, 1): long-tailed lengths."""
 
@@ -49,8 +52,7 @@ class LogNormal(NamedTuple):
         z = rng.standard_normal(n)
         return np.clip(np.rint(self.median * np.exp(self.sigma * z)), self.low, self.high).astype(np.int32)
 
-    def __call__(self, prompts: Any, rng: np.random.Generator) -> np.ndarray:
-        return self.draw(rng, num_prompts(prompts))
+    __call__ = _by_prompts
 
     def __str__(self) -> str:
         return f"lognormal(median={self.median:g}, sigma={self.sigma:g}, high={self.high}, low={self.low})"
@@ -68,8 +70,7 @@ class Zipf(NamedTuple):
         p = support.astype(np.float64) ** -self.a
         return rng.choice(support, size=n, p=p / p.sum()).astype(np.int32)
 
-    def __call__(self, prompts: Any, rng: np.random.Generator) -> np.ndarray:
-        return self.draw(rng, num_prompts(prompts))
+    __call__ = _by_prompts
 
     def __str__(self) -> str:
         return f"zipf(a={self.a:g}, high={self.high}, low={self.low})"
@@ -80,20 +81,13 @@ class Constant(NamedTuple):
 
     length: int
 
-    @property
-    def low(self) -> int:
-        return self.length
-
-    @property
-    def high(self) -> int:
-        return self.length
+    low = high = property(lambda self: self.length)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         del rng
         return np.full(n, self.length, np.int32)
 
-    def __call__(self, prompts: Any, rng: np.random.Generator) -> np.ndarray:
-        return self.draw(rng, num_prompts(prompts))
+    __call__ = _by_prompts
 
     def __str__(self) -> str:
         return f"constant({self.length})"
@@ -107,20 +101,14 @@ class Empirical(NamedTuple):
     values: tuple
     weights: tuple | None = None
 
-    @property
-    def low(self) -> int:
-        return int(min(self.values))
-
-    @property
-    def high(self) -> int:
-        return int(max(self.values))
+    low = property(lambda self: int(min(self.values)))
+    high = property(lambda self: int(max(self.values)))
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         p = None if self.weights is None else np.asarray(self.weights, np.float64) / np.sum(self.weights)
         return rng.choice(np.asarray(self.values, np.int32), size=n, p=p).astype(np.int32)
 
-    def __call__(self, prompts: Any, rng: np.random.Generator) -> np.ndarray:
-        return self.draw(rng, num_prompts(prompts))
+    __call__ = _by_prompts
 
     def __str__(self) -> str:
         return f"empirical({len(self.values)} lengths, {self.low}..{self.high})"

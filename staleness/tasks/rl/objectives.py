@@ -18,32 +18,13 @@ mask's count). The group-baseline advantage of a completion is shared by all its
     A[b, g] = r[b, g] − mean_g' r[b, g']          (std_advantages: divided by std_g' r[b, g'] + 1e-6;
                                                    a group of equal rewards has A = 0 exactly)
 
-Per token, with ρ = π_θ / π_behav, ρ' = π_θ / π_prox, w = π_prox / π_behav and
-clip_ε(x) = clip(x, 1 − ε, 1 + ε):
-
-    reinforce      A · log π_θ                                  (REINFORCE / GRPO-style, no correction)
-    ppo            min(ρ A, clip_ε(ρ) A)                        (PPO clip against the behavior policy)
-    decoupled_ppo  w · min(ρ' A, clip_ε(ρ') A)  (w no gradient)  (AReaL; equals ppo when π_prox = π_behav)
-                   cap: tokens with w > cap are masked out (AReaL's behav_imp_weight_cap;
-                   its example configs set 5)
-    tis            sg(min(ρ, c)) · A · log π_θ                  (truncated importance sampling, cap c)
-    mis            sg(ρ · 1[lo <= ρ <= hi]) · A · log π_θ       (masked importance sampling, IcePop-style:
-                                                                 a token whose ratio leaves [lo, hi] is dropped)
+The per-token terms of the built-ins are in their docstrings (`reinforce`, `ppo`,
+`decoupled_ppo`, `tis`, `mis`; ρ = π_θ / π_behav, sg: no gradient).
 
 level="sequence" (decoupled_ppo, tis, mis): the ratios are a completion's, not a token's, GSPO's
 exp(mean over its tokens of the log-ratio), shared by all its tokens (a masked sequence is
-masked whole).
-
-Objectives are open, like policies: `register(name, loss, defaults, check, reference)` adds one
-(an `ObjectiveSpec`), `make(name, **params)` validates its parameters, and a task built with
-`objective="package.module:name"` imports that module (which registers `name`) first, so a
-registered objective works on every command. `reference` is the float64 coefficient of one
-sample's gradient that the bandit's exact expected gradient (`bandit.expected_gradient`) uses;
-an objective without one is refused there with one line.
-
-Expected gradients (what the bandit's float64 reference checks): on-policy (θ = behav = prox)
-every built-in objective has the same gradient, and a group-mean baseline that includes the
-sample itself scales it by (1 − 1/G): E[∇ loss] = −(1 − 1/G) · E_π[r ∇log π] per prompt.
+masked whole). Objectives are open: `register` adds one (an `ObjectiveSpec`); a task's
+`objective="package.module:name"` imports the module that registers it (`spec`).
 
     obj = objectives.make("decoupled_ppo", eps=0.2, cap=5.0)
     loss = obj.loss(logp_new, logp_behav, logp_prox, mask, rewards)           # scalar
@@ -52,7 +33,6 @@ sample itself scales it by (1 − 1/G): E[∇ loss] = −(1 − 1/G) · E_π[r �
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -418,9 +398,6 @@ def make(objective: str = "decoupled_ppo", **params: Any) -> Objective:
 
 
 # -- diagnostics -------------------------------------------------------------------------------
-DIAGNOSTICS = ("kl_behav", "is_weight_mean", "is_weight_max", "ess", "entropy")
-
-
 def diagnostics(logp_new, logp_behav, mask, entropy=None) -> dict[str, jax.Array]:
     """What RL systems log per step, over the real tokens of a rollout (means over the mask):
 
