@@ -9,7 +9,6 @@ lazily), and the errors of bad outages.
 """
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import sys
@@ -22,6 +21,7 @@ import staleness as st
 from staleness import cluster as C
 from staleness.cluster import layers
 from staleness.sim.scheduler import simulate_schedule, stream_schedule
+from test_sim import schedule_digest
 
 
 def _pushes(sched, worker, start, end):
@@ -31,14 +31,7 @@ def _pushes(sched, worker, start, end):
     return int(np.count_nonzero((at >= start) & (at < end)))
 
 
-def _digest(sched):
-    """The schedule's columns, update times and end time, bitwise."""
-    h = hashlib.sha256()
-    for k in sorted(sched.columns):
-        a = np.ascontiguousarray(sched.columns[k])
-        h.update(k.encode() + a.dtype.str.encode() + a.tobytes())
-    h.update(np.asarray(sched.update_time).tobytes() + repr(sched.end_time).encode())
-    return h.hexdigest()[:16]
+_digest = schedule_digest   # the schedule's columns, update times and end time, bitwise
 
 
 # -- the bug -------------------------------------------------------------------------------------

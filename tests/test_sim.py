@@ -289,7 +289,8 @@ _LOOP_POLICIES = ["asp", "bsp", "ssp:2", "dssp:1:4", "softsync:2", "backup:1", "
                   "rl_partial:2", "rl_inflight:2", "rl_one_step_off"]
 
 
-def _schedule_digest(sched) -> str:
+def schedule_digest(sched) -> str:
+    """The schedule's columns, update times and end time, bitwise (16 hex digits)."""
     h = hashlib.sha256()
     for k in sorted(sched.columns):
         a = np.ascontiguousarray(sched.columns[k])
@@ -313,7 +314,7 @@ def test_golden_schedules_over_every_cluster_kind(cluster):
             if p.startswith("rl_") and p != "rl_sync":
                 kw["sizes"] = lambda w, it: 1 + (w * 7 + it * 3) % 5
             try:
-                got[f"{cluster}|{p}|{overlap}"] = _schedule_digest(simulate_schedule(p, _LOOP_CLUSTERS[cluster], **kw))
+                got[f"{cluster}|{p}|{overlap}"] = schedule_digest(simulate_schedule(p, _LOOP_CLUSTERS[cluster], **kw))
             except ValueError:
                 got[f"{cluster}|{p}|{overlap}"] = "ValueError"
     assert got == {k: v for k, v in golden.items() if k.startswith(cluster + "|")}

@@ -25,7 +25,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from staleness.policies.state import SyncState
 
-__all__ = ["Aggregation", "EachGradient", "Window", "Quorum", "AllLive", "Count", "FirstOfRound", "Fresh", "Minibatches"]
+__all__ = ["Aggregation", "EachGradient", "Window", "Quorum", "AllLive", "Count", "FirstOfRound", "Fresh",
+           "Minibatches"]
 
 
 @runtime_checkable

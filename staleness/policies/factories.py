@@ -138,9 +138,10 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float = 0.0, dynam
     for name, value in (("dynamic", dynamic), ("tokens", tokens)):
         if not isinstance(value, bool):
             raise ValueError(f"decoupled_diloco: {name} = {value!r} must be True or False")
-    spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}")
-            + (f":grace={grace:g}" if grace else "") + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens"))
-    return Policy(Free(), Quorum(quorum, grace), spec, LocalSteps(steps, dynamic, weighted=tokens), "nesterov:0.9,lr=0.7")
+    spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}") + (f":grace={grace:g}" if grace
+            else "") + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens"))
+    work = LocalSteps(steps, dynamic, weighted=tokens)
+    return Policy(Free(), Quorum(quorum, grace), spec, work, "nesterov:0.9,lr=0.7")
 
 
 # -- asynchronous RL (data staleness): actors generate rollouts, a learner trains on them -----------

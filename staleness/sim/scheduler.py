@@ -458,7 +458,8 @@ class _Window:
                 return None
             self.open = True
         if self.grace:   # O(λ): the pushes in flight that arrive within the grace
-            members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= now + self.grace]
+            end = now + self.grace
+            members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= end]
             self.until = max([now, *members])
         else:
             self.until = now   # pushes of this very instant were queued before its close: they join it
