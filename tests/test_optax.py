@@ -139,3 +139,27 @@ def test_staleness_rule_with_adamw_and_scale_by_staleness():
         versions[u + 1], state = step(versions[u], state, g, jnp.int32(sched.staleness[row]))
     for x, y in zip(_leaves(res.params), _leaves(versions[sched.num_updates])):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_muon_is_optax_contrib_muon_and_an_inner_optimizer():
+    """`muon:lr=...` (issue 38, MuLoCo's inner optimizer) follows `optax.contrib.muon` update
+    for update (to float32 rounding: the rate is in the state, a traced value), keeps its rate
+    in the state like every spec (so a sweep over rates compiles once), and runs as DiLoCo's
+    inner optimizer."""
+    from staleness.tasks import optim
+
+    params = {"w": jnp.ones((4, 3)) * 0.3, "b": jnp.arange(3.0)}
+    ours, ref = optim.resolve("muon:lr=0.02"), optax.contrib.muon(0.02)
+    s, r = ours.init(params), ref.init(params)
+    p, q = params, params
+    for k in range(5):
+        g = {"w": jnp.sin(jnp.arange(12.0) + k).reshape(4, 3), "b": jnp.cos(jnp.arange(3.0) + k)}
+        u, s = ours.tx.update(g, s, p)
+        v, r = ref.update(g, r, q)
+        p, q = optax.apply_updates(p, u), optax.apply_updates(q, v)
+    for k in p:
+        np.testing.assert_allclose(p[k], q[k], rtol=0, atol=2e-6)
+    assert optim.has_lr(ours.tx, params) and optim.get("muon:lr=0.02,wd=0.1").describe() == "muon:lr=0.02,wd=0.1"
+    res = st.simulate("digits-mlp", "diloco:4", "1*2", num_updates=3, inner_optimizer="muon:lr=0.02", num_evals=1)
+    assert res.status == "complete" and res.config["inner_optimizer"] == "muon:lr=0.02"
+    assert res.final["loss"] < res.history["loss"].iloc[0]

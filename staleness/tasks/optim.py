@@ -9,10 +9,11 @@ caller passes into an `Optimizer`:
 - a spec string (the CLI's), grammar `staleness.infra.specs`:
 
       NAME[:ARGS][+SCHEDULE]
-      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw | delayed_nesterov[:N]
+      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw | delayed_nesterov[:N] | muon
       ARGS as KEY=VALUE: lr, wd (weight decay), clip (global norm), warmup (updates),
       b1, b2, eps (adam, adamw), momentum (momentum, nesterov, delayed_nesterov),
-      c (delayed_nesterov: the momentum activation, default 0)
+      c (delayed_nesterov: the momentum activation, default 0); muon is `optax.contrib.muon`
+      (Newton-Schulz orthogonalized momentum on 2-D weights, AdamW on the others)
       SCHEDULE: constant (default) | cosine | linear  (decay to 0 over the run)
 
   e.g. `adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine`. A spec builds
@@ -38,7 +39,7 @@ import optax
 
 __all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "TASK_OPTAX", "get", "resolve", "has_lr"]
 
-NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw", "delayed_nesterov")
+NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw", "delayed_nesterov", "muon")
 SCHEDULES = ("constant", "cosine", "linear")
 DEFAULT_LR = 0.05   # the learning rate of a spec that names none, when lr= is not given either
 
@@ -140,6 +141,10 @@ def _build(spec: OptimizerSpec, horizon: int | None) -> optax.GradientTransforma
         parts.append(delayed_nesterov(spec.momentum, spec.period, spec.c))
     elif spec.name in ("adam", "adamw"):
         parts.append(optax.scale_by_adam(b1=spec.b1, b2=spec.b2, eps=spec.eps))
+    elif spec.name == "muon":   # its own learning rate (in the state) and weight decay; a schedule scales after it
+        parts.append(optax.inject_hyperparams(optax.contrib.muon)(learning_rate=1.0, weight_decay=spec.wd or 0.0))
+        shape = spec.shape(horizon)
+        return optax.chain(*parts, *([] if shape is None else [optax.scale_by_schedule(shape)]))
     wd = spec.wd if spec.wd is not None else (1e-4 if spec.name == "adamw" else 0.0)
     if wd:
         parts.append(optax.add_decayed_weights(wd))
