@@ -211,3 +211,12 @@ def test_token_weights_from_hand_counted_steps():
     a, b = (st.simulate("digits-mlp", p, JITTERED, **kw) for p in ("decoupled_diloco:4:quorum=4:dynamic",
                                                                       "decoupled_diloco:4:quorum=4:dynamic:notokens"))
     assert not _params_equal(a, b)
+
+
+def test_a_real_run_refuses_the_simulated_merge():
+    """The real runtime has no synchronizer with a quorum yet: a real run says so at once
+    (it would otherwise never make an update)."""
+    from staleness.runtime.spec import make_spec
+
+    with pytest.raises(ValueError, match="decoupled_diloco:4.*simulated only"):
+        make_spec("digits-mlp", "decoupled_diloco:4", num_workers=2, num_updates=2)

@@ -241,9 +241,9 @@ def make_spec(task, policy, cluster=None, *, settings: Settings | None = None, *
 def _check_real(policy, cluster, num_workers: int) -> None:
     """What a real run of `policy` needs beyond the simulator's checks."""
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
-    if policy.grace:
-        raise ValueError(f"policy {policy.describe()!r}: its synchronization window (grace) is simulated only "
-                         "(st.simulate, compare, the replay); drop grace= for a real run")
+    if policy.grace or policy.merges:
+        raise ValueError(f"policy {policy.describe()!r}: its synchronization window (grace, a quorum's merge) is "
+                         "simulated only (st.simulate, compare, the replay); run async_diloco or diloco for real")
     if policy.learner and policy.work.inflight and cluster is None:
         raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates in a real run need a cluster "
                          "(cluster=..., --cluster): its seconds per token make the decode window in which new "
