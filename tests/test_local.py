@@ -123,7 +123,8 @@ def test_sweep_over_h_in_one_compiled_call(digits4):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("policy, inner", [("local_sgd:3", "sgd:lr=0.1"), ("diloco:3", "adamw:lr=1e-3"),
                                            ("async_diloco:3:dynamic", "momentum:0.9,lr=0.1"),
-                                           ("async_diloco:2:bound=1", "adamw:lr=1e-3")])
+                                           ("async_diloco:2:bound=1", "adamw:lr=1e-3"),
+                                           ("diloco:3:topk=0.1:bits=4:error_feedback", "adamw:lr=1e-3")])
 def test_real_runs_of_local_methods_replay_bitwise(digits4, policy, inner):
     from staleness.runtime.replay import replay_trace
 

@@ -293,13 +293,14 @@ def network_clusters(draw, max_workers=8, allow_failures=False):
 
 @hst.composite
 def network_policies(draw, num_workers):
-    """test_sim's policies, and Streaming DiLoCo (whose overlap credit changes the times)."""
+    """test_sim's policies (but a merging window, which a shared link or an all-reduce refuses), and
+    Streaming DiLoCo (whose overlap credit changes the times)."""
     if draw(hst.integers(0, 4)) == 0:
         p = draw(hst.integers(1, 3))
         h = p * draw(hst.integers(1, 3))
         return P.streaming_diloco(h, fragments=p, overlap=draw(hst.integers(0, h // p - 1)),
                                   bits=draw(hst.sampled_from([4, 32])))
-    return draw(policies(num_workers))
+    return draw(policies(num_workers).filter(lambda p: not p.merges))
 
 
 def check_bytes(sched, pull_n, push_n, collective):

@@ -69,25 +69,25 @@ def keys(seed):
     return tuple(jax.random.split(jax.random.key(seed)))
 
 
-def _state(task, seed, opt: Optimizer, inner: Optimizer | None, num_workers: int, streaming: bool):
+def _state(task, seed, opt: Optimizer, inner: Optimizer | None, num_workers: int, layout: str | None):
     """(params, opt_state, local) of version 0: see `init_carry`."""
     init_key, _ = keys(seed)
     params = task.init_params(init_key)
     opt_state = opt.init(params)
-    local = () if inner is None else _local.init_states(inner, params, num_workers)
-    if streaming:   # Streaming DiLoCo: the workers' own parameters persist too, starting at version 0
+    local = () if inner is None else _local.init_states(inner, params, num_workers, layout)
+    if layout == "streaming":   # Streaming DiLoCo: the workers' own parameters persist too, starting at version 0
         local = (local, jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + a.shape).copy(), params))
     return params, opt_state, local
 
 
 def init_carry(task, seed, opt: Optimizer, ring: int, inner: Optimizer | None = None,
-               num_workers: int = 0, streaming: bool = False) -> Carry:
+               num_workers: int = 0, layout: str | None = None) -> Carry:
     """Initial parameters (from the run's init key), optimizer state (with the
     optimizer's learning rate) and an empty ring of `ring` versions; with an
     `inner` optimizer (a local-update method) also `num_workers` fresh inner
-    states. Eager: the task's own jitted init does the work, so nothing large is
-    compiled here."""
-    params, opt_state, local = _state(task, seed, opt, inner, num_workers, streaming)
+    states (`layout`: `engine.local.Local.layout`). Eager: the task's own jitted init does the
+    work, so nothing large is compiled here."""
+    params, opt_state, local = _state(task, seed, opt, inner, num_workers, layout)
     # the ring's zeros made on the host and placed (an eager `jnp.zeros` compiles a program per shape and ring size)
     zeros = jax.device_put(jax.tree.map(lambda p: np.zeros((ring,) + np.shape(p), p.dtype), params))
     return _distinct(Carry(params, opt_state, zeros, local))
@@ -119,16 +119,16 @@ def _distinct(tree):
 
 def init_carry_batched(task, members, ring: int, num_workers: int = 0) -> Carry:
     """`init_carry` of several configurations, stacked on a leading configuration axis (the
-    ring too: [B, R, ...]). members: one (seed, opt, inner, streaming) per configuration, as
+    ring too: [B, R, ...]). members: one (seed, opt, inner, layout) per configuration, as
     `init_carry` takes them. Stacked on the host and placed once (eager stacks compiled a
     program per leaf shape, about a second for a small MLP's carry)."""
     cache = {}
     states = []
-    for seed, opt, inner, streaming in members:
-        key = (seed, id(opt.tx), None if inner is None else id(inner.tx), streaming)
+    for seed, opt, inner, layout in members:
+        key = (seed, id(opt.tx), None if inner is None else id(inner.tx), layout)
         if key not in cache:
             cache[key] = jax.device_get(_state(task, seed, dataclasses.replace(opt, lr=None), inner, num_workers,
-                                               streaming))
+                                               layout))
         p, o, loc = cache[key]
         states.append((p, o if opt.lr is None else set_lr(o, opt.lr, host=True), loc))
     params, opt_state, local = jax.tree.map(lambda *xs: np.stack(xs), *states)

@@ -249,9 +249,9 @@ def _init_call(grid: Grid, lay: _Layout, sel: list, data_keys: list):
           "variant": np.asarray([grid.variant_of[i] for i in idx], np.int32)}
     if setups[0].steps is not None:
         cs["steps"] = np.stack([np.asarray(u.steps, np.int32) for u in setups])        # [W, λ]
-    streaming = [u.static.local is not None and u.static.local.streaming for u in setups]
-    c = core.init_carry_batched(grid.task, [(grid.configs[i][1], u.opt, u.inner, st)
-                                            for i, u, st in zip(idx, setups, streaming)],
+    layouts = [None if u.static.local is None or u.static.local.learner else u.static.local.layout for u in setups]
+    c = core.init_carry_batched(grid.task, [(grid.configs[i][1], u.opt, u.inner, layout)
+                                            for i, u, layout in zip(idx, setups, layouts)],
                                 grid.ring, num_workers=grid.num_workers)
     if setups[0].static.local is not None and setups[0].static.local.learner:   # each run's probe set
         cs["probe"] = jax.tree.map(lambda *xs: np.stack(xs), *[jax.device_get(grid.task.probe(

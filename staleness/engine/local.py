@@ -16,6 +16,7 @@ shared by the compiled replay and the real runtime's workers.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -25,7 +26,8 @@ from jax import lax
 
 from staleness.policies.payload import fragment_keys   # noqa: F401 (public here too)
 
-__all__ = ["Local", "NUMERICS", "configure", "local_delta", "streaming_delta", "init_states", "fragment_keys",
+__all__ = ["Local", "NUMERICS", "configure", "local_delta", "compress", "streaming_delta", "init_states",
+           "fragment_keys",
            "fragmented", "quantize"]
 
 
@@ -41,10 +43,19 @@ class Local(NamedTuple):
     bits: int = 32            # of the sent outer gradients (32: not quantized)
     fragment_keys: tuple = ()
     weighted: bool = False    # an update's deltas weighted by their workers' inner steps (tokens)
+    topk: float = 1.0         # compressed pushes: the fraction of each tensor's values sent (by magnitude)
+    qbits: int = 32           # ... quantized to these bits (`quantize`)
+    ef: bool = False          # ... with error feedback: each worker's carry holds what compression left out
 
     @property
     def streaming(self) -> bool:
         return bool(self.fragment_keys)
+
+    @property
+    def layout(self) -> str | None:
+        """What the per-worker carry holds besides the inner states: 'streaming' (the workers' own
+        parameters), 'feedback' (the error-feedback buffers) or None."""
+        return "streaming" if self.streaming else "feedback" if self.ef else None
 
     learner = False   # not asynchronous RL's learner step (`engine.rollout.Learner`)
     inflight = False  # no in-flight segments
@@ -99,11 +110,30 @@ def local_delta(task, local: Local, params, inner_state, data_key, worker, round
             loss = jnp.where(on, loss, 0.0)
         return (p_new, s_new, total + loss), None
 
+    error = None
+    if local.ef:
+        inner_state, error = inner_state
     (end, state, total), _ = lax.scan(step, (params, inner_state, jnp.zeros((), jnp.float32)),
                                       jnp.arange(h_max, dtype=jnp.int32))
     delta = jax.tree.map(lambda a, b: a - b, params, end)
     count = steps if local.masked else h_max
+    if local.topk < 1.0 or local.qbits < 32:   # SparseLoCo: send the compressed delta (plus the error left over)
+        target = delta if error is None else jax.tree.map(jnp.add, delta, error)
+        delta = jax.tree.map(lambda x: compress(x, local.topk, local.qbits), target)
+        if error is not None:
+            state = (state, jax.tree.map(jnp.subtract, target, delta))
     return total / jnp.asarray(count, jnp.float32), delta, state
+
+
+def compress(x, topk: float, bits: int):
+    """`x` with all but its ceil(topk · size) largest-magnitude values zeroed (topk = 1: all
+    kept), then quantized to `bits` (`quantize`, scaled by the largest kept magnitude)."""
+    if topk < 1.0 and x.size:
+        flat = x.reshape(-1)
+        k = max(1, math.ceil(topk * flat.size))
+        _, idx = lax.top_k(jnp.abs(flat), k)
+        x = jnp.zeros_like(flat).at[idx].set(flat[idx]).reshape(x.shape)
+    return quantize(x, bits)
 
 
 def quantize(x, bits: int):
@@ -183,7 +213,10 @@ def streaming_delta(task, local: Local, pulled, own, inner_state, data_key, work
     return total / steps, {k: delta[k] for k in pulled}, state, own
 
 
-def init_states(inner_opt, params, num_workers: int):
-    """[λ] stacked fresh inner-optimizer states (each with the inner learning rate)."""
+def init_states(inner_opt, params, num_workers: int, layout: str | None = None):
+    """[λ] stacked fresh inner-optimizer states (each with the inner learning rate); with the
+    'feedback' layout paired with [λ] zero error-feedback buffers."""
     one = inner_opt.init(params)
+    if layout == "feedback":
+        one = (one, jax.tree.map(jnp.zeros_like, params))
     return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + jnp.shape(a)).copy(), one)

@@ -222,7 +222,7 @@ def _replay(source, task, s: _settings.Settings) -> Result:
     if steps is not None:
         consts["steps"] = jnp.asarray(steps)
     carry = core.init_carry(task, seed, opt, plan.ring, inner_opt, source.num_workers,
-                            local is not None and local.streaming)
+                            None if local is None or local.learner else local.layout)
     if local is not None and local.learner:   # the probe set of the learner's kl_version, at version 0
         consts["probe"] = task.probe(carry.params)
     member = _runner.Member(source, plan, seed, rule, _runner.learning_rate(opt, carry.opt_state), steps, s.config)

@@ -68,11 +68,20 @@ def local_sgd(steps: int = 10) -> Policy:
     return Policy(ClockBound(0), AllLive(), f"local_sgd:{steps}", LocalSteps(steps), "sgd:lr=1")
 
 
-def diloco(steps: int = 50) -> Policy:
+def diloco(steps: int = 50, topk: float = 1.0, bits: int = 32, error_feedback: bool = False) -> Policy:
     """DiLoCo (Douillard et al. 2023): Local SGD with an inner optimizer per worker
     (state kept across rounds) and an outer optimizer on the mean delta, by default
-    Nesterov SGD with learning rate 0.7 and momentum 0.9."""
-    return Policy(ClockBound(0), AllLive(), f"diloco:{steps}", LocalSteps(steps), "nesterov:0.9,lr=0.7")
+    Nesterov SGD with learning rate 0.7 and momentum 0.9. topk, bits, error_feedback:
+    SparseLoCo's compressed deltas (e.g. topk=0.02, bits=2, error_feedback; see `LocalSteps`)."""
+    work, suffix = _compressed(steps, topk, bits, error_feedback)
+    return Policy(ClockBound(0), AllLive(), f"diloco:{steps}{suffix}", work, "nesterov:0.9,lr=0.7")
+
+
+def _compressed(steps: int, topk: float, bits: int, error_feedback: bool, **more) -> tuple[LocalSteps, str]:
+    """(LocalSteps with SparseLoCo's compression, the spec suffix naming what differs from dense)."""
+    work = LocalSteps(steps, topk=float(topk), qbits=bits, error_feedback=error_feedback, **more)
+    return work, ((f":topk={float(topk):g}" if topk < 1 else "") + (f":bits={bits}" if bits < 32 else "")
+                  + (":error_feedback" if error_feedback else ""))
 
 
 def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = False, grace: float = 0.0) -> Policy:
@@ -121,7 +130,7 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
 
 
 def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float = 0.0, dynamic: bool = False,
-                     tokens: bool = True) -> Policy:
+                     tokens: bool = True, topk: float = 1.0, bits: int = 32, error_feedback: bool = False) -> Policy:
     """Decoupled DiLoCo (Douillard et al. 2026): independent learners take `steps` inner
     steps on their own clocks and push their deltas to a synchronizer, which merges once
     `quorum` learners have arrived, after waiting `grace` seconds for more (`Quorum`); the
@@ -131,16 +140,17 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float = 0.0, dynam
       proportional to its inner steps (they differ with `dynamic`, Dynamic Local Updates).
       False: the plain mean.
     quorum = 1 and grace = 0 is `async_diloco(steps)`; quorum = λ and grace = 0 is
-    `diloco(steps)`'s round. The outer optimizer defaults to DiLoCo's."""
+    `diloco(steps)`'s round. topk, bits, error_feedback: compressed deltas, as for `diloco`.
+    The outer optimizer defaults to DiLoCo's."""
     checks.integer("decoupled_diloco", "steps", steps, low=1)
     checks.integer("decoupled_diloco", "quorum", quorum, low=1)
     grace = checks.finite("decoupled_diloco", "grace", grace, low=0.0)
     for name, value in (("dynamic", dynamic), ("tokens", tokens)):
         if not isinstance(value, bool):
             raise ValueError(f"decoupled_diloco: {name} = {value!r} must be True or False")
+    work, suffix = _compressed(steps, topk, bits, error_feedback, dynamic=dynamic, weighted=tokens)
     spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}") + (f":grace={grace:g}" if grace
-            else "") + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens"))
-    work = LocalSteps(steps, dynamic, weighted=tokens)
+            else "") + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens") + suffix)
     return Policy(Free(), Quorum(quorum, grace), spec, work, "nesterov:0.9,lr=0.7")
 
 

@@ -49,6 +49,22 @@ def quantized_bytes(tree, bits: int) -> int:
     return sum(-(-n * bits // 8) + SCALE_BYTES for n, _ in _leaves(tree) if n)
 
 
+def topk_count(n: int, topk: float) -> int:
+    """Values kept of a tensor of `n` by a top-k of fraction `topk` (at least one)."""
+    return n if topk >= 1.0 else max(1, math.ceil(topk * n))
+
+
+def sparse_bytes(tree, topk: float, bits: int) -> int:
+    """Bytes of a pytree sent as its top-`topk` fraction of values per tensor (each with a
+    32-bit index; topk = 1: dense, no index), quantized to `bits` bits (32: as is):
+    Σ over its non-empty leaves of ceil(k · (bits + index bits) / 8) (+ a float32 scale when quantized)."""
+    if topk >= 1.0 and bits >= 32:
+        return tree_bytes(tree)
+    index = 32 if topk < 1.0 else 0
+    return sum(-(-topk_count(n, topk) * (min(bits, 8 * item) + index) // 8) + (SCALE_BYTES if bits < 32 else 0)
+               for n, item in _leaves(tree) if n)
+
+
 def fragment_keys(params, fragments: int) -> tuple[tuple[str, ...], ...]:
     """Streaming DiLoCo's fragments of a dict of parameters: its top-level modules in
     order, strided (module j in fragment j mod P), as in the paper's default."""

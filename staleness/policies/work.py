@@ -123,11 +123,18 @@ class LocalSteps:
     (at least 1), so that all workers finish a round in about the same time.
     weighted: an update's deltas are weighted by their workers' inner steps (the tokens
     they processed; Decoupled DiLoCo's token-weighted merge) instead of equally.
+    topk, qbits, error_feedback: compressed pushes (SparseLoCo): each tensor of the delta is
+    sent as its top `topk` fraction of values by magnitude, quantized to `qbits` bits
+    (`engine.local.quantize`); with error feedback a worker adds what compression left out of
+    its last delta to its next one (1.0, 32, False: the dense delta).
     """
 
     steps: int = 1
     dynamic: bool = False
     weighted: bool = dataclasses.field(default=False, kw_only=True)
+    topk: float = dataclasses.field(default=1.0, kw_only=True)
+    qbits: int = dataclasses.field(default=32, kw_only=True)
+    error_feedback: bool = dataclasses.field(default=False, kw_only=True)
 
     local: ClassVar[bool] = True
     collective_round: ClassVar[bool] = False
@@ -137,9 +144,19 @@ class LocalSteps:
 
     def __post_init__(self):
         checks.integer("local steps", "steps", self.steps, low=1)
-        for name in ("dynamic", "weighted"):
+        for name in ("dynamic", "weighted", "error_feedback"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"local steps: {name} = {getattr(self, name)!r} must be True or False")
+        if isinstance(self.topk, bool) or not isinstance(self.topk, (int, float)) or not 0.0 < self.topk <= 1.0:
+            raise ValueError(f"local steps: topk = {self.topk!r} must be in (0, 1] (the fraction of values sent)")
+        if self.qbits not in (2, 3, 4, 8, 32):
+            raise ValueError(f"local steps: bits = {self.qbits!r} must be one of 2, 3, 4, 8 or 32")
+        if self.error_feedback and not self.compressed:
+            raise ValueError("local steps: error_feedback needs a compression (topk < 1 or bits < 32)")
+
+    @property
+    def compressed(self) -> bool:
+        return self.topk < 1.0 or self.qbits < 32
 
     def steps_per_worker(self, mean_seconds) -> tuple[int, ...]:
         """[λ] inner steps per iteration of each worker, from its mean seconds per step."""
@@ -155,20 +172,26 @@ class LocalSteps:
         return compute_time, None
 
     def payload_bytes(self, shapes) -> tuple[int, int]:
-        """(pull, push) bytes: the parameters, then a delta of the same pytree."""
-        n = payload.tree_bytes(shapes)
-        return n, n
+        """(pull, push) bytes: the parameters, then a delta of the same pytree (compressed:
+        its top-k values with their indices, quantized; `payload.sparse_bytes`)."""
+        return payload.tree_bytes(shapes), payload.sparse_bytes(shapes, self.topk, self.qbits)
 
     def numerics_options(self, shapes) -> dict:
         """The engine's local steps (`engine.local.Local`: H_max inner steps of the inner
         optimizer, masked when workers take different numbers), token-weighted or not."""
-        return {"weighted": True} if self.weighted else {}
+        out = {"weighted": True} if self.weighted else {}
+        if self.compressed:
+            out.update(topk=float(self.topk), qbits=int(self.qbits), ef=self.error_feedback)
+        return out
 
     def replay_settings(self) -> tuple:
-        return (self.weighted,)   # H is data of the replay (steps per worker), not compiled into it
+        # H is data of the replay (steps per worker), not compiled into it
+        return (self.weighted, self.topk, self.qbits, self.error_feedback)
 
     def describe(self) -> str:
-        return f"local:{self.steps}" + (":dynamic" if self.dynamic else "") + (":weighted" if self.weighted else "")
+        return (f"local:{self.steps}" + (":dynamic" if self.dynamic else "") + (":weighted" if self.weighted else "")
+                + (f":topk={self.topk:g}" if self.topk < 1 else "") + (f":bits={self.qbits}" if self.qbits < 32 else "")
+                + (":error_feedback" if self.error_feedback else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +222,9 @@ class Streaming(LocalSteps):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.compressed or self.error_feedback:
+            raise ValueError("streaming_diloco: quantize with its own bits=; topk and error feedback are not "
+                             "implemented for fragments")
         checks.integer("streaming_diloco", "fragments", self.fragments, low=1)
         checks.integer("streaming_diloco", "overlap", self.overlap, low=0)
         if self.overlap >= max(1, self.steps):

@@ -128,7 +128,8 @@ class Numerics:
             state = self._inner_states.get(worker)
             if state is None:   # a fresh inner state (and for Streaming DiLoCo own parameters: version 0)
                 state = jax.device_put(self.inner.init(params), device)
-                state = (state, params) if self.local.streaming else state
+                if self.local.layout is not None:   # Streaming DiLoCo's own parameters, or an error-feedback buffer
+                    state = (state, params if self.local.streaming else jax.tree.map(jnp.zeros_like, params))
             if self.local.streaming:
                 loss, delta, inner, own = _streaming_delta_jit(task, params, state[1], state[0], key, np.int32(worker),
                                                                np.int32(iteration), local=self.local)
