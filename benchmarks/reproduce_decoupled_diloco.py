@@ -18,6 +18,11 @@ failure rate grows, and the simulator's timing at 10,000 chips.
    gap grows with the chip count; goodput grows with M; the 88% of M = 8 at 1.2M chips.
 2. scale: `simulate_schedule` with 10,000 chips as 10,000 workers under chaos (asp,
    decoupled_diloco, diloco), wall seconds on this machine (target <= 60 s each).
+3. h_shape: ft-diloco's table (51M model, TinyStories, 2 workers: eval loss 1.724 / 1.756 /
+   1.783 / 1.801 / 1.836 at H = 25 / 50 / 100 / 200 / 500, single GPU 1.677) at CPU scale:
+   stdlib-lm, 2 workers of 1,000 inner AdamW steps each (ft-diloco: 3,000), outer Nesterov
+   0.7 / 0.9 fixed across H (as there), against one worker of 2,000 steps (equal tokens).
+   Claims: the loss rises with H (each adjacent pair), every H is above the single worker.
 
     python benchmarks/reproduce_decoupled_diloco.py [--quick]
 
@@ -119,6 +124,42 @@ def section_scale(horizon: float) -> dict:
     return out
 
 
+H_VALUES = [25, 50, 100, 200, 500]
+FT_DILOCO = {25: 1.724, 50: 1.756, 100: 1.783, 200: 1.801, 500: 1.836, "single": 1.677}
+
+
+def section_h_shape(steps: int, seeds) -> dict:
+    import staleness as st
+
+    task = st.tasks.get("stdlib-lm", num_workers=2)
+    final = {}
+    for h in H_VALUES:
+        runs = st.sweep(task, [f"diloco:{h}"], "1*2", seeds=seeds, num_updates=steps // h,
+                        inner_optimizer="adamw:lr=3e-3", num_evals=2)
+        final[h] = [float(r.final["loss"]) for r in runs]
+        print(f"  H = {h}: held-out loss {np.median(final[h]):.4f} (seeds {', '.join(f'{x:.4f}' for x in final[h])})",
+              flush=True)
+    one = st.sweep(st.tasks.get("stdlib-lm", num_workers=1), ["asp"], "1", seeds=seeds, num_updates=2 * steps,
+                   optimizer="adamw:lr=3e-3", num_evals=2)
+    final["single"] = [float(r.final["loss"]) for r in one]
+    print(f"  one worker, {2 * steps} steps: {np.median(final['single']):.4f}", flush=True)
+    med = [float(np.median(final[h])) for h in H_VALUES]
+    rises = [b > a for a, b in zip(med, med[1:])]
+    above = [m > float(np.median(final["single"])) for m in med]
+    lo = [min(final[h]) for h in H_VALUES]
+    hi = [max(final[h]) for h in H_VALUES]
+    overlap = [hi_a >= lo_b for hi_a, lo_b in zip(hi, lo[1:])]   # the seeds' ranges of adjacent H overlap
+    claims = [{"claim": "the loss rises with H (each adjacent pair of medians)",
+               "verdict": stats.verdict(sum(rises), len(rises)),
+               "diagnostic": ", ".join(f"H={h} {m:.4f}" for h, m in zip(H_VALUES, med))
+               + f"; the seeds' ranges of adjacent H overlap in {sum(overlap)} of {len(overlap)} pairs"},
+              {"claim": "every H is above the single worker at equal tokens",
+               "verdict": stats.verdict(sum(above), len(above)),
+               "diagnostic": f"single worker {np.median(final['single']):.4f}"}]
+    return {"steps_per_worker": steps, "seeds": list(seeds), "final_loss": {str(k): v for k, v in final.items()},
+            "ft_diloco": {str(k): v for k, v in FT_DILOCO.items()}, "claims": claims}
+
+
 def report(res: dict, path: Path) -> None:
     g = res["goodput"]
     lines = ["# Decoupled DiLoCo under chaos: goodput (`benchmarks/reproduce_decoupled_diloco.py`)", "",
@@ -137,7 +178,16 @@ def report(res: dict, path: Path) -> None:
     lines += ["", "## Timing at 10,000 chips", "", "| policy | gradients | wall s | gradients/s |", "|---|---|---|---|"]
     lines += [f"| {p} | {r['gradients']:,} | {r['wall_s']:.1f} | {r['gradients_per_s']:,.0f} |"
               for p, r in res["scale"].items()]
-    lines += ["", "Not yet: the quality side (stdlib-lm, >= 5 seeds), fragments, the adaptive grace window."]
+    if "h_shape" in res:
+        h = res["h_shape"]
+        lines += ["", f"## H vs loss (ft-diloco's shape) on stdlib-lm: 2 workers x {h['steps_per_worker']} inner steps, "
+                  f"seeds {h['seeds']}", "", "| H | held-out loss (median) | seeds | ft-diloco |", "|---|---|---|---|"]
+        for k, v in h["final_loss"].items():
+            lines.append(f"| {k} | {np.median(v):.4f} | {', '.join(f'{x:.4f}' for x in v)} | {h['ft_diloco'][k]} |")
+        lines += ["", "| claim | verdict | diagnostic |", "|---|---|---|"]
+        lines += [f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in h["claims"]]
+    lines += ["", "Not yet: the quality side of decoupled DiLoCo (stdlib-lm, >= 5 seeds), fragments, the adaptive "
+              "grace window."]
     files.write_text(path, "\n".join(lines) + "\n")
 
 
@@ -145,24 +195,38 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a shorter horizon and one seed")
     ap.add_argument("--out", default=None, help="output directory (default benchmarks/results; quick: runs/)")
+    ap.add_argument("--sections", default="goodput,scale,h_shape", help="comma-separated subset of goodput, scale, "
+                    "h_shape")
     args = ap.parse_args(argv)
     horizon, seeds = (1800.0, [0]) if args.quick else (7200.0, [0, 1, 2])
     out = Path(args.out) if args.out else ROOT / ("runs/reproduce_decoupled_diloco" if args.quick
                                                   else "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    print("goodput as the chips grow:", flush=True)
-    res = {"goodput": section_goodput(horizon, seeds)}
-    print("timing at 10,000 chips:", flush=True)
-    res["scale"] = section_scale(50.0 if args.quick else 100.0)
-    for c in res["goodput"]["claims"]:
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    bad = sorted(set(sections) - {"goodput", "scale", "h_shape"})
+    if bad:
+        ap.error(f"--sections: {bad[0]!r} is not one of goodput, scale, h_shape")
+    old = out / "reproduce_decoupled_diloco.json"
+    res = json.loads(old.read_text()) if old.exists() and not args.quick else {}
+    if "goodput" in sections:
+        print("goodput as the chips grow:", flush=True)
+        res["goodput"] = section_goodput(horizon, seeds)
+    if "scale" in sections:
+        print("timing at 10,000 chips:", flush=True)
+        res["scale"] = section_scale(50.0 if args.quick else 100.0)
+    if "h_shape" in sections:
+        print("H vs loss on stdlib-lm:", flush=True)
+        res["h_shape"] = section_h_shape(500 if args.quick else 1000, [0] if args.quick else [0, 1, 2])
+    for c in [*res.get("goodput", {}).get("claims", []), *res.get("h_shape", {}).get("claims", [])]:
         print(f"  {c['verdict']}: {c['claim']} ({c['diagnostic']})")
     files.write_text(out / "reproduce_decoupled_diloco.json", json.dumps(res, indent=1))
     report(res, out / "reproduce_decoupled_diloco.md")
-    slowest = max(r["wall_s"] for r in res["scale"].values())
+    slowest = max((r["wall_s"] for r in res.get("scale", {}).values()), default=0.0)
     print(json.dumps({"benchmark": "reproduce_decoupled_diloco", "wall_s": time.time() - t0,
                       "scale_slowest_wall_s": slowest, "scale_target_met": slowest <= 60.0,
-                      "verdicts": {c["claim"]: c["verdict"] for c in res["goodput"]["claims"]}}))
+                      "verdicts": {c["claim"]: c["verdict"] for k in ("goodput", "h_shape")
+                                   for c in res.get(k, {}).get("claims", [])}}))
     if slowest > 60.0:
         sys.exit(1)
 
