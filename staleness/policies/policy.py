@@ -32,6 +32,7 @@ entry points by `staleness.policies.parse`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from staleness.policies.aggregations import Aggregation
@@ -237,9 +238,11 @@ def _members(protocol) -> list[str]:
     return sorted(names)
 
 
+@functools.cache
 def _optional(protocol) -> dict:
     """{name: default} of the optional members a protocol declares: its attributes given a
-    value in its body (a part may leave them out; it then has that value)."""
+    value in its body (a part may leave them out; it then has that value). Cached: `push`
+    reads one per gradient."""
     return {k: vars(protocol)[k] for k in getattr(protocol, "__annotations__", {}) if k in vars(protocol)}
 
 
