@@ -84,6 +84,58 @@ def test_a_quorum_and_grace_timeline_by_hand():
     assert s.staleness[(c["worker"] == 3) & (c["iteration"] == 0)].tolist() == [3]
 
 
+def test_the_adaptive_grace_window_by_hand():
+    """The paper's adaptive window, γ·max(0, τ·ξ_step − (ξ_quorum + ξ_sync)) with γ = 0.5, τ = 2:
+    learners of 1, 1.1, 1.5 and 2.9 s per step, H = 4 (phases of 4, 4.4, 6 and 11.6 s).
+    k = 1: t=4 w0 (step 1 s: window 1 s) takes w1 (4.4): merge at 4.4; t=6 w2 (1.5 s: 1.5 s) finds
+    nobody by 7.5: alone; t=8.4 w0 takes w1 (8.8); t=11.6 w3 (2.9 s: 2.9 s) takes w2 (12), w0
+    (12.8) and w1 (13.2). k = 2: t=4.4 w1 meets the quorum 0.4 s after w0: 0.5·(2.2 − 0.4) = 0.9 s,
+    nobody by 5.3; t=8.4 w0 meets it 2.4 s after w2: no slack, merge at once; t=11.6 w3 meets it
+    2.8 s after w1: 0.5·(5.8 − 2.8) = 1.5 s takes w0 (12.4)."""
+    def merges(spec, cluster, n, **kw):
+        s = simulate_schedule(spec, cluster, num_updates=n, seed=0, **kw)
+        c = s.columns
+        return ([round(t, 6) for t in s.update_time.tolist()],
+                [sorted(c["worker"][c["apply_version"] == v].tolist()) for v in range(s.num_updates)])
+
+    assert merges("decoupled_diloco:4:grace=adaptive", "1,1.1,1.5,2.9", 4) == (
+        [4.4, 6.0, 8.8, 13.2], [[0, 1], [2], [0, 1], [0, 1, 2, 3]])
+    assert merges("decoupled_diloco:4:quorum=2:grace=adaptive", "1,1.1,1.5,2.9", 3) == (
+        [4.4, 8.4, 12.4], [[0, 1], [0, 2], [0, 1, 3]])
+    # ξ_sync: a push's transfer and the way back. Without latency w0 (t=4) takes w1 (4.8) within
+    # its 1 s; with 300 ms each way (pulls too) w1 arrives 0.8 s after w0, beyond 0.5·(2 − 0.6)
+    assert merges("decoupled_diloco:4:grace=adaptive", "1,1.2", 2) == ([4.8, 9.6], [[0, 1], [0, 1]])
+    assert merges("decoupled_diloco:4:grace=adaptive", "1,1.2+net=1gbps:300ms", 2, payload_bytes=1000) == (
+        [4.600016, 5.400016], [[0], [1]])
+
+
+def test_an_adaptive_window_without_slack_is_async_diloco():
+    """When the transfers eat the overlapped steps' time (4 s each way, longer than any step here; τ = 2) the
+    adaptive window is 0 s: every arrival is merged alone, async_diloco's schedule, bitwise."""
+    kw = dict(num_updates=40, seed=4, payload_bytes=1000)
+    cluster = JITTERED + "+net=1gbps:4s"
+    assert _same(simulate_schedule("decoupled_diloco:1:grace=adaptive", cluster, **kw),
+                 simulate_schedule("async_diloco:1", cluster, **kw))
+
+
+def test_the_adaptive_window_spec_and_its_checks():
+    p = st.policies.parse("decoupled_diloco:8:grace=adaptive:gamma=0.2:tau=3")
+    assert p == P.decoupled_diloco(8, grace="adaptive", gamma=0.2, tau=3)
+    assert p.describe() == "decoupled_diloco:8:grace=adaptive:gamma=0.2:tau=3"
+    assert P.decoupled_diloco(8, grace="adaptive").describe() == "decoupled_diloco:8:grace=adaptive"
+    assert p.window_seconds(1.0, 0.5, 0.5) == pytest.approx(0.2 * (3 - 1.0))
+    assert p.window_seconds(1.0, 2.0, 2.0) == 0.0 and P.decoupled_diloco(8, grace=0.7).window_seconds(9, 9, 9) == 0.7
+    assert P.async_diloco(8, grace=0.7).window_seconds is None   # a fixed window: the protocol's default
+    for kw, match in ((dict(grace="soon"), "grace = 'soon' must be a number of seconds >= 0 or 'adaptive'"),
+                      (dict(grace="adaptive", gamma=1.0), r"gamma = 1.0 must be a number in \(0, 1\)"),
+                      (dict(grace="adaptive", tau=0), "tau = 0 must be an integer >= 1"),
+                      (dict(gamma=0.2), "gamma and tau are the adaptive window's")):
+        with pytest.raises(ValueError, match=match):
+            P.decoupled_diloco(8, **kw)
+    with pytest.raises(ValueError, match="decoupled_diloco: grace = 'x' must be"):
+        st.policies.parse("decoupled_diloco:8:grace=x")
+
+
 def test_a_learner_that_fails_while_held_loses_no_computation():
     """A worker waiting for a window (held, not computing) that fails is not recorded as a lost
     computation (it was, with the span of its previous one); its arrived delta is still merged."""

@@ -98,6 +98,8 @@ def _convert(value: str, default: Any, annotation: Any, key: str, name: str, wha
                 raise ValueError
             return x
     except ValueError:
+        if isinstance(annotation, str) and "str" in (a.strip() for a in annotation.split("|")):
+            return value   # e.g. `float | str`: a word the factory checks (grace='adaptive')
         want = {bool: "true or false", int: "an integer", float: "a finite number"}[kind]
         raise SpecError(f"{what} = {whole!r}: {name} {key} = {value!r} must be {want}") from None
     return value

@@ -9,7 +9,8 @@ from `EachGradient`, user ones need not):
   every other worker that arrives is synchronized too, before any restarts (the
   asyncdiloco notebook's `max_wait_time`);
 - `Quorum(k, grace)`: Decoupled DiLoCo's synchronizer: once k learners have arrived it waits
-  `grace` seconds for more, then merges every arrival into one update;
+  `grace` seconds for more (or the paper's adaptive window), then merges every arrival into
+  one update;
 - `AllLive`: one update per round from every live worker's gradient (BSP);
 - `Count(n)`: Rudra n-softsync, floor(λ/n) gradients from any workers;
 - `FirstOfRound(b)`: backup workers, the first λ − b gradients of a round;
@@ -50,6 +51,9 @@ class Aggregation(Protocol):
     quorum: arrivals (since the last window closed) that open the window (`Quorum`).
     merges: the arrivals of a window make one update when it closes (`Policy.merge`), not
       one each on arrival; the workers they release wait for it.
+    window_seconds(step, to_quorum, sync): the window's seconds when the quorum is met,
+      from the learners' seconds per inner step, the seconds from the first arrival to the
+      quorum and a synchronization's seconds (`Quorum`'s adaptive grace); None: `grace`.
     """
 
     all_live: bool
@@ -64,6 +68,7 @@ class Aggregation(Protocol):
     requeue: bool = False
     quorum: int = 1
     merges: bool = False
+    window_seconds: Callable[[float, float, float], float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +120,19 @@ class Quorum(EachGradient):
     learners wait for it and restart on the merged version. A learner that misses the window
     goes on and is merged in a later one (its delta staler). k = 1 and grace = 0 merge every
     arrival alone, on arrival (asynchronous DiLoCo); k = λ and grace = 0 wait for every live
-    learner (DiLoCo's round). Timing is the simulator's (`staleness.sim.scheduler`)."""
+    learner (DiLoCo's round). Timing is the simulator's (`staleness.sim.scheduler`).
+
+    adaptive: the grace is the paper's adaptive window (its Eq. 3, as secondary notes of the
+    paper give it), computed when the quorum is met: the slack τ·ξ_step − (ξ_quorum + ξ_sync)
+    that τ overlapped inner steps leave, times a margin γ < 1, and 0 when there is none
+    (`window_seconds`). The paper's γ is not known here: γ = 0.5 with τ = 2 caps the window at
+    one inner step, as the notes say it is ("at most about one step")."""
 
     k: int = 1
     grace: float = 0.0
+    adaptive: bool = False
+    gamma: float = 0.5
+    tau: int = 2
 
     merges: ClassVar[bool] = True
 
@@ -128,10 +142,25 @@ class Quorum(EachGradient):
         if isinstance(self.grace, bool) or not isinstance(self.grace, (int, float)) or not (
                 0.0 <= self.grace < float("inf")):
             raise ValueError(f"quorum: grace = {self.grace!r} must be a finite number of seconds >= 0")
+        if not isinstance(self.adaptive, bool) or (self.adaptive and self.grace):
+            raise ValueError(f"quorum: adaptive = {self.adaptive!r} must be True or False, and True only with "
+                             "grace = 0 (the window is then computed)")
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not 0.0 < self.gamma < 1.0:
+            raise ValueError(f"quorum: gamma = {self.gamma!r} must be a number in (0, 1) (the safety margin)")
+        if isinstance(self.tau, bool) or not isinstance(self.tau, int) or self.tau < 1:
+            raise ValueError(f"quorum: tau = {self.tau!r} must be an integer >= 1 (overlapped inner steps)")
 
     @property
     def quorum(self) -> int:
         return self.k
+
+    def window_seconds(self, step: float, to_quorum: float, sync: float) -> float:
+        """Seconds the window waits for more learners once the quorum is met: `grace`, or
+        (adaptive) γ · max(0, τ·step − (to_quorum + sync)), step the seconds of one inner step,
+        to_quorum the seconds from the first arrival to the quorum, sync a synchronization's."""
+        if not self.adaptive:
+            return float(self.grace)
+        return self.gamma * max(0.0, self.tau * step - (to_quorum + sync))
 
     def due(self, state):
         return False   # a window's arrivals are merged at its close (`Policy.merge`)

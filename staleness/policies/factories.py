@@ -129,12 +129,15 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
     return Policy(ClockBound(0), AllLive(), spec, work, "nesterov:0.9,lr=0.7")
 
 
-def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float = 0.0, dynamic: bool = False,
-                     tokens: bool = True, topk: float = 1.0, bits: int = 32, error_feedback: bool = False) -> Policy:
+def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float | str = 0.0, dynamic: bool = False,
+                     tokens: bool = True, topk: float = 1.0, bits: int = 32, error_feedback: bool = False,
+                     gamma: float = 0.5, tau: int = 2) -> Policy:
     """Decoupled DiLoCo (Douillard et al. 2026): independent learners take `steps` inner
     steps on their own clocks and push their deltas to a synchronizer, which merges once
     `quorum` learners have arrived, after waiting `grace` seconds for more (`Quorum`); the
     merged learners restart on the merged version, the others are merged in a later window.
+    grace: seconds, or "adaptive": the paper's adaptive window, γ·max(0, τ·ξ_step − ξ_quorum −
+      ξ_sync) from the quorum's learner (`Quorum.window_seconds`; gamma, tau).
     tokens: each delta is weighted by the tokens its learner processed, tokens × tokens per
       step (the paper's "quantity × quality"): with one minibatch size for every learner,
       proportional to its inner steps (they differ with `dynamic`, Dynamic Local Updates).
@@ -144,14 +147,29 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float = 0.0, dynam
     The outer optimizer defaults to DiLoCo's."""
     checks.integer("decoupled_diloco", "steps", steps, low=1)
     checks.integer("decoupled_diloco", "quorum", quorum, low=1)
-    grace = checks.finite("decoupled_diloco", "grace", grace, low=0.0)
+    adaptive = grace == "adaptive"
+    if adaptive:
+        grace = 0.0
+        gamma = checks.number("decoupled_diloco", "gamma", gamma)
+        if not 0.0 < gamma < 1.0:
+            raise ValueError(f"decoupled_diloco: gamma = {gamma!r} must be a number in (0, 1) (the safety margin "
+                             "on the slack)")
+        checks.integer("decoupled_diloco", "tau", tau, low=1)
+    elif isinstance(grace, str):
+        raise ValueError(f"decoupled_diloco: grace = {grace!r} must be a number of seconds >= 0 or 'adaptive'")
+    else:
+        grace = checks.finite("decoupled_diloco", "grace", grace, low=0.0)
+        if (gamma, tau) != (0.5, 2):
+            raise ValueError("decoupled_diloco: gamma and tau are the adaptive window's (grace='adaptive')")
     for name, value in (("dynamic", dynamic), ("tokens", tokens)):
         if not isinstance(value, bool):
             raise ValueError(f"decoupled_diloco: {name} = {value!r} must be True or False")
     work, suffix = _compressed(steps, topk, bits, error_feedback, dynamic=dynamic, weighted=tokens)
-    spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}") + (f":grace={grace:g}" if grace
-            else "") + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens") + suffix)
-    return Policy(Free(), Quorum(quorum, grace), spec, work, "nesterov:0.9,lr=0.7")
+    window = ((":grace=adaptive" + (f":gamma={gamma:g}" if gamma != 0.5 else "") + (f":tau={tau}" if tau != 2 else ""))
+              if adaptive else (f":grace={grace:g}" if grace else ""))
+    spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}") + window
+            + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens") + suffix)
+    return Policy(Free(), Quorum(quorum, grace, adaptive, float(gamma), tau), spec, work, "nesterov:0.9,lr=0.7")
 
 
 # -- asynchronous RL (data staleness): actors generate rollouts, a learner trains on them -----------

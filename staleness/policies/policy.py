@@ -103,6 +103,12 @@ class Policy:
         return bool(_member(self.aggregation, Aggregation, "merges"))
 
     @property
+    def window_seconds(self):
+        """(step, to_quorum, sync) -> the seconds a window waits once its quorum is met
+        (`aggregations.Quorum`'s adaptive grace), or None: `grace`."""
+        return _member(self.aggregation, Aggregation, "window_seconds")
+
+    @property
     def lockstep(self) -> bool:
         """Whether every live worker starts each round together and one update takes
         all of their results (BSP's barrier and aggregation): the gate allows no

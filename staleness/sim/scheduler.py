@@ -229,7 +229,7 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
                              "workers their own links (+net=BANDWIDTH:LATENCY)")
         events = _Network(driver, sampler, compute_time, forget, nbytes or (0, 0), overlap, collective).run(budgets)
     else:
-        events = _Independent(driver, sampler, compute_time, forget, nbytes, overlap, None).run(budgets)
+        events = _Independent(driver, sampler, compute_time, forget, nbytes, overlap, None, steps).run(budgets)
 
     # Gradients pushed but not aggregated when the budget ran out are not part of the run.
     meta = {} if steps is None else {"local_steps": list(steps)}
@@ -438,27 +438,37 @@ class _Window:
     queued before it). A merging window (`Policy.merges`) makes one update of its arrivals
     at its close (`Driver.merge`); otherwise each arrival was its own update."""
 
-    def __init__(self, policy, arrive_at: list, inflight: list, table):
+    def __init__(self, policy, arrive_at: list, inflight: list, table, step_seconds=None):
         self.grace, self.arrive_at, self.inflight, self.table = policy.grace, arrive_at, inflight, table
-        self.quorum, self.merges = policy.quorum, policy.merges
+        self.quorum, self.merges, self.rule = policy.quorum, policy.merges, policy.window_seconds
+        self.step_seconds = step_seconds   # w -> (seconds of an inner step, seconds of its push's transfer)
         self.until = -math.inf    # the open window's last synchronization
         self.open = False
         self.pending = 0          # arrivals since the last close
+        self.first = 0.0          # the first of them
+        self.last = (0.0, 0.0)    # the newest arrival's step_seconds
         self.held: list[int] = []
 
-    def opens(self, now: float, arrived: bool = True) -> float | None:
-        """A push arrived at `now` (arrived=False: a learner failed, the quorum may now be met):
-        the close time of the window that opens, or None (one is open, or the quorum not met)."""
+    def opens(self, now: float, arrived: int | None = -1) -> float | None:
+        """A push of worker `arrived` arrived at `now` (None: a learner failed, the quorum may
+        now be met; -1: a worker not named): the close time of the window that opens, or None
+        (one is open, or the quorum not met)."""
         if not self.merges:
-            if not arrived or now <= self.until:
+            if arrived is None or now <= self.until:
                 return None
         else:
-            self.pending += arrived
+            if arrived is not None:
+                self.first = now if not self.pending else self.first
+                self.pending += 1
+                if arrived >= 0 and self.step_seconds is not None:
+                    self.last = self.step_seconds(arrived, now)
             if self.open or not self.pending or self.pending < min(self.quorum, self.table.num_live):
                 return None
             self.open = True
-        if self.grace:   # O(λ): the pushes in flight that arrive within the grace
-            end = now + self.grace
+        # the adaptive window's sync: the push's transfer and the merged version's way back
+        grace = self.grace if self.rule is None else self.rule(self.last[0], now - self.first, 2 * self.last[1])
+        if grace:   # O(λ): the pushes in flight that arrive within the grace
+            end = now + grace
             members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= end]
             self.until = max([now, *members])
         else:
@@ -592,7 +602,7 @@ class _Independent(_EventLoop):
     rollouts an update that interrupts a rollout moves its push (`move`: a new entry, the
     old one skipped). With a grace window, a `_CLOSE` entry per window."""
 
-    def __init__(self, driver, sampler, compute_time, forget, nbytes, overlap: bool, learner):
+    def __init__(self, driver, sampler, compute_time, forget, nbytes, overlap: bool, learner, steps=None):
         super().__init__(driver, sampler, compute_time, forget)
         lam = driver.num_workers
         self.span = [(0.0, 0.0)] * lam
@@ -608,7 +618,10 @@ class _Independent(_EventLoop):
             learner.attach(self.rec, sampler, nbytes)
         self.rec.row_bytes = nbytes or (0, 0)
         if driver.policy.grace or driver.policy.merges:
-            self.window = _Window(driver.policy, self.arrive_at, driver.inflight, driver.state.table)
+            def step_seconds(w, now, _steps=steps):   # an adaptive window's estimates from `w`'s push
+                start, end = self.span[w]
+                return (end - start) / (1 if _steps is None else _steps[w]), now - end
+            self.window = _Window(driver.policy, self.arrive_at, driver.inflight, driver.state.table, step_seconds)
         self.handlers.update({_PUSH: self.on_push, _CLOSE: self.on_close, _TRAINED: self.on_trained})
 
     def queue(self, w: int, it: int, ep: int, start: float, end: float) -> None:
@@ -633,7 +646,7 @@ class _Independent(_EventLoop):
     def lost(self, w: int, t: float, row) -> None:
         if self.nbytes is not None and row is not None and t < self.span[w][0 if self.overlap else 1]:
             self.rec.set_bytes(row, self.nbytes[0], 0)   # its push had not left yet: only the pull's bytes moved
-        if self.window is not None and (until := self.window.opens(t, arrived=False)) is not None:
+        if self.window is not None and (until := self.window.opens(t, arrived=None)) is not None:
             self.push_event(until, _CLOSE)   # fewer live learners: the quorum may be met now
 
     def on_push(self, t, s, w, ep):
@@ -643,7 +656,7 @@ class _Independent(_EventLoop):
         self.pushed += 1
         if self.learner is not None:
             self.learner.pushed(self.rec, step.row, *self.span[w])
-        if self.window is not None and (until := self.window.opens(t)) is not None:
+        if self.window is not None and (until := self.window.opens(t, w)) is not None:
             self.push_event(until, _CLOSE)
         return self.released(step, t)
 
