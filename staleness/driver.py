@@ -343,3 +343,88 @@ class Driver:
         return self.rec.to_schedule(num_workers=self.num_workers, policy=policy, cluster=cluster, seed=seed,
                                     rstar=self.state.rstar, end_time=end_time, pending=pending, updates=done,
                                     meta={"max_gap": self.state.max_gap, **meta})
+
+
+class SyncWindow:
+    """A policy's synchronization window (`Policy.grace`: `policies.Window`, `policies.Quorum`),
+    the same in the simulator and the real server: an arrival while none is open opens one
+    (with a quorum k, the k-th arrival since the last close, or fewer once fewer learners are
+    live), of `grace` seconds or the policy's `window_seconds` (Quorum's adaptive window);
+    every worker released while it is open (or its quorum pending) is held (`hold`) and
+    restarts at its close, on the newest version (`close`). A merging window
+    (`Policy.merges`) makes one update of its arrivals at its close (`Driver.merge`);
+    otherwise each arrival was its own update.
+
+    When it closes: `arrivals(end)`, the times of the pushes in flight that arrive by `end`,
+    given (the simulator knows them): at the last of them within the grace; None (the real
+    server, which does not): at the grace's end, or earlier when no worker is in flight.
+    step_seconds(w, now): (seconds of one inner step, seconds of its push's transfer) of the
+    push of `w` that arrived at `now` (the adaptive window's estimates), or None."""
+
+    def __init__(self, policy, inflight: list, table, step_seconds=None, arrivals=None):
+        self.grace, self.inflight, self.table = policy.grace, inflight, table
+        self.quorum, self.merges, self.rule = policy.quorum, policy.merges, policy.window_seconds
+        self.step_seconds, self.arrivals = step_seconds, arrivals
+        self.until = -math.inf    # the open window's last synchronization
+        self.open = False
+        self.pending = 0          # arrivals since the last close
+        self.first = 0.0          # the first of them
+        self.last = (0.0, 0.0)    # the newest arrival's step_seconds
+        self.held: list[int] = []
+        self.arrived: set[int] = set()   # a merging window's learners that arrived since the last close
+
+    def opens(self, now: float, arrived: int | None) -> float | None:
+        """A push of worker `arrived` arrived at `now` (None: a learner failed, the quorum may
+        now be met): the close time of the window that opens, or None (one is open, or the
+        quorum not met)."""
+        if not self.merges:
+            if arrived is None or now <= self.until:
+                return None
+        else:
+            if arrived is not None:
+                self.first = now if not self.pending else self.first
+                self.pending += 1
+                self.arrived.add(arrived)
+                if self.step_seconds is not None:
+                    self.last = self.step_seconds(arrived, now)
+            if self.open or not self.pending or self.pending < min(self.quorum, self.table.num_live):
+                return None
+            self.open = True
+        # the adaptive window's sync: the push's transfer and the merged version's way back
+        grace = self.grace if self.rule is None else self.rule(self.last[0], now - self.first, 2 * self.last[1])
+        if not grace or not self.in_flight():
+            self.until = now   # pushes of this very instant were queued before its close: they join it
+        elif self.arrivals is None:
+            self.until = now + grace
+        else:
+            self.until = max([now, *self.arrivals(now + grace)])
+        return self.until
+
+    def in_flight(self) -> bool:
+        """Whether a worker is computing (one that is held or pending is not)."""
+        return any(f is not None for f in self.inflight)
+
+    def hold(self, released, now: float) -> tuple:
+        """The releases to start at `now`: none while a window is open or its quorum pending
+        (they wait for its close), except, for a merging window, the learners that are not
+        in it (one that (re)joined starts at once: the quorum may need its arrival)."""
+        if (now > self.until) if not self.merges else not (self.open or self.pending):
+            return released
+        start = []
+        for rel in released:
+            if self.merges and rel[0] not in self.arrived:
+                start.append(rel)
+                continue
+            self.inflight[rel[0]] = None   # not in flight while held: a failure then loses no computation
+            if rel[0] not in self.held:
+                self.held.append(rel[0])
+        return tuple(start)
+
+    def close(self, driver: Driver, now: float) -> tuple[Step | None, list]:
+        """The window closed at `now`: (a merging window's update: its `Step`, else None; the
+        held workers, still live, released on the newest version)."""
+        merged = driver.merge(now) if self.merges else None
+        self.open, self.pending = False, 0
+        self.arrived.clear()
+        held, self.held = self.held, []
+        return merged, [driver.release(w, now) for w in held if driver.state.live[w]]

@@ -21,6 +21,11 @@ def _same(a, b, keys=None) -> bool:
             and np.array_equal(a.update_time, b.update_time) and a.end_time == b.end_time)
 
 
+def _members(s):
+    c = s.columns
+    return [sorted(c["worker"][(c["apply_version"] == v) & s.applied].tolist()) for v in range(s.num_updates)]
+
+
 def test_the_spec_and_its_checks():
     p = st.policies.parse("decoupled_diloco:8:quorum=2:grace=0.5:dynamic:notokens")
     assert p == P.decoupled_diloco(8, quorum=2, grace=0.5, dynamic=True, tokens=False)
@@ -158,6 +163,16 @@ def test_failures_below_the_quorum_do_not_stall():
     assert np.all(sizes[late] == 2)
 
 
+def test_a_learner_that_rejoins_while_the_quorum_is_pending_is_not_held():
+    """Quorum 5 of 5; w4 fails at 0 and rejoins at 2, while the others' arrivals wait for the
+    quorum. The rejoined learner starts at once (its arrival completes the quorum); held with
+    the others, it waited for a close that needed its arrival: 0 updates (hypothesis found it)."""
+    cluster = C.heterogeneous([1.0, 1.0, 1.0, 2.0, 1.0]).failures([(4, 0.0, 2.0)])
+    s = simulate_schedule("decoupled_diloco:1:quorum=5", cluster, num_updates=60, seed=1)
+    assert s.num_updates == 60
+    assert _members(s)[0] == [0, 1, 2, 3, 4] and s.update_time[0] == 3.0
+
+
 def test_goodput_by_hand():
     """BSP on learners of 1 and 2 s: each round the fast one computes 1 s and waits 1 s:
     (1 + 2) / (2 × 2) = 0.75. ASP wastes nothing: 1.0 up to the last unfinished step.
@@ -265,13 +280,53 @@ def test_token_weights_from_hand_counted_steps():
     assert not _params_equal(a, b)
 
 
-def test_a_real_run_refuses_the_simulated_merge():
-    """The real runtime has no synchronizer with a quorum yet: a real run says so at once
-    (it would otherwise never make an update)."""
+@pytest.fixture(scope="module")
+def digits4():
+    return st.tasks.get("digits-mlp", num_workers=4)
+
+
+@pytest.mark.parametrize("policy", ["decoupled_diloco:4:quorum=2:grace=0.05", "decoupled_diloco:4:grace=adaptive",
+                                    "async_diloco:4:grace=0.05"])
+def test_a_real_windowed_run_replays_bitwise(digits4, policy):
+    """The synchronizer's window for real (the server holds the arrived learners until its
+    close: the grace's end, or once no learner is in flight) and its merges replay bitwise.
+    Before the replay wrote back only the real slots' inner states, a merge of fewer than λ
+    learners that held worker 0 undid worker 0's inner optimizer state there (a padding slot
+    names worker 0, and the last of two writes won): 1.8e-3 apart after two merges."""
+    from staleness.runtime.replay import replay_trace
+
+    res = st.runtime.run(digits4, policy, "0.5,0.75,1.5,3.3", num_updates=6, time_scale=0.01,
+                         inner_optimizer="adamw:lr=1e-3", worker_timeout=120)
+    s = res.schedule
+    assert res.status == "complete" and s.num_updates == 6
+    quorum = 2 if "quorum=2" in policy else 1
+    assert all(len(m) >= quorum for m in _members(s))
+    if "decoupled" in policy:   # a merge's members all restart at its close, on the merged version
+        c = s.columns
+        for v in range(s.num_updates - 1):
+            again = [(w, c["pull_time"][(c["worker"] == w) & (c["pull_version"] == v + 1)]) for w in _members(s)[v]]
+            assert all(len(t) == 0 or t.min() >= s.update_time[v] - 1e-9 for _, t in again)
+    assert replay_trace(res)[1].bitwise
+
+
+def test_a_real_diloco_run_that_loses_a_learner_replays_bitwise():
+    """Elastic rounds after a failure hold fewer slots than the first (padding slots): the
+    same write-back bug made this replay differ by 6e-3 after four rounds."""
+    from staleness.runtime.replay import replay_trace
+
+    task = st.tasks.get("digits-mlp", num_workers=3)
+    res = st.runtime.run(task, "diloco:4", "1,1,1+fail=2@6-", num_updates=4, time_scale=0.01,
+                         inner_optimizer="adamw:lr=1e-3", worker_timeout=120)
+    assert _members(res.schedule) == [[0, 1, 2], [0, 1], [0, 1], [0, 1]]
+    assert replay_trace(res)[1].bitwise
+
+
+def test_a_real_windowed_run_refuses_checkpoints():
     from staleness.runtime.spec import make_spec
 
-    with pytest.raises(ValueError, match="decoupled_diloco:4.*simulated only"):
-        make_spec("digits-mlp", "decoupled_diloco:4", num_workers=2, num_updates=2)
+    with pytest.raises(ValueError, match="checkpoint_every with a synchronization window .* not supported"):
+        make_spec("digits-mlp", "decoupled_diloco:4", num_workers=2, num_updates=2, checkpoint="/tmp/x",
+                  checkpoint_every=1)
 
 
 # -- SparseLoCo: top-k, quantization and error feedback --------------------------------------------

@@ -124,9 +124,8 @@ def test_spec_replay_and_refusals():
             P.async_diloco(10, grace=bad)
     r = st.simulate("quadratic", "async_diloco:5:grace=0.5", "0.58,0.75,1.51,3.33", num_updates=8, num_evals=1)
     assert r.status == "complete" and np.isfinite(r.final["loss"])
-    with pytest.raises(ValueError, match="synchronization window") as e:
-        st.runtime.run("quadratic", "async_diloco:5:grace=0.5", "1,2", num_updates=2)
-    assert "\n" not in str(e.value)
+    real = st.runtime.run("quadratic", "async_diloco:5:grace=0.5", "1,2", num_updates=2, time_scale=0.01)
+    assert real.status == "complete"   # the window for real: tests/test_decoupled_diloco.py replays it bitwise
     with pytest.raises(ValueError, match="has a synchronization window"):
         simulate_schedule("async_diloco:5:grace=0.5", "1,2+server=1mbps", num_updates=2, payload_bytes=1000)
 

@@ -228,10 +228,10 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
     else:   # = server_update with mask.any() known True
         grad = _update.aggregate(grads, staleness, mask, rules, consts["rule"], tokens)
         params, opt_state = _update.apply(opt, params, opt_state, grad, True, **extra)
-    if new_inner is not None:   # write back the workers' states of the real slots
-        keep = jax.tree.map(lambda new, old: jnp.where(mask.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-                            new_inner, jax.tree.map(lambda a: a[worker], inner))
-        inner = jax.tree.map(lambda a, v: a.at[worker].set(v), inner, keep)
+    if new_inner is not None:   # write back the workers' states of the real slots only: a padding slot
+        # names worker 0 too, and of two writes to one index the last wins (it undid worker 0's new state)
+        into = jnp.where(mask, worker, jax.tree.leaves(inner)[0].shape[0])   # out of range: dropped
+        inner = jax.tree.map(lambda a, v: a.at[into].set(v, mode="drop"), inner, new_inner)
     return params, opt_state, inner, jnp.where(mask, losses, jnp.nan), {}
 
 

@@ -34,13 +34,13 @@ def _stack(*grads):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
 
 
-def _server_update(params, opt_state, grads, staleness, mask, fragment, *, tx, rule):
+def _server_update(params, opt_state, grads, staleness, mask, fragment, weights=None, *, tx, rule):
     # `server_update` without its padding select: every update of a real run has a
     # real gradient, and the engine's replay of a trace whose plan has no padding
     # update compiles these very ops (`engine.core._update_from`, padded=False); the
     # select changes how XLA fuses Adam's step (last-bit differences, multi-slot).
     extra = {} if fragment is None else {"fragment": fragment}
-    grad = _update.aggregate(grads, staleness, mask, (rule,))
+    grad = _update.aggregate(grads, staleness, mask, (rule,), 0, weights)
     return _update.apply(tx, params, opt_state, grad, True, **extra)
 
 
@@ -190,11 +190,13 @@ class Numerics:
                 self._tau[s] = tau
         return tau
 
-    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None):
+    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None, workers=None):
         """Apply one server update from `grads` (1..slots gradients, in push order).
 
         staleness: [c] of the gradients; update: the update index (version before it).
         zeros: a params-shaped zero pytree used to pad to `slots` (needed when c < slots).
+        workers: [c] the gradients' workers: a local-update method whose deltas are weighted
+          by tokens (`Local.weighted`, Decoupled DiLoCo) weights them by their inner steps.
         Returns (params, opt_state).
         """
         if self.learner is not None:   # the pushes are rollouts: the learner's version on them
@@ -204,7 +206,12 @@ class Numerics:
                                       self._fragment(update), tx=self.opt.tx, rule=self.rule)
         pad, tau, mask = self._padded(staleness, update, "gradients")
         stacked = _stack_jit(*grads, *([zeros] * pad))
-        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update),
+        weights = None
+        if self.local is not None and self.local.weighted:   # ∝ tokens, as the replay's (`engine.core`)
+            if workers is None:
+                raise ValueError("Numerics.update: a token-weighted update needs its gradients' workers")
+            weights = np.asarray([self.local_steps[w] for w in workers] + [0] * pad, np.int32)
+        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update), weights,
                                   tx=self.opt.tx, rule=self.rule)
 
     def _learner_update(self, params, opt_state, rollouts: list, staleness: list[int], update: int, zeros=None):
@@ -261,7 +268,7 @@ class Numerics:
             grad = jax.tree.map(jnp.zeros_like, server_params)
             opt_state = self.init_state(server_params)
             pushed = [grad] if self.learner is None else [put(outs[0][1])]   # a gradient, or a rollout
-            outs.append(self.update(server_params, opt_state, pushed, [0], 0, grad))
+            outs.append(self.update(server_params, opt_state, pushed, [0], 0, grad, workers=[0]))
         jax.block_until_ready(outs)
 
 

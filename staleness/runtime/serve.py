@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from staleness.infra import interrupts
-from staleness.driver import Driver, Recorder
+from staleness.driver import Driver, Recorder, SyncWindow
 from staleness.runtime.errors import WorkerError, WorkerLostError
 from staleness.runtime.messages import LateLoss, Release, WorkerFailed, WorkerJoined, WorkerLost
 from staleness.runtime.transport import Arrival, ServerLink
@@ -173,6 +173,9 @@ class Server:
         self.clock = clock
 
         self.driver: Driver | None = None       # the control plane (made at `start`)
+        self.window: SyncWindow | None = None   # a policy's synchronization window (made at `start`)
+        self.close_at: float | None = None      # when the open window closes
+        self._span = [(0.0, 0.0)] * num_workers   # each worker's last computation (an adaptive window's estimates)
         self.rec = Recorder()                   # the trace (the driver's, from `start`)
         self.row_bytes = (int(row_bytes[0]), int(row_bytes[1]))
         self.busy = 0.0                         # seconds spent handling events (not waiting for them)
@@ -247,7 +250,8 @@ class Server:
             return
         if step.applied is not None:
             self._apply(step.applied, now)
-        self._send(step.released)   # after the update: released workers pull the new version
+        # after the update: released workers pull the new version (a window holds them to its close)
+        self._send(step.released if self.window is None else self.window.hold(step.released, now))
 
     def _on_arrival(self, a: Arrival) -> None:
         m = a.push
@@ -274,6 +278,9 @@ class Server:
                     self._settle()
         else:
             step = d.push(w, now, start, end, loss)
+        self._span[w] = (start, end)
+        if self.window is not None and (until := self.window.opens(now, w)) is not None:
+            self.close_at = until
         if m.segments and step.row is not None:   # an in-flight rollout's switches
             self.rec.segments[step.row] = [(int(k), int(v)) for k, v in m.segments]
         if step.accepted:
@@ -286,7 +293,10 @@ class Server:
         held = [self.grads.pop(r) for r in rows]
         grads = [g for g, _ in held]
         staleness = [v - pv for _, pv in held]
-        self.params, self.opt_state = self.update(self.params, self.opt_state, grads, staleness, v, self.zeros)
+        weighted = self.spec.local is not None and self.spec.local.weighted   # Decoupled DiLoCo's tokens
+        self.params, self.opt_state = self.update(self.params, self.opt_state, grads, staleness, v, self.zeros,
+                                                  **({"workers": [self.rec.rows[r][0] for r in rows]} if weighted
+                                                     else {}))
         u = v + 1
         if self.spec.inflight:   # actors mid-rollout on an older version take it between two tokens
             self.link.publish(u, self.params, [w for w, f in enumerate(self.driver.inflight)
@@ -309,6 +319,8 @@ class Server:
         if d.state.num_live == 0:
             raise WorkerLostError(w, f"{reason}; no live worker is left")
         self._do(step, now)
+        if self.window is not None and (until := self.window.opens(now, None)) is not None:
+            self.close_at = until   # fewer live learners: the quorum may be met now
 
     def _join(self, w: int, now: float) -> None:
         if self.driver.state.live[w]:
@@ -382,6 +394,19 @@ class Server:
             else:
                 self._join(w, now)
 
+    def _close_window(self) -> None:
+        """Close the open window when it is due: at its grace's end, or once no worker is in
+        flight (none can join it); a merging window's update is applied, then the held
+        workers restart on the newest version."""
+        now = self.now()
+        if self.close_at is None or (now < self.close_at and self.window.in_flight()):
+            return
+        self.close_at = None
+        merged, held = self.window.close(self.driver, now)
+        if merged is not None:
+            self._do(merged, now)
+        self._send(held)
+
     def _housekeeping(self) -> None:
         interrupts.check()   # a Ctrl-C that a callback swallowed (or one before serving) stops the run here
         now = self.now()
@@ -412,6 +437,12 @@ class Server:
                               epoch=saved.epoch)
             d.complete_later = self.policy.learner
         self.driver = d
+        if self.policy.grace or self.policy.merges:
+            steps = self.spec.local_steps
+            def step_seconds(w, now):   # (seconds of one of `w`'s inner steps, its push's transfer)
+                start, end = self._span[w]
+                return (end - start) / (1 if steps is None else steps[w]), now - end
+            self.window = SyncWindow(self.policy, d.inflight, d.state.table, step_seconds)
         self.rec = d.rec
         self.rec.row_bytes = self.row_bytes
         if self.spec.inflight and self.rec.segments is None:
@@ -432,7 +463,8 @@ class Server:
         perf = time.perf_counter
         try:
             while self.rec.num_updates < self.num_updates:
-                ev = self.link.poll(TICK_SECONDS)
+                wait = TICK_SECONDS if self.close_at is None else min(TICK_SECONDS, max(0.0, self.close_at - self.now()))
+                ev = self.link.poll(wait)
                 t_busy = perf()
                 if self.membership:   # a failure due by now comes before this push
                     self._apply_membership(self.now())
@@ -452,6 +484,8 @@ class Server:
                 elif isinstance(ev, WorkerJoined):  # its process was restarted and rejoined
                     if 0 <= ev.worker < self.num_workers:
                         self._join(ev.worker, self.now())
+                if self.close_at is not None:
+                    self._close_window()
                 took = perf() - t_busy
                 if took > TICK_SECONDS:   # the loop itself was blocked: not the workers' time
                     self.blocked += took

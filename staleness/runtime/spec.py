@@ -230,6 +230,9 @@ def make_spec(task, policy, cluster=None, *, settings: Settings | None = None, *
         raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
     eval_every = s.eval_every if s.eval_every is not None else max(1, -(-num_updates // s.num_evals))
     _check_real(policy, cluster, num_workers)
+    if (policy.grace or policy.merges) and s.checkpoint_every is not None:
+        raise ValueError(f"policy {policy.describe()!r}: checkpoint_every with a synchronization window (grace, a "
+                         "quorum's merge) is not supported yet; run it without checkpoints")
     task, opt, local, inner, steps = _numerics(task, policy, cluster, s, num_workers, num_updates, seed, lr)
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
                    lr=opt.lr, seed=seed, num_updates=num_updates, max_time=s.max_time, eval_every=eval_every,
@@ -241,9 +244,6 @@ def make_spec(task, policy, cluster=None, *, settings: Settings | None = None, *
 def _check_real(policy, cluster, num_workers: int) -> None:
     """What a real run of `policy` needs beyond the simulator's checks."""
     policy.init(num_workers)  # policy-specific checks (e.g. softsync n <= workers)
-    if policy.grace or policy.merges:
-        raise ValueError(f"policy {policy.describe()!r}: its synchronization window (grace, a quorum's merge) is "
-                         "simulated only (st.simulate, compare, the replay); run async_diloco or diloco for real")
     if policy.learner and policy.work.inflight and cluster is None:
         raise ValueError(f"policy {policy.describe()!r}: in-flight weight updates in a real run need a cluster "
                          "(cluster=..., --cluster): its seconds per token make the decode window in which new "

@@ -73,7 +73,7 @@ import numpy as np
 from staleness.infra import checks, interrupts
 from staleness import policies as _policies
 from staleness.cluster.network import SharedLink, allreduce_parts
-from staleness.driver import Driver
+from staleness.driver import Driver, SyncWindow
 from staleness.sim.inflight import Decode
 from staleness.schedule import Schedule
 
@@ -428,73 +428,6 @@ class _Learner:
         return self.free
 
 
-class _Window:
-    """`Policy.grace`'s synchronization window (`policies.Window`, `policies.Quorum`): an
-    arrival while none is open opens one (with a quorum k, the k-th arrival since the last
-    close, or fewer once fewer learners are live); it closes at the last arrival within `grace`
-    seconds of its opening (the pushes in flight are known: `arrive_at`), and every worker
-    released while it is open (or its quorum pending) restarts then, on the newest version
-    (`close`: a `_CLOSE` event at that time, after the pushes of the same instant, which were
-    queued before it). A merging window (`Policy.merges`) makes one update of its arrivals
-    at its close (`Driver.merge`); otherwise each arrival was its own update."""
-
-    def __init__(self, policy, arrive_at: list, inflight: list, table, step_seconds=None):
-        self.grace, self.arrive_at, self.inflight, self.table = policy.grace, arrive_at, inflight, table
-        self.quorum, self.merges, self.rule = policy.quorum, policy.merges, policy.window_seconds
-        self.step_seconds = step_seconds   # w -> (seconds of an inner step, seconds of its push's transfer)
-        self.until = -math.inf    # the open window's last synchronization
-        self.open = False
-        self.pending = 0          # arrivals since the last close
-        self.first = 0.0          # the first of them
-        self.last = (0.0, 0.0)    # the newest arrival's step_seconds
-        self.held: list[int] = []
-
-    def opens(self, now: float, arrived: int | None = -1) -> float | None:
-        """A push of worker `arrived` arrived at `now` (None: a learner failed, the quorum may
-        now be met; -1: a worker not named): the close time of the window that opens, or None
-        (one is open, or the quorum not met)."""
-        if not self.merges:
-            if arrived is None or now <= self.until:
-                return None
-        else:
-            if arrived is not None:
-                self.first = now if not self.pending else self.first
-                self.pending += 1
-                if arrived >= 0 and self.step_seconds is not None:
-                    self.last = self.step_seconds(arrived, now)
-            if self.open or not self.pending or self.pending < min(self.quorum, self.table.num_live):
-                return None
-            self.open = True
-        # the adaptive window's sync: the push's transfer and the merged version's way back
-        grace = self.grace if self.rule is None else self.rule(self.last[0], now - self.first, 2 * self.last[1])
-        if grace:   # O(λ): the pushes in flight that arrive within the grace
-            end = now + grace
-            members = [a for w, a in enumerate(self.arrive_at) if self.inflight[w] is not None and a <= end]
-            self.until = max([now, *members])
-        else:
-            self.until = now   # pushes of this very instant were queued before its close: they join it
-        return self.until
-
-    def hold(self, released, now: float) -> tuple:
-        """The releases to start at `now`: none while a window is open or its quorum pending
-        (they wait for its close)."""
-        if (now > self.until) if not self.merges else not (self.open or self.pending):
-            return released
-        for rel in released:   # not in flight while held: a failure then loses no computation
-            self.inflight[rel[0]] = None
-            if rel[0] not in self.held:
-                self.held.append(rel[0])
-        return ()
-
-    def close(self, driver, now: float) -> list:
-        """The window closed at `now`: (a merging window's update, then) the held workers
-        (still live) are released on the newest version."""
-        released = list(driver.merge(now).released) if self.merges else []
-        self.open, self.pending = False, 0
-        held, self.held = self.held, []
-        return released + [driver.release(w, now) for w in held if driver.state.live[w]]
-
-
 class _EventLoop:
     """The one event loop of every cluster kind: a heap of (time, sequence, kind, a, b)
     entries and a handler per kind (`handlers`) returning the releases its event caused
@@ -505,7 +438,7 @@ class _EventLoop:
     scheduled (`release`), what a failure cuts off (`cut`) and which bytes it lost (`lost`)."""
 
     learner: _Learner | None = None
-    window: _Window | None = None
+    window: SyncWindow | None = None
 
     def __init__(self, driver, sampler, compute_time, forget):
         self.driver, self.sampler, self.compute_time, self.forget = driver, sampler, compute_time, forget
@@ -621,7 +554,9 @@ class _Independent(_EventLoop):
             def step_seconds(w, now, _steps=steps):   # an adaptive window's estimates from `w`'s push
                 start, end = self.span[w]
                 return (end - start) / (1 if _steps is None else _steps[w]), now - end
-            self.window = _Window(driver.policy, self.arrive_at, driver.inflight, driver.state.table, step_seconds)
+            def arrivals(end, _at=self.arrive_at, _inflight=driver.inflight):   # O(λ): the pushes in flight by `end`
+                return [a for w, a in enumerate(_at) if _inflight[w] is not None and a <= end]
+            self.window = SyncWindow(driver.policy, driver.inflight, driver.state.table, step_seconds, arrivals)
         self.handlers.update({_PUSH: self.on_push, _CLOSE: self.on_close, _TRAINED: self.on_trained})
 
     def queue(self, w: int, it: int, ep: int, start: float, end: float) -> None:
@@ -661,7 +596,8 @@ class _Independent(_EventLoop):
         return self.released(step, t)
 
     def on_close(self, t, s, a, b):
-        return self.window.close(self.driver, t)
+        merged, held = self.window.close(self.driver, t)
+        return held if merged is None else list(merged.released) + held
 
     def on_trained(self, t, s, a, b):
         step = self.driver.complete(t)
