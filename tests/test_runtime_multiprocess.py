@@ -557,3 +557,23 @@ if __name__ == "__main__":
         sys.exit(_child_failing_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
     if sys.argv[1] == "midpull":
         sys.exit(_child_dies_mid_transfer(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
+
+
+@pytest.mark.timeout(DEADLINE + 30)
+def test_decoupled_diloco_across_processes_replays_bitwise(procs, tmp_path):
+    """Decoupled DiLoCo's synchronizer window (quorum 2, a grace) in the server of process 0,
+    its learners in 2 processes: every merge holds >= 2 learners and the trace replays bitwise."""
+    import staleness as st
+    from staleness.runtime.replay import replay_trace
+
+    out = tmp_path / "out"
+    policy = "decoupled_diloco:3:quorum=2:grace=0.5"
+    _job(procs, 2, ["--task", "quadratic", "--policy", policy, "--cluster", "1,1.5,2,3", "--time-scale", "0.01",
+                    "--updates", "8", "--inner-optimizer", "adamw:lr=0.01", "--no-progress", "--out", str(out),
+                    *SLACK])
+    codes = procs.finish()
+    assert codes == [0, 0], procs.text(0)[-3000:]
+    sched = st.Result.load(out).schedule
+    sizes = np.bincount(sched.columns["apply_version"][sched.applied], minlength=sched.num_updates)
+    assert sched.num_updates == 8 and sizes.min() >= 2
+    assert replay_trace(str(out))[1].bitwise

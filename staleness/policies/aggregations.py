@@ -100,8 +100,8 @@ class Window(EachGradient):
     synchronized too (each its own update, in arrival order) before any of them restarts:
     the synchronized workers wait and all start their next iteration, on the newest
     version, at the window's last synchronization (the asyncdiloco notebook's virtual clock,
-    `max_wait_time`). Which pushes arrive within the window is known from the simulator's
-    event times (`staleness.sim.scheduler`); the real runtime does not run it."""
+    `max_wait_time`). The window itself is `staleness.driver.SyncWindow`, in the simulator
+    and the real server."""
 
     grace: float = 0.5
 
@@ -120,7 +120,7 @@ class Quorum(EachGradient):
     learners wait for it and restart on the merged version. A learner that misses the window
     goes on and is merged in a later one (its delta staler). k = 1 and grace = 0 merge every
     arrival alone, on arrival (asynchronous DiLoCo); k = λ and grace = 0 wait for every live
-    learner (DiLoCo's round). Timing is the simulator's (`staleness.sim.scheduler`).
+    learner (DiLoCo's round). The window is `staleness.driver.SyncWindow`.
 
     adaptive: the grace is the paper's adaptive window (its Eq. 3, as secondary notes of the
     paper give it), computed when the quorum is met: the slack τ·ξ_step − (ξ_quorum + ξ_sync)

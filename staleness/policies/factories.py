@@ -88,7 +88,7 @@ def async_diloco(steps: int = 50, bound: int | None = None, dynamic: bool = Fals
     """Asynchronous Local-SGD / DiLoCo (Liu et al. 2024): the server applies each
     worker's delta on arrival; `bound` (clocks) blocks a worker that runs too far
     ahead, as SSP does (None: never); `dynamic`: Dynamic Local Updates (fewer steps
-    for slower workers); `grace` (seconds, simulated only): an arrival opens a window in
+    for slower workers); `grace` (seconds): an arrival opens a window in
     which every other worker that arrives is synchronized too, and all of them restart at
     the window's last synchronization (`Window`: the asyncdiloco notebook's
     `max_wait_time`; 0: none). The outer optimizer defaults to DiLoCo's; the paper's
