@@ -149,7 +149,7 @@ def test_time_the_serve_loop_spends_blocked_does_not_make_workers_late():
         def stop(self):
             pass
 
-    def update(params, opt_state, grads, staleness, v, zeros):
+    def update(params, opt_state, grads, staleness, v, zeros, workers):
         return params, opt_state
 
     spec = make_spec(st.tasks.get("quadratic", num_workers=4), P.asp(), None, num_updates=1000, num_workers=4,

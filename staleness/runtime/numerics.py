@@ -268,7 +268,7 @@ class Numerics:
             grad = jax.tree.map(jnp.zeros_like, server_params)
             opt_state = self.init_state(server_params)
             pushed = [grad] if self.learner is None else [put(outs[0][1])]   # a gradient, or a rollout
-            outs.append(self.update(server_params, opt_state, pushed, [0], 0, grad, workers=[0]))
+            outs.append(self.update(server_params, opt_state, pushed, [0], 0, grad, [0]))
         jax.block_until_ready(outs)
 
 

@@ -135,7 +135,7 @@ class Server:
         itself spent blocked in one step longer than a tick; failures of the cluster's
         failure model (`spec.membership`) always continue.
       link: the server's end of the transport.
-      update: the update function (params, opt_state, grads, staleness, update, zeros)
+      update: the update function (params, opt_state, grads, staleness, update, zeros, workers)
         -> (params, opt_state), e.g. `Numerics.update` or `CollectiveLink.update`.
       params, opt_state: version 0, on the server's device (`restore` puts a checkpoint's).
       zeros: params-shaped zeros on the server's device (pads update slots), or None.
@@ -293,10 +293,9 @@ class Server:
         held = [self.grads.pop(r) for r in rows]
         grads = [g for g, _ in held]
         staleness = [v - pv for _, pv in held]
-        weighted = self.spec.local is not None and self.spec.local.weighted   # Decoupled DiLoCo's tokens
+        workers = [self.rec.rows[r][0] for r in rows]   # a token-weighted merge weighs them (`Numerics.update`)
         self.params, self.opt_state = self.update(self.params, self.opt_state, grads, staleness, v, self.zeros,
-                                                  **({"workers": [self.rec.rows[r][0] for r in rows]} if weighted
-                                                     else {}))
+                                                  workers)
         u = v + 1
         if self.spec.inflight:   # actors mid-rollout on an older version take it between two tokens
             self.link.publish(u, self.params, [w for w, f in enumerate(self.driver.inflight)
