@@ -41,7 +41,7 @@ def policies(draw, num_workers):
         return P.bsp()
     if kind == "decoupled_diloco":
         return P.decoupled_diloco(draw(hst.integers(1, 5)), quorum=draw(hst.integers(1, num_workers)),
-                                  grace=draw(hst.sampled_from([0.0, 0.3, 2.0])), dynamic=draw(hst.booleans()))
+                                  grace=draw(hst.sampled_from([0.0, 0.3, 2.0, "adaptive"])), dynamic=draw(hst.booleans()))
     if kind == "local_sgd":
         return P.local_sgd(draw(hst.integers(1, 5)))
     if kind == "diloco":
