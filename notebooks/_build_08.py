@@ -204,7 +204,9 @@ MTBF seconds on average, and a failure takes the learner down for REPAIR seconds
 
 The same 8,000 chips as one data-parallel job (`bsp`: any chip's failure stalls it), as 8
 synchronous DiLoCo learners (a round waits for the live ones) and as 8 decoupled learners,
-merging every arrival alone (K = 1) or once 2 have arrived, waiting 5 s for more. Move the
+merging every arrival alone (K = 1), once 2 have arrived, waiting 5 s for more, or with the
+paper's adaptive window (`grace=adaptive`: γ·(τ·step − time to the quorum − a sync), at most
+one step here). Move the
 slider (the chips' mean time between failures): the left plot is goodput from schedules
 alone, the right one the loss of digits-mlp trained along the chosen rate's schedules (4
 learners of 2,000 chips there, to keep it small). With K = 1 every stale arrival is an outer
@@ -221,13 +223,15 @@ HORIZON = 2000.0 if FULL else 600.0    # simulated seconds
 LEARNERS = "1*8+jitter=0.05+chaos={m:g}:30:1000"
 SETTINGS = {"data parallel (bsp)": ("bsp", "1+chaos={m:g}:30:8000"), "DiLoCo, 8 learners": ("diloco:24", LEARNERS),
             "decoupled, K=1": ("decoupled_diloco:24", LEARNERS),
-            "decoupled, K=2, 5 s": ("decoupled_diloco:24:quorum=2:grace=5", LEARNERS)}
+            "decoupled, K=2, 5 s": ("decoupled_diloco:24:quorum=2:grace=5", LEARNERS),
+            "decoupled, K=1, adaptive": ("decoupled_diloco:24:grace=adaptive", LEARNERS)}
 goodput = {name: [st.simulate_schedule(p, c.format(m=m), max_time=HORIZON, seed=0).goodput() for m in MTBFS]
            for name, (p, c) in SETTINGS.items()}
 losses = {}
 OUTER = {"diloco:24": None, "decoupled_diloco:24": "delayed_nesterov:4,lr=0.7",
-         "decoupled_diloco:24:quorum=2:grace=5": None}
-COLOR = {"diloco:24": "C1", "decoupled_diloco:24": "C2", "decoupled_diloco:24:quorum=2:grace=5": "C3"}   # as on the left
+         "decoupled_diloco:24:quorum=2:grace=5": None, "decoupled_diloco:24:grace=adaptive": None}
+COLOR = {"diloco:24": "C1", "decoupled_diloco:24": "C2", "decoupled_diloco:24:quorum=2:grace=5": "C3",
+         "decoupled_diloco:24:grace=adaptive": "C4"}   # as on the left
 
 
 def loss_runs(mtbf):
