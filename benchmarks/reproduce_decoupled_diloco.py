@@ -185,6 +185,23 @@ Q_CLUSTERS = {"no failures": f"1*{Q_LEARNERS}+jitter=0.01",
               "chaos": f"1*{Q_LEARNERS}+jitter=0.01+chaos=300:30"}
 
 
+def _cell(task, policy: str, cluster: str, horizon: float, seeds, label: str) -> dict:
+    """One policy on one cluster over `seeds` for `horizon` simulated seconds: final held-out
+    losses, goodput, updates and learners per update."""
+    import staleness as st
+
+    runs = st.sweep(task, [policy], cluster, seeds=seeds, max_time=horizon, num_evals=2,
+                    inner_optimizer="adamw:lr=3e-3")
+    sched = [r.schedule for r in runs]
+    c = {"loss": [float(r.final["loss"]) for r in runs], "goodput": [float(r.summary()["goodput"]) for r in runs],
+         "updates": [s.num_updates for s in sched],
+         "learners_per_update": [s.applied.sum() / max(1, s.num_updates) for s in sched]}
+    print(f"  {label}: loss {np.median(c['loss']):.4f} (seeds {', '.join(f'{x:.3f}' for x in c['loss'])}), "
+          f"goodput {np.median(c['goodput']):.3f}, {np.median(c['learners_per_update']):.2f} learners per update",
+          flush=True)
+    return c
+
+
 def section_quality(horizon: float, seeds) -> dict:
     """The paper's "competitive model performance" at CPU scale: stdlib-lm on 4 learners of
     H = 25 inner AdamW steps (1 s each, one 1% jitter draw per inner phase: 5% per step
@@ -196,16 +213,7 @@ def section_quality(horizon: float, seeds) -> dict:
     cells = {}
     for cname, cluster in Q_CLUSTERS.items():
         for pname, policy in Q_POLICIES.items():
-            runs = st.sweep(task, [policy], cluster, seeds=seeds, max_time=horizon, num_evals=2,
-                            inner_optimizer="adamw:lr=3e-3")
-            loss = [float(r.final["loss"]) for r in runs]
-            good = [float(r.summary()["goodput"]) for r in runs]
-            sched = [r.schedule for r in runs]
-            per_update = [s.applied.sum() / max(1, s.num_updates) for s in sched]
-            cells[f"{cname} | {pname}"] = {"loss": loss, "goodput": good, "updates": [s.num_updates for s in sched],
-                                           "learners_per_update": per_update}
-            print(f"  {cname}, {pname}: loss {np.median(loss):.4f} (seeds {', '.join(f'{x:.3f}' for x in loss)}), "
-                  f"goodput {np.median(good):.3f}, {np.median(per_update):.2f} learners per update", flush=True)
+            cells[f"{cname} | {pname}"] = _cell(task, policy, cluster, horizon, seeds, f"{cname}, {pname}")
     claims = []
     for cname in Q_CLUSTERS:
         dec, dil = cells[f"{cname} | decoupled, adaptive window"], cells[f"{cname} | DiLoCo (synchronous)"]
@@ -252,17 +260,7 @@ def section_heterogeneity(horizon: float, seeds) -> dict:
     task = st.tasks.get("stdlib-lm", num_workers=Q_LEARNERS)
     cells = {}
     for pname, policy in HET_POLICIES.items():
-        runs = st.sweep(task, [policy], HET_CLUSTER, seeds=seeds, max_time=horizon, num_evals=2,
-                        inner_optimizer="adamw:lr=3e-3")
-        sched = [r.schedule for r in runs]
-        cells[pname] = {"loss": [float(r.final["loss"]) for r in runs],
-                        "goodput": [float(r.summary()["goodput"]) for r in runs],
-                        "updates": [s.num_updates for s in sched],
-                        "learners_per_update": [s.applied.sum() / max(1, s.num_updates) for s in sched]}
-        c = cells[pname]
-        print(f"  {pname}: loss {np.median(c['loss']):.4f} (seeds {', '.join(f'{x:.3f}' for x in c['loss'])}), "
-              f"goodput {np.median(c['goodput']):.3f}, {np.median(c['learners_per_update']):.2f} learners per update",
-              flush=True)
+        cells[pname] = _cell(task, policy, HET_CLUSTER, horizon, seeds, pname)
     all_k, one, win = (cells[k] for k in HET_POLICIES)
     e_one, e_win = stats.effect(one["loss"], all_k["loss"]), stats.effect(win["loss"], all_k["loss"])
     claims = [
@@ -296,9 +294,13 @@ def _goodput_lines(g: dict) -> list[str]:
                                                for i, x in enumerate(v)) + " |")
     lines += ["", "(in parentheses: the paper's Table 1 as secondary notes of the paper report it; the paper's "
               "own text past its abstract could not be retrieved here. Its elastic data parallel row, not simulated "
-              "here: " + " / ".join(f"{x}%" for x in PAPER_ELASTIC_DP) + ")", "", "| claim | verdict | diagnostic |",
-              "|---|---|---|"]
-    return lines + [f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in g["claims"]]
+              "here: " + " / ".join(f"{x}%" for x in PAPER_ELASTIC_DP) + ")"]
+    return lines + _claims_table(g["claims"])
+
+
+def _claims_table(claims) -> list[str]:
+    return ["", "| claim | verdict | diagnostic |", "|---|---|---|"] + [
+        f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in claims]
 
 
 def report(res: dict, path: Path) -> None:
@@ -318,8 +320,7 @@ def report(res: dict, path: Path) -> None:
                   "| H | held-out loss (median) | seeds | ft-diloco |", "|---|---|---|---|"]
         for k, v in h["final_loss"].items():
             lines.append(f"| {k} | {np.median(v):.4f} | {', '.join(f'{x:.4f}' for x in v)} | {h['ft_diloco'][k]} |")
-        lines += ["", "| claim | verdict | diagnostic |", "|---|---|---|"]
-        lines += [f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in h["claims"]]
+        lines += _claims_table(h["claims"])
     if "quality" in res:
         q = res["quality"]
         lines += ["", f"## Quality at CPU scale: stdlib-lm, {q['learners']} learners of H = {q['H']} inner AdamW steps, "
@@ -333,8 +334,7 @@ def report(res: dict, path: Path) -> None:
             lines.append(f"| {cname} | {pname} | {np.median(c['loss']):.4f} | {', '.join(f'{x:.3f}' for x in c['loss'])}"
                          f" | {np.median(c['goodput']):.3f} | {np.median(c['updates']):.0f} | "
                          f"{np.median(c['learners_per_update']):.2f} |")
-        lines += ["", "| claim | verdict | diagnostic |", "|---|---|---|"]
-        lines += [f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in q["claims"]]
+        lines += _claims_table(q["claims"])
     if "heterogeneity" in res:
         h = res["heterogeneity"]
         lines += ["", f"## Heterogeneous learners (the paper's K comparison) at CPU scale: stdlib-lm, cluster "
@@ -345,8 +345,7 @@ def report(res: dict, path: Path) -> None:
             lines.append(f"| {k} | `{h['policies'][k]}` | {np.median(c['loss']):.4f} | "
                          f"{', '.join(f'{x:.3f}' for x in c['loss'])} | {np.median(c['goodput']):.3f} | "
                          f"{np.median(c['learners_per_update']):.2f} | {h['paper'][k]} |")
-        lines += ["", "| claim | verdict | diagnostic |", "|---|---|---|"]
-        lines += [f"| {c['claim']} | {c['verdict']} | {c['diagnostic']} |" for c in h["claims"]]
+        lines += _claims_table(h["claims"])
     lines += ["", "Not yet: fragments on decoupled DiLoCo (a merge per fragment with learners on their own clocks)."]
     files.write_text(path, "\n".join(lines) + "\n")
 
