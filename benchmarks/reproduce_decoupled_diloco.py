@@ -27,11 +27,15 @@ failure rate grows, and the simulator's timing at 10,000 chips.
    optimizer's share of the shape (the diagnostic of section 3).
 5. quality: the paper's "competitive model performance" at CPU scale: stdlib-lm on 4 learners
    of H = 25, equal simulated seconds, without failures and under chaos, 5 seeds: decoupled
-   (adaptive window) vs synchronous DiLoCo, and decoupled without a window.
+   (adaptive window) vs synchronous DiLoCo, and decoupled without a window; decoupled with its
+   clocked outer step (`clocked_nesterov`, the default) and with a Nesterov step per merge.
 6. heterogeneity: the paper's K comparison (K = all, K = 1, K = 1 + grace window) on 2 fast and
-   2 slower (18%) learners, 5 seeds: goodput and loss.
+   2 slower (18%) learners, 5 seeds: goodput and loss (the same two outer steps).
 
-    python benchmarks/reproduce_decoupled_diloco.py [--quick] [--sections quality,...]
+    python benchmarks/reproduce_decoupled_diloco.py [--quick] [--fresh] [--sections quality,...]
+
+Quality and heterogeneity cells already in the JSON with the same settings are not measured
+again (--fresh: all of them).
 
 Prints the tables and verdicts; writes benchmarks/results/reproduce_decoupled_diloco.{md,json}
 (the JSON after every section, so a stopped run keeps what it measured); ends with one JSON line.
@@ -178,20 +182,47 @@ def section_h_shape(steps: int, seeds, outer: str | None = None) -> dict:
 
 
 Q_LEARNERS, Q_H = 4, 25
-Q_POLICIES = {"DiLoCo (synchronous)": f"diloco:{Q_H}",
-              "decoupled, adaptive window": f"decoupled_diloco:{Q_H}:grace=adaptive",
-              "decoupled, no window": f"decoupled_diloco:{Q_H}"}
+NESTEROV, CLOCKED = "nesterov:0.9,lr=0.7", "clocked_nesterov:0.9,lr=0.7"   # DiLoCo's outer step; decoupled's
+Q_POLICIES = {"DiLoCo (synchronous)": (f"diloco:{Q_H}", NESTEROV),
+              "decoupled, adaptive window": (f"decoupled_diloco:{Q_H}:grace=adaptive", CLOCKED),
+              "decoupled, no window": (f"decoupled_diloco:{Q_H}", CLOCKED),
+              "decoupled, adaptive window, a Nesterov step per merge": (f"decoupled_diloco:{Q_H}:grace=adaptive",
+                                                                         NESTEROV),
+              "decoupled, no window, a Nesterov step per merge": (f"decoupled_diloco:{Q_H}", NESTEROV)}
 Q_CLUSTERS = {"no failures": f"1*{Q_LEARNERS}+jitter=0.01",
               "chaos": f"1*{Q_LEARNERS}+jitter=0.01+chaos=300:30"}
 
 
-def _cell(task, policy: str, cluster: str, horizon: float, seeds, label: str) -> dict:
-    """One policy on one cluster over `seeds` for `horizon` simulated seconds: final held-out
-    losses, goodput, updates and learners per update."""
+def _measured(res: dict) -> dict:
+    """The cells of an earlier run (its JSON), by (policy, outer optimizer, cluster, horizon,
+    seeds): a rerun measures only what it has not (a cell is deterministic in these). Cells of
+    runs before the outer optimizer was recorded ran with `NESTEROV`, then every policy's."""
+    out = {}
+    for name in ("quality", "heterogeneity"):
+        sec = res.get(name)
+        if not sec:
+            continue
+        for k, c in sec["cells"].items():
+            cname, pname = k.split(" | ") if name == "quality" else (None, k)
+            pol = sec["policies"][pname]
+            spec, outer = (pol, NESTEROV) if isinstance(pol, str) else pol
+            cluster = sec["clusters"][cname] if name == "quality" else sec["cluster"]
+            out[(spec, outer, cluster, float(sec["horizon_s"]), tuple(sec["seeds"]))] = c
+    return out
+
+
+def _cell(task, policy: tuple, cluster: str, horizon: float, seeds, label: str, measured: dict) -> dict:
+    """One (policy, outer optimizer) on one cluster over `seeds` for `horizon` simulated seconds:
+    final held-out losses, goodput, updates and learners per update (from `measured` if there)."""
     import staleness as st
 
-    runs = st.sweep(task, [policy], cluster, seeds=seeds, max_time=horizon, num_evals=2,
-                    inner_optimizer="adamw:lr=3e-3")
+    key = (*policy, cluster, float(horizon), tuple(seeds))
+    if key in measured:
+        c = measured[key]
+        print(f"  {label}: measured before, loss {np.median(c['loss']):.4f}", flush=True)
+        return c
+    runs = st.sweep(task, [policy[0]], cluster, seeds=seeds, max_time=horizon, num_evals=2,
+                    inner_optimizer="adamw:lr=3e-3", optimizer=policy[1])
     sched = [r.schedule for r in runs]
     c = {"loss": [float(r.final["loss"]) for r in runs], "goodput": [float(r.summary()["goodput"]) for r in runs],
          "updates": [s.num_updates for s in sched],
@@ -202,18 +233,26 @@ def _cell(task, policy: str, cluster: str, horizon: float, seeds, label: str) ->
     return c
 
 
-def section_quality(horizon: float, seeds) -> dict:
+def _above(a: list, b: list) -> tuple:
+    """(verdict, effect) of "a's loss is above b's" (bootstrap interval of the difference)."""
+    e = stats.effect(a, b)
+    return ("HOLDS" if e.low > 0.0 else ("DOES NOT HOLD" if e.high < 0 else "NOT DISTINGUISHABLE")), e
+
+
+def section_quality(horizon: float, seeds, measured: dict) -> dict:
     """The paper's "competitive model performance" at CPU scale: stdlib-lm on 4 learners of
     H = 25 inner AdamW steps (1 s each, one 1% jitter draw per inner phase: 5% per step
     averaged over 25), the same simulated seconds for every policy, without failures and
-    under chaos (each learner fails every 300 s on average and is repaired in 30 s)."""
+    under chaos (each learner fails every 300 s on average and is repaired in 30 s).
+    Decoupled runs with its clocked outer step, and (the diagnostic) with a Nesterov step per
+    merge."""
     import staleness as st
 
     task = st.tasks.get("stdlib-lm", num_workers=Q_LEARNERS)
     cells = {}
     for cname, cluster in Q_CLUSTERS.items():
         for pname, policy in Q_POLICIES.items():
-            cells[f"{cname} | {pname}"] = _cell(task, policy, cluster, horizon, seeds, f"{cname}, {pname}")
+            cells[f"{cname} | {pname}"] = _cell(task, policy, cluster, horizon, seeds, f"{cname}, {pname}", measured)
     claims = []
     for cname in Q_CLUSTERS:
         dec, dil = cells[f"{cname} | decoupled, adaptive window"], cells[f"{cname} | DiLoCo (synchronous)"]
@@ -229,13 +268,18 @@ def section_quality(horizon: float, seeds) -> dict:
     claims.append({"claim": "under chaos decoupled's goodput is above synchronous DiLoCo's (seed by seed)",
                    "verdict": stats.verdict(wins, len(seeds)),
                    "diagnostic": ", ".join(f"{a:.3f} vs {b:.3f}" for a, b in zip(dec["goodput"], dil["goodput"]))})
-    raw, dec = cells["no failures | decoupled, no window"], cells["no failures | decoupled, adaptive window"]
-    e = stats.effect(raw["loss"], dec["loss"])
-    claims.append({"claim": "without a window (quorum 1, each arrival its own outer step) the loss is above the "
-                            "adaptive window's (why the window matters)",
-                   "verdict": "HOLDS" if e.low > 0.0 else ("DOES NOT HOLD" if e.high < 0 else "NOT DISTINGUISHABLE"),
-                   "diagnostic": f"loss difference {e.text('.4f')}; {np.median(raw['learners_per_update']):.2f} "
-                                 f"learners per outer step vs {np.median(dec['learners_per_update']):.2f}"})
+    for cname in Q_CLUSTERS:
+        raw, dec = cells[f"{cname} | decoupled, no window"], cells[f"{cname} | decoupled, adaptive window"]
+        verdict, e = _above(raw["loss"], dec["loss"])
+        claims.append({"claim": f"{cname}: without a window (quorum 1) the loss is above the adaptive window's",
+                       "verdict": verdict,
+                       "diagnostic": f"loss difference {e.text('.4f')}; {np.median(raw['learners_per_update']):.2f} "
+                                     f"learners per merge vs {np.median(dec['learners_per_update']):.2f}"})
+        per, dec = cells[f"{cname} | decoupled, no window, a Nesterov step per merge"], raw
+        verdict, e = _above(per["loss"], dec["loss"])
+        claims.append({"claim": f"{cname}, quorum 1: a Nesterov step per merge ends above the clocked outer step "
+                                "(why the outer step is clocked)",
+                       "verdict": verdict, "diagnostic": f"loss difference {e.text('.4f')}"})
     return {"horizon_s": horizon, "seeds": list(seeds), "learners": Q_LEARNERS, "H": Q_H, "clusters": Q_CLUSTERS,
             "policies": Q_POLICIES, "cells": cells, "claims": claims}
 
@@ -244,14 +288,17 @@ def section_quality(horizon: float, seeds) -> dict:
 # slowest ~18% behind, ~10% more variance injected; K = 8 84% goodput (text 54.4, vision 37.6),
 # K = 1 100% (51.4, 25.7), K = 1 + grace window 100% (55.3, 37.0)
 HET_CLUSTER = "1*2,1.18*2+jitter=0.02"
-HET_POLICIES = {"K = 4 (every learner)": f"decoupled_diloco:{Q_H}:quorum=4",
-                "K = 1": f"decoupled_diloco:{Q_H}",
-                "K = 1 + adaptive window": f"decoupled_diloco:{Q_H}:grace=adaptive"}
+HET_POLICIES = {"K = 4 (every learner)": (f"decoupled_diloco:{Q_H}:quorum=4", CLOCKED),
+                "K = 1": (f"decoupled_diloco:{Q_H}", CLOCKED),
+                "K = 1 + adaptive window": (f"decoupled_diloco:{Q_H}:grace=adaptive", CLOCKED),
+                "K = 1, a Nesterov step per merge": (f"decoupled_diloco:{Q_H}", NESTEROV),
+                "K = 1 + adaptive window, a Nesterov step per merge": (f"decoupled_diloco:{Q_H}:grace=adaptive",
+                                                                        NESTEROV)}
 HET_PAPER = {"K = 4 (every learner)": "84%, text 54.4, vision 37.6", "K = 1": "100%, text 51.4, vision 25.7",
              "K = 1 + adaptive window": "100%, text 55.3, vision 37.0"}
 
 
-def section_heterogeneity(horizon: float, seeds) -> dict:
+def section_heterogeneity(horizon: float, seeds, measured: dict) -> dict:
     """The paper's heterogeneity comparison at CPU scale: stdlib-lm on 2 learners of 1 s and 2
     of 1.18 s per step (18% behind; a 2% jitter draw per inner phase: 10% per step averaged
     over 25), the same simulated seconds for each quorum setting."""
@@ -260,23 +307,23 @@ def section_heterogeneity(horizon: float, seeds) -> dict:
     task = st.tasks.get("stdlib-lm", num_workers=Q_LEARNERS)
     cells = {}
     for pname, policy in HET_POLICIES.items():
-        cells[pname] = _cell(task, policy, HET_CLUSTER, horizon, seeds, pname)
-    all_k, one, win = (cells[k] for k in HET_POLICIES)
-    e_one, e_win = stats.effect(one["loss"], all_k["loss"]), stats.effect(win["loss"], all_k["loss"])
+        cells[pname] = _cell(task, policy, HET_CLUSTER, horizon, seeds, pname, measured)
+    all_k, one, win = (cells[k] for k in list(HET_POLICIES)[:3])
+    (v_one, e_one), e_win = _above(one["loss"], all_k["loss"]), stats.effect(win["loss"], all_k["loss"])
     claims = [
         {"claim": "heterogeneous learners: K = 1 has more goodput than waiting for every learner (paper: 100% vs 84%)",
          "verdict": stats.verdict(sum(a > b for a, b in zip(one["goodput"], all_k["goodput"])), len(seeds)),
          "diagnostic": f"goodput {np.median(one['goodput']):.3f} vs {np.median(all_k['goodput']):.3f}"},
         {"claim": "heterogeneous learners: K = 1 without a window loses quality against K = all (paper: 51.4 vs 54.4)",
-         "verdict": "HOLDS" if e_one.low > 0 else ("DOES NOT HOLD" if e_one.high < 0 else "NOT DISTINGUISHABLE"),
+         "verdict": v_one,
          "diagnostic": f"loss difference {e_one.text('.4f')}; {np.median(one['learners_per_update']):.2f} learners "
-                       "per outer step"},
+                       "per merge"},
         {"claim": "heterogeneous learners: K = 1 with the adaptive window keeps K = all's quality (paper: 55.3 vs "
                   "54.4) at K = 1's goodput",
          "verdict": "HOLDS" if e_win.low <= 0 and np.median(win["goodput"]) > np.median(all_k["goodput"])
                     else "DOES NOT HOLD",
          "diagnostic": f"loss difference {e_win.text('.4f')}; goodput {np.median(win['goodput']):.3f}; "
-                       f"{np.median(win['learners_per_update']):.2f} learners per outer step"},
+                       f"{np.median(win['learners_per_update']):.2f} learners per merge"},
     ]
     return {"horizon_s": horizon, "seeds": list(seeds), "cluster": HET_CLUSTER, "policies": HET_POLICIES,
             "paper": HET_PAPER, "cells": cells, "claims": claims}
@@ -296,6 +343,11 @@ def _goodput_lines(g: dict) -> list[str]:
               "own text past its abstract could not be retrieved here. Its elastic data parallel row, not simulated "
               "here: " + " / ".join(f"{x}%" for x in PAPER_ELASTIC_DP) + ")"]
     return lines + _claims_table(g["claims"])
+
+
+def _policy_text(policy) -> str:
+    """`spec` (outer `optimizer`); a run before the outer step was recorded: `spec`."""
+    return f"`{policy}`" if isinstance(policy, str) else f"`{policy[0]}` (outer `{policy[1]}`)"
 
 
 def _claims_table(claims) -> list[str]:
@@ -326,7 +378,7 @@ def report(res: dict, path: Path) -> None:
         lines += ["", f"## Quality at CPU scale: stdlib-lm, {q['learners']} learners of H = {q['H']} inner AdamW steps, "
                   f"{q['horizon_s']:.0f} simulated seconds each, seeds {q['seeds']}", "",
                   "Clusters: " + "; ".join(f"{k} `{v}`" for k, v in q["clusters"].items()) + ". Policies: "
-                  + "; ".join(f"{k} `{v}`" for k, v in q["policies"].items()) + ".", "",
+                  + "; ".join(f"{k} {_policy_text(v)}" for k, v in q["policies"].items()) + ".", "",
                   "| cluster | policy | held-out loss (median) | seeds | goodput | updates | learners per update |",
                   "|---|---|---|---|---|---|---|"]
         for k, c in q["cells"].items():
@@ -342,9 +394,9 @@ def report(res: dict, path: Path) -> None:
                   "| setting | policy | held-out loss (median) | seeds | goodput | learners per update | paper |",
                   "|---|---|---|---|---|---|---|"]
         for k, c in h["cells"].items():
-            lines.append(f"| {k} | `{h['policies'][k]}` | {np.median(c['loss']):.4f} | "
+            lines.append(f"| {k} | {_policy_text(h['policies'][k])} | {np.median(c['loss']):.4f} | "
                          f"{', '.join(f'{x:.3f}' for x in c['loss'])} | {np.median(c['goodput']):.3f} | "
-                         f"{np.median(c['learners_per_update']):.2f} | {h['paper'][k]} |")
+                         f"{np.median(c['learners_per_update']):.2f} | {h['paper'].get(k, '')} |")
         lines += _claims_table(h["claims"])
     lines += ["", "Not yet: fragments on decoupled DiLoCo (a merge per fragment with learners on their own clocks)."]
     files.write_text(path, "\n".join(lines) + "\n")
@@ -356,6 +408,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="output directory (default benchmarks/results; quick: runs/)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of "
                     + ", ".join(SECTIONS))
+    ap.add_argument("--fresh", action="store_true", help="measure every cell again (default: the quality and "
+                    "heterogeneity cells already in the JSON with the same settings are taken from it)")
     args = ap.parse_args(argv)
     horizon, seeds = (1800.0, [0]) if args.quick else (7200.0, [0, 1, 2])
     out = Path(args.out) if args.out else ROOT / ("runs/reproduce_decoupled_diloco" if args.quick
@@ -368,6 +422,7 @@ def main(argv=None):
         ap.error(f"--sections: {bad[0]!r} is not one of {', '.join(SECTIONS)}")
     old = out / "reproduce_decoupled_diloco.json"
     res = json.loads(old.read_text()) if old.exists() and not args.quick else {}
+    measured = {} if args.fresh else _measured(res)
     steps, h_seeds = (500, [0]) if args.quick else (1000, [0, 1, 2])
     q_horizon, q_seeds = (100.0, [0]) if args.quick else (300.0, [0, 1, 2, 3, 4])
     runners = {
@@ -376,8 +431,9 @@ def main(argv=None):
         "h_shape": ("H vs loss on stdlib-lm", lambda: section_h_shape(steps, h_seeds)),
         "h_shape_avg": ("H vs loss on stdlib-lm, plain averaging (outer sgd:lr=1)",
                         lambda: section_h_shape(steps, h_seeds, outer="sgd:lr=1")),
-        "quality": ("quality on stdlib-lm", lambda: section_quality(q_horizon, q_seeds)),
-        "heterogeneity": ("heterogeneous learners on stdlib-lm", lambda: section_heterogeneity(q_horizon, q_seeds)),
+        "quality": ("quality on stdlib-lm", lambda: section_quality(q_horizon, q_seeds, measured)),
+        "heterogeneity": ("heterogeneous learners on stdlib-lm",
+                          lambda: section_heterogeneity(q_horizon, q_seeds, measured)),
     }
     for name in SECTIONS:
         if name in sections:

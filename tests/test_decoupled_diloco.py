@@ -247,9 +247,10 @@ def _params_equal(a, b) -> bool:
 
 def test_the_reductions_train_bitwise():
     """decoupled_diloco with a quorum of every learner trains as diloco, and with k = 1 and no
-    window as async_diloco: the same parameters and losses, bitwise (equal inner steps: the
-    token weights are 1/c, the same bits as the plain mean under a constant lr rule)."""
-    kw = dict(num_updates=8, seed=3, inner_optimizer="adamw:lr=3e-3", num_evals=2)
+    window as async_diloco, under one outer step: the same parameters and losses, bitwise (equal
+    inner steps: the token weights are 1/c, the same bits as the plain mean under a constant lr
+    rule). Its own default outer step is `test_the_clocked_outer_step_reduces_bitwise`'s."""
+    kw = dict(num_updates=8, seed=3, inner_optimizer="adamw:lr=3e-3", num_evals=2, optimizer="nesterov:0.9,lr=0.7")
     for ours, theirs in (("decoupled_diloco:4:quorum=4", "diloco:4"), ("decoupled_diloco:4", "async_diloco:4")):
         a, b = (st.simulate("digits-mlp", p, JITTERED, **kw) for p in (ours, theirs))
         assert _params_equal(a, b) and np.array_equal(a.train_loss, b.train_loss), (ours, theirs)
@@ -280,14 +281,80 @@ def test_token_weights_from_hand_counted_steps():
     assert not _params_equal(a, b)
 
 
+def test_the_clocked_outer_step_by_hand():
+    """clocked_nesterov (Delayed Nesterov clocked by tokens): each merge is applied at once as
+    s·g (s its share of a round); the momentum folds the buffered s·g once the shares since
+    its last fold reach 1, carrying the excess. Checked in float64 by hand on uneven shares;
+    shares of 1 are Nesterov's steps bitwise, shares of 1/4 `delayed_nesterov:4`'s."""
+    import optax
+
+    from staleness.tasks import optim
+
+    rng = np.random.default_rng(0)
+    p = {"w": np.zeros(5, np.float32)}
+    gs = [{"w": rng.normal(size=5).astype(np.float32)} for _ in range(9)]
+    clocked = optim.clocked_nesterov(0.9)
+    for share, other in ((1.0, optax.trace(0.9, nesterov=True)), (0.25, optim.delayed_nesterov(0.9, 4))):
+        a, b = clocked.init(p), other.init(p)
+        for g in gs:
+            (ua, a), (ub, b) = clocked.update(g, a, p, share=share), other.update(g, b, p)
+            assert np.array_equal(ua["w"], ub["w"]), share
+    shares = [0.4, 0.35, 0.5, 0.25, 1.0, 0.3, 0.3, 0.3, 0.6]
+    m, buf, clock, state = np.zeros(5), np.zeros(5), 0.0, clocked.init(p)
+    fired = []
+    for g, s in zip(gs, shares):
+        u, state = clocked.update(g, state, p, share=s)
+        part = s * g["w"].astype(np.float64)
+        buf, clock = buf + part, clock + s
+        if clock >= 1.0 - 1e-6:
+            m, buf, clock = 0.9 * m + buf, np.zeros(5), clock - 1.0
+            want = part + 0.9 * m
+            fired.append(True)
+        else:
+            want = part
+            fired.append(False)
+        np.testing.assert_allclose(np.asarray(u["w"]), want, rtol=1e-5, atol=1e-6)
+    assert fired == [False, False, True, False, True, False, True, False, True]   # the excess carried
+    with pytest.raises(ValueError, match="clocked_nesterov: the update's share of a round was not given"):
+        clocked.update(gs[0], clocked.init(p), p)
+    assert optim.get("clocked_nesterov:0.8,lr=0.7").describe() == "clocked_nesterov:0.8,lr=0.7"
+
+
+def test_a_merges_share_of_a_round_from_hand_counted_steps():
+    """Learners of 4, 3, 2, 2 inner steps (11 tokens a round): a merge of learners 0 and 2 is
+    6/11 of a round; every learner once is exactly 1."""
+    from staleness.engine import update as U
+
+    steps = np.array([4, 3, 2, 2], np.int32)
+    assert float(U.round_share(np.array([4, 2, 9], np.int32), np.array([True, True, False]), steps)) == \
+        pytest.approx(6 / 11, rel=1e-7)
+    assert float(U.round_share(steps, np.ones(4, bool), steps)) == 1.0
+
+
+def test_the_clocked_outer_step_reduces_bitwise():
+    """decoupled_diloco with clocked_nesterov: a quorum of every learner (each merge a whole
+    round, share 1) trains as diloco with its Nesterov step; quorum 1 without a window (each
+    merge one learner of 4, share 1/4) as async_diloco with `delayed_nesterov:4`: the same
+    parameters and losses, bitwise."""
+    kw = dict(num_updates=8, seed=3, inner_optimizer="adamw:lr=3e-3", num_evals=2)
+    assert st.policies.parse("decoupled_diloco:4").optimizer == "clocked_nesterov:0.9,lr=0.7"   # its default
+    for ours, theirs, opt in (("decoupled_diloco:4:quorum=4", "diloco:4", "nesterov:0.9,lr=0.7"),
+                              ("decoupled_diloco:4", "async_diloco:4", "delayed_nesterov:4,lr=0.7")):
+        a = st.simulate("digits-mlp", ours, JITTERED, **kw)
+        b = st.simulate("digits-mlp", theirs, JITTERED, optimizer=opt, **kw)
+        assert _params_equal(a, b) and np.array_equal(a.train_loss, b.train_loss), (ours, theirs)
+
+
 @pytest.fixture(scope="module")
 def digits4():
     return st.tasks.get("digits-mlp", num_workers=4)
 
 
-@pytest.mark.parametrize("policy", ["decoupled_diloco:4:quorum=2:grace=0.05", "decoupled_diloco:4:grace=adaptive",
-                                    "async_diloco:4:grace=0.05"])
-def test_a_real_windowed_run_replays_bitwise(digits4, policy):
+@pytest.mark.parametrize("policy, outer", [("decoupled_diloco:4:quorum=2:grace=0.05", None),
+                                           ("decoupled_diloco:4:grace=adaptive", None),
+                                           ("decoupled_diloco:4:grace=adaptive", "clocked_nesterov:0.9,lr=0.7"),
+                                           ("async_diloco:4:grace=0.05", None)])
+def test_a_real_windowed_run_replays_bitwise(digits4, policy, outer):
     """The synchronizer's window for real (the server holds the arrived learners until its
     close: the grace's end, or once no learner is in flight) and its merges replay bitwise.
     Before the replay wrote back only the real slots' inner states, a merge of fewer than λ
@@ -296,7 +363,7 @@ def test_a_real_windowed_run_replays_bitwise(digits4, policy):
     from staleness.runtime.replay import replay_trace
 
     res = st.runtime.run(digits4, policy, "0.5,0.75,1.5,3.3", num_updates=6, time_scale=0.01,
-                         inner_optimizer="adamw:lr=1e-3", worker_timeout=120)
+                         inner_optimizer="adamw:lr=1e-3", worker_timeout=120, **({"optimizer": outer} if outer else {}))
     s = res.schedule
     assert res.status == "complete" and s.num_updates == 6
     quorum = 2 if "quorum=2" in policy else 1

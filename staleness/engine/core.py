@@ -222,6 +222,10 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
                                       inner)
     extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
     tokens = consts["steps"][worker] if local is not None and local.weighted else None   # ∝ tokens processed
+    if local is not None and not local.streaming:   # the update's share of a round (`optim.clocked_nesterov`)
+        ones = jnp.ones_like(consts["steps"])
+        extra["share"] = (_update.round_share(tokens, mask, consts["steps"]) if tokens is not None
+                          else _update.round_share(ones[worker], mask, ones))
     if static.padded:
         params, opt_state = _update.server_update(opt, rules, params, opt_state, grads, staleness, mask,
                                                   consts["rule"], tokens, **extra)

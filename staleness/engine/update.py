@@ -18,7 +18,7 @@ import optax
 
 from staleness import lr as _lr
 
-__all__ = ["rule_scale", "aggregate", "apply", "server_update", "scale_by_staleness"]
+__all__ = ["rule_scale", "aggregate", "round_share", "apply", "server_update", "scale_by_staleness"]
 
 
 def rule_scale(rules: tuple, rule_index, staleness, mask):
@@ -52,10 +52,22 @@ def aggregate(grads, staleness, mask, rules: tuple, rule_index=0, weights=None):
     return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1).astype(g.dtype), grads)
 
 
+def round_share(weights, mask, round_weights):
+    """The share of a round that one token-weighted update merges: the tokens of its real
+    slots (`weights` [C], `mask` [C]) over `round_weights` ([λ]: every learner's tokens of one
+    iteration). 1 when every learner is merged once (exactly, for integer token counts): the
+    clock of `tasks.optim.clocked_nesterov`."""
+    merged = jnp.where(mask, weights.astype(jnp.float32), 0.0).sum()
+    return merged / jnp.asarray(round_weights).astype(jnp.float32).sum()
+
+
 def apply(tx, params, opt_state, grad, real=True, **extra):
     """One optimizer step: (params, opt_state) after `tx.update` + `optax.apply_updates`.
     real: False (may be traced) keeps both unchanged (a padding update). `extra` goes to
-    `tx.update` (Streaming DiLoCo's fragment index)."""
+    `tx.update` (Streaming DiLoCo's fragment index; a token-weighted merge's `share` of a
+    round, which a transformation that does not read it ignores)."""
+    if "share" in extra:
+        tx = optax.with_extra_args_support(tx)
     updates, new_state = tx.update(grad, opt_state, params, **extra)
     new_params = optax.apply_updates(params, updates)
     if real is True:

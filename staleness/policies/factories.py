@@ -142,9 +142,14 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float | str = 0.0,
       step (the paper's "quantity × quality"): with one minibatch size for every learner,
       proportional to its inner steps (they differ with `dynamic`, Dynamic Local Updates).
       False: the plain mean.
-    quorum = 1 and grace = 0 is `async_diloco(steps)`; quorum = λ and grace = 0 is
+    quorum = 1 and grace = 0 is `async_diloco(steps)`'s schedule; quorum = λ and grace = 0 is
     `diloco(steps)`'s round. topk, bits, error_feedback: compressed deltas, as for `diloco`.
-    The outer optimizer defaults to DiLoCo's."""
+    The outer optimizer defaults to `clocked_nesterov:0.9,lr=0.7` (`tasks.optim`): DiLoCo's
+    Nesterov step once per round's worth of merged tokens, each merge applied at once by its
+    share of a round. Its merges of every learner are DiLoCo's steps bitwise; merges of one
+    learner of λ are `async_diloco` with `delayed_nesterov:λ`. A full Nesterov step per merge
+    (`optimizer="nesterov:0.9,lr=0.7"`) diverges once merges hold fewer than λ learners
+    (benchmarks/reproduce_decoupled_diloco.py)."""
     checks.integer("decoupled_diloco", "steps", steps, low=1)
     checks.integer("decoupled_diloco", "quorum", quorum, low=1)
     adaptive = grace == "adaptive"
@@ -169,7 +174,8 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float | str = 0.0,
               if adaptive else (f":grace={grace:g}" if grace else ""))
     spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}") + window
             + (":dynamic" if dynamic else "") + ("" if tokens else ":notokens") + suffix)
-    return Policy(Free(), Quorum(quorum, grace, adaptive, float(gamma), tau), spec, work, "nesterov:0.9,lr=0.7")
+    return Policy(Free(), Quorum(quorum, grace, adaptive, float(gamma), tau), spec, work,
+                  "clocked_nesterov:0.9,lr=0.7")
 
 
 # -- asynchronous RL (data staleness): actors generate rollouts, a learner trains on them -----------

@@ -34,12 +34,15 @@ def _stack(*grads):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
 
 
-def _server_update(params, opt_state, grads, staleness, mask, fragment, weights=None, *, tx, rule):
+def _server_update(params, opt_state, grads, staleness, mask, fragment, weights=None, counts=None, round_counts=None,
+                   *, tx, rule):
     # `server_update` without its padding select: every update of a real run has a
     # real gradient, and the engine's replay of a trace whose plan has no padding
     # update compiles these very ops (`engine.core._update_from`, padded=False); the
     # select changes how XLA fuses Adam's step (last-bit differences, multi-slot).
     extra = {} if fragment is None else {"fragment": fragment}
+    if counts is not None:   # a local-update merge's share of a round, as the replay's (`engine.core`)
+        extra["share"] = _update.round_share(counts, mask, round_counts)
     grad = _update.aggregate(grads, staleness, mask, (rule,), 0, weights)
     return _update.apply(tx, params, opt_state, grad, True, **extra)
 
@@ -201,18 +204,24 @@ class Numerics:
         """
         if self.learner is not None:   # the pushes are rollouts: the learner's version on them
             return self._learner_update(params, opt_state, grads, staleness, update, zeros)
+        weights = counts = round_counts = None
+        if self.local is not None and not self.local.streaming:   # tokens (∝ inner steps) or one per delta
+            if self.local.weighted and workers is None:
+                raise ValueError("Numerics.update: a token-weighted update needs its gradients' workers")
+            pad = self.slots - len(grads)
+            steps = self.local_steps if self.local.weighted else [1] * len(self.local_steps)
+            real = [steps[w] for w in workers] if self.local.weighted else [1] * len(grads)
+            counts = np.asarray(real + [0] * pad, np.int32)
+            round_counts = np.asarray(steps, np.int32)
+            weights = counts if self.local.weighted else None   # as the replay's (`engine.core`)
         if self.slots == 1:
             return _server_update_jit(params, opt_state, grads[0], self._tau1(staleness[0]), self._one,
-                                      self._fragment(update), tx=self.opt.tx, rule=self.rule)
+                                      self._fragment(update), weights, counts, round_counts, tx=self.opt.tx,
+                                      rule=self.rule)
         pad, tau, mask = self._padded(staleness, update, "gradients")
         stacked = _stack_jit(*grads, *([zeros] * pad))
-        weights = None
-        if self.local is not None and self.local.weighted:   # ∝ tokens, as the replay's (`engine.core`)
-            if workers is None:
-                raise ValueError("Numerics.update: a token-weighted update needs its gradients' workers")
-            weights = np.asarray([self.local_steps[w] for w in workers] + [0] * pad, np.int32)
-        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update), weights,
-                                  tx=self.opt.tx, rule=self.rule)
+        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update), weights, counts,
+                                  round_counts, tx=self.opt.tx, rule=self.rule)
 
     def _learner_update(self, params, opt_state, rollouts: list, staleness: list[int], update: int, zeros=None):
         """The learner's version on the pushed `rollouts` (padded to `slots` with empty

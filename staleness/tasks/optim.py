@@ -9,9 +9,10 @@ caller passes into an `Optimizer`:
 - a spec string (the CLI's), grammar `staleness.infra.specs`:
 
       NAME[:ARGS][+SCHEDULE]
-      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw | delayed_nesterov[:N] | muon
+      sgd | momentum[:MOMENTUM] | nesterov[:MOMENTUM] | adam | adamw | delayed_nesterov[:N]
+        | clocked_nesterov[:MOMENTUM] | muon
       ARGS as KEY=VALUE: lr, wd (weight decay), clip (global norm), warmup (updates),
-      b1, b2, eps (adam, adamw), momentum (momentum, nesterov, delayed_nesterov),
+      b1, b2, eps (adam, adamw), momentum (momentum, nesterov, delayed_nesterov, clocked_nesterov),
       c (delayed_nesterov: the momentum activation, default 0); muon is `optax.contrib.muon`
       (Newton-Schulz orthogonalized momentum on 2-D weights, AdamW on the others)
       SCHEDULE: constant (default) | cosine | linear  (decay to 0 over the run)
@@ -39,7 +40,7 @@ import optax
 
 __all__ = ["OptimizerSpec", "Optimizer", "NAMES", "SCHEDULES", "DEFAULT_LR", "TASK_OPTAX", "get", "resolve", "has_lr"]
 
-NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw", "delayed_nesterov", "muon")
+NAMES = ("sgd", "momentum", "nesterov", "adam", "adamw", "delayed_nesterov", "clocked_nesterov", "muon")
 SCHEDULES = ("constant", "cosine", "linear")
 DEFAULT_LR = 0.05   # the learning rate of a spec that names none, when lr= is not given either
 
@@ -113,7 +114,7 @@ class OptimizerSpec:
     def describe(self) -> str:
         defaults = OptimizerSpec(name=self.name)
         parts = []
-        if self.name in ("momentum", "nesterov"):
+        if self.name in ("momentum", "nesterov", "clocked_nesterov"):
             parts.append(f"{self.momentum:g}")
         if self.name == "delayed_nesterov":
             parts.append(str(self.period))
@@ -139,6 +140,8 @@ def _build(spec: OptimizerSpec, horizon: int | None) -> optax.GradientTransforma
         parts.append(optax.trace(decay=spec.momentum, nesterov=spec.name == "nesterov"))
     elif spec.name == "delayed_nesterov":
         parts.append(delayed_nesterov(spec.momentum, spec.period, spec.c))
+    elif spec.name == "clocked_nesterov":
+        parts.append(clocked_nesterov(spec.momentum))
     elif spec.name in ("adam", "adamw"):
         parts.append(optax.scale_by_adam(b1=spec.b1, b2=spec.b2, eps=spec.eps))
     elif spec.name == "muon":   # its own learning rate (in the state) and weight decay; a schedule scales after it
@@ -186,6 +189,45 @@ def delayed_nesterov(momentum: float = 0.9, period: int = 4, c: float = 0.0) -> 
         return out, DelayedNesterovState(state.count + 1, m_new, buffer)
 
     return optax.GradientTransformation(init, update)
+
+
+class ClockedNesterovState(NamedTuple):
+    clock: jax.Array     # the rounds' worth of tokens merged since the last momentum step (< 1 after a step)
+    momentum: Any        # m
+    buffer: Any          # Σ share·g since the last momentum step
+
+
+def clocked_nesterov(momentum: float = 0.9) -> optax.GradientTransformationExtraArgs:
+    """Delayed Nesterov clocked by tokens, for a synchronizer whose merges take any number of
+    learners (Decoupled DiLoCo): `update(g, state, params, share=s)`, g the merge's
+    (token-weighted) mean delta and s its share of a round, the tokens it merged over the
+    tokens of every learner's one iteration (`engine.update.round_share`). The merge is
+    applied at once as s·g; once a round's worth of tokens has been merged since the last
+    momentum step (the shares add up to 1), the momentum folds their sum, m ← β·m + Σ s·g, and
+    that update also moves by β·m. So the outer steps per second no longer grow with the
+    number of merges: merges of every learner (s = 1) are Nesterov's steps (`optax.trace`,
+    nesterov) to the bit, merges of one learner of N are `delayed_nesterov:N`'s.
+    Liu et al.'s Delayed Nesterov counts arrivals; a window merges 1 to λ of them."""
+    def init(params):
+        zeros = lambda: jax.tree.map(jnp.zeros_like, params)   # noqa: E731
+        return ClockedNesterovState(jnp.zeros((), jnp.float32), zeros(), zeros())
+
+    def update(updates, state, params=None, *, share=None, **extra):
+        del params, extra
+        if share is None:
+            raise ValueError("clocked_nesterov: the update's share of a round was not given (share=): it is the "
+                             "outer optimizer of a token-weighted merge (decoupled_diloco)")
+        s = jnp.asarray(share, jnp.float32)
+        part = jax.tree.map(lambda g: (s * g).astype(g.dtype), updates)
+        buffer = jax.tree.map(jnp.add, state.buffer, part)
+        clock = state.clock + s
+        fire = clock >= 1.0 - 1e-6   # shares of a round add up to 1 up to float rounding
+        m_new = jax.tree.map(lambda m, b: jnp.where(fire, b + momentum * m, m), state.momentum, buffer)
+        out = jax.tree.map(lambda m, g: jnp.where(fire, g + momentum * m, g), m_new, part)
+        buffer = jax.tree.map(lambda b: jnp.where(fire, jnp.zeros_like(b), b), buffer)
+        return out, ClockedNesterovState(jnp.where(fire, clock - 1.0, clock), m_new, buffer)
+
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def has_lr(tx: optax.GradientTransformation, params) -> bool:
@@ -261,13 +303,13 @@ def get(spec, what: str = "optimizer") -> OptimizerSpec:
 
     keys = {k for k, _ in main.kwargs}
     allowed = {"lr", "learning_rate", "wd", "weight_decay", "clip", "warmup"}
-    allowed |= {"momentum"} if name in ("momentum", "nesterov", "delayed_nesterov") else set()
+    allowed |= {"momentum"} if name in ("momentum", "nesterov", "delayed_nesterov", "clocked_nesterov") else set()
     allowed |= {"period", "c"} if name == "delayed_nesterov" else set()
     allowed |= {"b1", "b2", "eps"} if name in ("adam", "adamw") else set()
     if keys - allowed:
         raise specs.SpecError(f"{what} = {spec!r}: {name!r} takes no {sorted(keys - allowed)[0]!r}; its "
                               f"arguments are {', '.join(sorted(allowed - {'learning_rate', 'weight_decay'}))}")
-    positional = ("momentum",) if name in ("momentum", "nesterov") else ("period",) if name == "delayed_nesterov" \
+    positional = ("momentum",) if name in ("momentum", "nesterov", "clocked_nesterov") else ("period",) if name == "delayed_nesterov" \
         else ()
     if main.args and not positional:
         raise specs.SpecError(f"{what} = {spec!r}: {name!r} takes only KEY=VALUE arguments "
