@@ -209,10 +209,12 @@ paper's adaptive window (`grace=adaptive`: γ·(τ·step − time to the quorum 
 one step here). Move the
 slider (the chips' mean time between failures): the left plot is goodput from schedules
 alone, the right one the loss of digits-mlp trained along the chosen rate's schedules (4
-learners of 2,000 chips there, to keep it small). With K = 1 every stale arrival is an outer
-Nesterov step of its own, which diverges here as asynchronous DiLoCo did in section 3, so it
-runs with Delayed Nesterov; the quorum and its window merge several deltas per step instead,
-at some cost in goodput (the paper's trade-off between K, the grace window and quality)."""),
+learners of 2,000 chips there, to keep it small). Decoupled DiLoCo's outer step is clocked
+(`clocked_nesterov`, its default): a merge moves the model by its share of a round's tokens,
+and the momentum folds once per round's worth of merged tokens. A full Nesterov step per merge
+(`optimizer="nesterov:0.9,lr=0.7"`) diverges as soon as merges hold fewer than every learner,
+as asynchronous DiLoCo did in section 3. The quorum and its window merge several deltas per
+step, at some cost in goodput (the paper's trade-off between K, the grace window and quality)."""),
     ("code", '''import io
 
 import ipywidgets as widgets
@@ -228,7 +230,7 @@ SETTINGS = {"data parallel (bsp)": ("bsp", "1+chaos={m:g}:30:8000"), "DiLoCo, 8 
 goodput = {name: [st.simulate_schedule(p, c.format(m=m), max_time=HORIZON, seed=0).goodput() for m in MTBFS]
            for name, (p, c) in SETTINGS.items()}
 losses = {}
-OUTER = {"diloco:24": None, "decoupled_diloco:24": "delayed_nesterov:4,lr=0.7",
+OUTER = {"diloco:24": None, "decoupled_diloco:24": None,   # each method's own outer step
          "decoupled_diloco:24:quorum=2:grace=5": None, "decoupled_diloco:24:grace=adaptive": None}
 COLOR = {"diloco:24": "C1", "decoupled_diloco:24": "C2", "decoupled_diloco:24:quorum=2:grace=5": "C3",
          "decoupled_diloco:24:grace=adaptive": "C4"}   # as on the left

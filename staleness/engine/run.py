@@ -144,9 +144,19 @@ def configure(schedule, task, *, optimizer, inner_optimizer, lr, rule, slot_mode
         optimizer = policy_default(schedule.policy.optimizer, lr)
     opt = resolve_optimizer(optimizer, lr, schedule.num_updates, task)
     local, inner_opt, steps = local_setup([schedule], task, inner_optimizer)
+    check_outer(opt, local, schedule.policy)
     opt = streaming_outer(opt, local)
     return core.Setup(opt, inner_opt, None if steps is None else steps[0],
                       core.Static(opt.tx, (rule,), slot_mode, local, padded))
+
+
+def check_outer(opt: _optim.Optimizer, local, policy) -> None:
+    """A clocked outer step reads each merge's share of a round, which only local-update
+    merges give (`engine.update.round_share`): refuse it elsewhere before computing."""
+    if opt.name.split(":")[0] == "clocked_nesterov" and (
+            local is None or getattr(local, "learner", False) or local.streaming):
+        raise ValueError(f"optimizer = {opt.name!r} is the outer step of local-update merges (decoupled_diloco, "
+                         f"diloco, async_diloco, local_sgd); policy {policy.describe()!r} has none")
 
 
 def streaming_outer(opt: _optim.Optimizer, local) -> _optim.Optimizer:

@@ -53,12 +53,12 @@ def aggregate(grads, staleness, mask, rules: tuple, rule_index=0, weights=None):
 
 
 def round_share(weights, mask, round_weights):
-    """The share of a round that one token-weighted update merges: the tokens of its real
-    slots (`weights` [C], `mask` [C]) over `round_weights` ([λ]: every learner's tokens of one
-    iteration). 1 when every learner is merged once (exactly, for integer token counts): the
-    clock of `tasks.optim.clocked_nesterov`."""
-    merged = jnp.where(mask, weights.astype(jnp.float32), 0.0).sum()
-    return merged / jnp.asarray(round_weights).astype(jnp.float32).sum()
+    """The share of a round that one local-update merge takes, as (tokens merged, tokens of a
+    round), int32: the tokens of its real slots (`weights` [C], `mask` [C]) and every learner's
+    tokens of one iteration (`round_weights` [λ]). Equal when every learner is merged once:
+    the clock of `tasks.optim.clocked_nesterov`, kept in whole tokens so that it never drifts."""
+    merged = jnp.where(mask, jnp.asarray(weights).astype(jnp.int32), 0).sum()
+    return merged, jnp.asarray(round_weights).astype(jnp.int32).sum()
 
 
 def apply(tx, params, opt_state, grad, real=True, **extra):

@@ -254,7 +254,7 @@ def _numerics(task, policy, cluster, s: Settings, num_workers: int, num_updates:
     """(task, opt, local, inner, local steps) of a real run: the task built, the optimizer
     resolved, and a local-update method's (or RL learner's) step configuration."""
     from staleness.engine import local as _local
-    from staleness.engine.run import policy_default, resolve_optimizer, resolve_task, work_sizes
+    from staleness.engine.run import check_outer, policy_default, resolve_optimizer, resolve_task, work_sizes
 
     task = resolve_task(task, num_workers, s.batch_size, s.data_dir)
     work_sizes(task, policy, seed)   # an RL policy needs an RL task and vice versa (ValueError)
@@ -273,6 +273,7 @@ def _numerics(task, policy, cluster, s: Settings, num_workers: int, num_updates:
                          "computes gradients")
     else:
         local = _local.configure(policy.work)   # asynchronous RL's learner step, else None
+    check_outer(opt, local, policy)
     if task.num_workers < num_workers:
         raise ValueError(f"task {task.name!r} was built for num_workers = {task.num_workers}, fewer than the "
                          f"run's {num_workers} workers; build it for num_workers={num_workers} (tasks.get, from_flax "

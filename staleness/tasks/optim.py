@@ -192,40 +192,41 @@ def delayed_nesterov(momentum: float = 0.9, period: int = 4, c: float = 0.0) -> 
 
 
 class ClockedNesterovState(NamedTuple):
-    clock: jax.Array     # the rounds' worth of tokens merged since the last momentum step (< 1 after a step)
+    clock: jax.Array     # tokens merged since the last momentum step (int32, < a round's after a step)
     momentum: Any        # m
-    buffer: Any          # Σ share·g since the last momentum step
+    buffer: Any          # Σ s·g since the last momentum step
 
 
 def clocked_nesterov(momentum: float = 0.9) -> optax.GradientTransformationExtraArgs:
     """Delayed Nesterov clocked by tokens, for a synchronizer whose merges take any number of
-    learners (Decoupled DiLoCo): `update(g, state, params, share=s)`, g the merge's
-    (token-weighted) mean delta and s its share of a round, the tokens it merged over the
-    tokens of every learner's one iteration (`engine.update.round_share`). The merge is
-    applied at once as s·g; once a round's worth of tokens has been merged since the last
-    momentum step (the shares add up to 1), the momentum folds their sum, m ← β·m + Σ s·g, and
-    that update also moves by β·m. So the outer steps per second no longer grow with the
+    learners (Decoupled DiLoCo): `update(g, state, params, share=(merged, round))`, g the
+    merge's (token-weighted) mean delta, `merged` the tokens it took and `round` the tokens of
+    every learner's one iteration (`engine.update.round_share`), s = merged / round. The merge
+    is applied at once as s·g; once a round's tokens have been merged since the last momentum
+    step, the momentum folds their sum, m ← β·m + Σ s·g, and that update also moves by β·m (the
+    excess tokens count toward the next). So the outer steps per second do not grow with the
     number of merges: merges of every learner (s = 1) are Nesterov's steps (`optax.trace`,
-    nesterov) to the bit, merges of one learner of N are `delayed_nesterov:N`'s.
-    Liu et al.'s Delayed Nesterov counts arrivals; a window merges 1 to λ of them."""
+    nesterov) to the bit, merges of one learner of N are `delayed_nesterov:N`'s. Liu et al.'s
+    Delayed Nesterov counts arrivals; a window merges 1 to λ of them."""
     def init(params):
         zeros = lambda: jax.tree.map(jnp.zeros_like, params)   # noqa: E731
-        return ClockedNesterovState(jnp.zeros((), jnp.float32), zeros(), zeros())
+        return ClockedNesterovState(jnp.zeros((), jnp.int32), zeros(), zeros())
 
     def update(updates, state, params=None, *, share=None, **extra):
         del params, extra
         if share is None:
             raise ValueError("clocked_nesterov: the update's share of a round was not given (share=): it is the "
-                             "outer optimizer of a token-weighted merge (decoupled_diloco)")
-        s = jnp.asarray(share, jnp.float32)
+                             "outer optimizer of local-update merges (decoupled_diloco)")
+        merged, whole = (jnp.asarray(x, jnp.int32) for x in share)
+        s = merged.astype(jnp.float32) / whole.astype(jnp.float32)
         part = jax.tree.map(lambda g: (s * g).astype(g.dtype), updates)
         buffer = jax.tree.map(jnp.add, state.buffer, part)
-        clock = state.clock + s
-        fire = clock >= 1.0 - 1e-6   # shares of a round add up to 1 up to float rounding
+        clock = state.clock + merged
+        fire = clock >= whole
         m_new = jax.tree.map(lambda m, b: jnp.where(fire, b + momentum * m, m), state.momentum, buffer)
         out = jax.tree.map(lambda m, g: jnp.where(fire, g + momentum * m, g), m_new, part)
         buffer = jax.tree.map(lambda b: jnp.where(fire, jnp.zeros_like(b), b), buffer)
-        return out, ClockedNesterovState(jnp.where(fire, clock - 1.0, clock), m_new, buffer)
+        return out, ClockedNesterovState(jnp.where(fire, clock - whole, clock), m_new, buffer)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
