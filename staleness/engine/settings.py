@@ -38,7 +38,8 @@ class Settings:
     lr_rule: Any = _field(default="constant", metadata=flag("constant, per_gradient, per_update, "
                                                             "delay_adaptive:N"))
     optimizer: Any = _field(default=None, metadata=flag(
-        "server optimizer spec: sgd, momentum[:0.9], nesterov[:0.9], adam, adamw, with KEY=VALUE options lr, wd, "
+        "server optimizer spec: sgd, momentum[:0.9], nesterov[:0.9], adam, adamw, muon, delayed_nesterov[:N], "
+        "clocked_nesterov[:0.9] (local-update merges), with KEY=VALUE options lr, wd, "
         "clip, warmup (b1, b2, eps for adam/adamw) and +cosine or +linear, e.g. "
         "'adamw:lr=1e-3,wd=0.1,clip=1,warmup=100+cosine' (default: the task's, else sgd)"))
     inner_optimizer: Any = _field(default=None, metadata=flag(

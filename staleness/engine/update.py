@@ -55,7 +55,8 @@ def aggregate(grads, staleness, mask, rules: tuple, rule_index=0, weights=None):
 def round_share(weights, mask, round_weights):
     """The share of a round that one local-update merge takes, as (tokens merged, tokens of a
     round), int32: the tokens of its real slots (`weights` [C], `mask` [C]) and every learner's
-    tokens of one iteration (`round_weights` [λ]). Equal when every learner is merged once:
+    tokens of one iteration (`round_weights` [λ], live or not: after a failure a merge of the
+    live learners is less than a round). Equal when every learner is merged once:
     the clock of `tasks.optim.clocked_nesterov`, kept in whole tokens so that it never drifts."""
     merged = jnp.where(mask, jnp.asarray(weights).astype(jnp.int32), 0).sum()
     return merged, jnp.asarray(round_weights).astype(jnp.int32).sum()

@@ -206,7 +206,10 @@ def clocked_nesterov(momentum: float = 0.9) -> optax.GradientTransformationExtra
     step, the momentum folds their sum, m ← β·m + Σ s·g, and that update also moves by β·m (the
     excess tokens count toward the next). So the outer steps per second do not grow with the
     number of merges: merges of every learner (s = 1) are Nesterov's steps (`optax.trace`,
-    nesterov) to the bit, merges of one learner of N are `delayed_nesterov:N`'s. Liu et al.'s
+    nesterov) to the bit, merges of one learner of N equal ones are `delayed_nesterov:N`'s: to the
+    bit when N is a power of two, else up to float32 rounding (s·g where it divides, g/N).
+    The round is every learner's, live or not: after a failure a merge of the live learners
+    is less than a round (the step shrinks with the tokens merged). Liu et al.'s
     Delayed Nesterov counts arrivals; a window merges 1 to λ of them."""
     def init(params):
         zeros = lambda: jax.tree.map(jnp.zeros_like, params)   # noqa: E731
