@@ -379,6 +379,10 @@ def report(res: dict, path: Path) -> None:
                   f"{q['horizon_s']:.0f} simulated seconds each, seeds {q['seeds']}", "",
                   "Clusters: " + "; ".join(f"{k} `{v}`" for k, v in q["clusters"].items()) + ". Policies: "
                   + "; ".join(f"{k} {_policy_text(v)}" for k, v in q["policies"].items()) + ".", "",
+                  "The clocked outer step (`clocked_nesterov`, decoupled's default) applies each merge at once "
+                  "by its share of a round's tokens and folds the Nesterov momentum once per round's worth of "
+                  "merged tokens; a Nesterov step per merge (the rows so named) is DiLoCo's step taken at every "
+                  "merge, as many times per round as there are merges.", "",
                   "| cluster | policy | held-out loss (median) | seeds | goodput | updates | learners per update |",
                   "|---|---|---|---|---|---|---|"]
         for k, c in q["cells"].items():
