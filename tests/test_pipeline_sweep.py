@@ -67,3 +67,12 @@ def test_tune_lr_on_the_validation_split(ptask):
 def test_bad_grids(ptask, kw, match):
     with pytest.raises(ValueError, match=match):
         sweep(ptask, "backprop", 10, **kw)
+
+
+def test_a_clocked_outer_step_is_refused_before_computing(ptask):
+    """`clocked_nesterov` reads a local-update merge's share of a round: a pipeline has none."""
+    msg = "optimizer = 'clocked_nesterov:0.9,lr=0.1' is the outer step of local-update merges.*the pipeline has none"
+    with pytest.raises(ValueError, match=msg):
+        sweep(ptask, "backprop", 10, lrs=[0.1], seeds=[0], optimizer="clocked_nesterov:lr=0.1")
+    with pytest.raises(ValueError, match=msg):
+        pp.simulate(ptask, "backprop", 10, optimizer="clocked_nesterov:lr=0.1")

@@ -153,10 +153,8 @@ def configure(schedule, task, *, optimizer, inner_optimizer, lr, rule, slot_mode
 def check_outer(opt: _optim.Optimizer, local, policy) -> None:
     """A clocked outer step reads each merge's share of a round, which only local-update
     merges give (`engine.update.round_share`): refuse it elsewhere before computing."""
-    if opt.name.split(":")[0] == "clocked_nesterov" and (
-            local is None or getattr(local, "learner", False) or local.streaming):
-        raise ValueError(f"optimizer = {opt.name!r} is the outer step of local-update merges (decoupled_diloco, "
-                         f"diloco, async_diloco, local_sgd); policy {policy.describe()!r} has none")
+    if local is None or getattr(local, "learner", False) or local.streaming:
+        _optim.refuse_share(opt, f"policy {policy.describe()!r}")
 
 
 def streaming_outer(opt: _optim.Optimizer, local) -> _optim.Optimizer:

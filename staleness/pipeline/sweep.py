@@ -146,6 +146,7 @@ def sweep(ptask, schedule: PipelineSchedule | str, num_batches: int, *, lrs, see
     _, chunk = eval_chunk(plan, eval_every, num_evals)
     members = [(lr, s) for lr in lrs for s in seeds]
     opt = _optim.resolve(optimizer, lrs[0], num_batches)   # one transformation: its lr lives in the state
+    _optim.refuse_share(opt, "the pipeline")
 
     carries, keys, cfgs = [], [], None
     for lr, s in members:

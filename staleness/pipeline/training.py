@@ -96,6 +96,7 @@ def set_up(ptask, args: RunArgs) -> Setup:
                                recompute_cost=args.recompute_cost)
     opt = _optim.resolve(args.optimizer, lr, num_batches,
                          jax.eval_shape(ptask.init_stage_params, jax.random.key(0)) if lr is not None else None)
+    _optim.refuse_share(opt, "the pipeline")
     eval_every, chunk = eval_chunk(plan, args.eval_every, args.num_evals)
     return Setup(num_batches, sched, plan, cluster, timeline, opt, eval_every, chunk, args.backward_ratio,
                  args.recompute_cost, args.seed)

@@ -234,6 +234,14 @@ def clocked_nesterov(momentum: float = 0.9) -> optax.GradientTransformationExtra
     return optax.GradientTransformationExtraArgs(init, update)
 
 
+def refuse_share(opt: "Optimizer", what: str) -> None:
+    """A clocked outer step (`clocked_nesterov`) reads each merge's share of a round, which
+    only local-update merges give: refuse it for `what` (which has none) before computing."""
+    if opt.name.split(":")[0] == "clocked_nesterov":
+        raise ValueError(f"optimizer = {opt.name!r} is the outer step of local-update merges (decoupled_diloco, "
+                         f"diloco, async_diloco, local_sgd); {what} has none")
+
+
 def has_lr(tx: optax.GradientTransformation, params) -> bool:
     """Whether `tx`'s state holds a `learning_rate` that `Optimizer.init` can set."""
     return get_lr(jax.eval_shape(tx.init, params)) is not None
