@@ -57,7 +57,7 @@ Sections (each a claim; every number is computed here, from this run):
 The seed-to-seed spread (the interval of the baseline's median, and the standard deviation over
 seeds) is printed next to each effect.
 
-    python benchmarks/reproduce_async_rl.py            # full: 8 seeds (about 45 min on 2 cores)
+    python benchmarks/reproduce_async_rl.py            # full: 8 seeds (see the report for its wall time)
     python benchmarks/reproduce_async_rl.py --quick    # smoke run: runs/reproduce_async_rl_quick/
     python benchmarks/reproduce_async_rl.py --sections lengths --resume
 
@@ -191,10 +191,42 @@ def diag_means(result) -> dict:
     return {k: float(d[k].max() if k == "is_weight_max" else d[k].mean()) for k in DIAG}
 
 
+ROWS: dict = {}
+"""Rows measured in this run or found in the results file (`remember`), by `row_key`: a row
+that another section already measured (the mismatch section's float32 rows are the η = 0 rows
+of `areal` and `correction`) is taken, not run again."""
+
+
+def row_key(cfg: dict, objective: str, eta, seeds, lr: float, extra: dict) -> str:
+    """What a row's numbers depend on: the objective, policy, cluster, learning rate, seeds, run
+    length and task options (float32 actors are the task's default, so they are left out)."""
+    pol, cl, lam = policy_of(cfg, eta)
+    opts = {k: v for k, v in extra.items() if not (k == "actor_dtype" and v == "float32")}
+    return json.dumps([objective, pol, cl, lam, float(lr), [int(x) for x in seeds], cfg["updates"], cfg["num_evals"],
+                       opts], sort_keys=True)
+
+
+def remember(res: dict) -> None:
+    """Index the rows of the results file's sections (each row names its `key`) in `ROWS`."""
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("key"), str) and "reward" in node:
+                ROWS[node["key"]] = node
+            for v in node.values():
+                walk(v)
+    walk(res)
+
+
 def eta_rows(cfg: dict, objective: str, etas, seeds, lr: float, log, **extra) -> dict:
-    """{η label: final rewards, throughput, staleness, dropped and diagnostics over `seeds`}."""
+    """{η label: final rewards, throughput, staleness, dropped and diagnostics over `seeds`}
+    (a row measured already, in `ROWS`, is taken from there)."""
     rows = {}
     for eta in etas:
+        key = row_key(cfg, objective, eta, seeds, lr, extra)
+        if key in ROWS:
+            rows[label(eta)] = ROWS[key]
+            log(f"  {objective}{' ' + json.dumps(extra) if extra else ''} η={label(eta)}: the row measured above")
+            continue
         pol, cl, lam = policy_of(cfg, eta)
         task = task_of(cfg, objective, lam, **extra)
         t0 = time.time()
@@ -208,8 +240,9 @@ def eta_rows(cfg: dict, objective: str, etas, seeds, lr: float, log, **extra) ->
             "staleness_per_token": [s["mean_staleness_per_token"] for s in summ],
             "max_staleness": [s["max_staleness"] for s in summ], "dropped": [s["dropped"] for s in summ],
             "diagnostics": {k: [x[k] for x in dg] for k in DIAG}, "wall_s": time.time() - t0,
-            "curves": [{"update": r.history["update"].tolist(), "reward": r.history["reward"].tolist()} for r in rs]}
-        r = rows[label(eta)]
+            "curves": [{"update": r.history["update"].tolist(), "reward": r.history["reward"].tolist()} for r in rs],
+            "key": key}
+        r = ROWS[key] = rows[label(eta)]
         log(f"  {objective}{' ' + json.dumps(extra) if extra else ''} η={label(eta)} ({pol}): reward "
             f"{fmt(med_iv(r['reward']))}, staleness/token {np.mean(r['staleness_per_token']):.2f}, kl_version "
             f"{np.nanmean(r['diagnostics']['kl_version']):.2e}, max behaviour weight "
@@ -754,6 +787,7 @@ def main(argv=None):
     res = json.loads(store.read_text()) if args.resume and store.exists() else {}
     meta = res.pop("_meta", {"section_wall": {}})
     cache = res.pop("_tuning", {})
+    remember(res)
     log = lambda m: print(m, flush=True)  # noqa: E731
     fns = {"areal": section_eta, "correction": section_eta, "mismatch": section_mismatch,
            "closed_form": section_closed_form, "lr_scaling": section_lr_scaling,

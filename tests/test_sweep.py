@@ -11,6 +11,7 @@ Nothing here asserts on timings.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -95,6 +96,20 @@ def test_sharded_sweep_in_process_equals_sweep(digits4):
     two = st.sweep(digits4, GRID, CLUSTER, devices=2, **kw)
     assert [r.config["devices"] for r in two][0] == [str(d) for d in jax.local_devices()[:2]]
     assert all(_same(a, b) for a, b in zip(one, two))
+
+
+@pytest.mark.parametrize("cores, block", [(1, 8), (2, 4), (3, 3), (16, 1)])
+def test_the_default_block_gives_every_core_a_call(digits4, monkeypatch, cores, block):
+    """8 configurations on one CPU device: one call of 8 ran on one core while the other idled
+    (the threads run a chunk's calls, and there was one); the default block now cuts them
+    into a call per core (what `prepare`'s docs promise: every core), the same numbers."""
+    kw = dict(seeds=[0, 1], lr_rules=["constant"], lrs=[0.1, 0.2], num_updates=20, eval_every=10)
+    whole = st.sweep(digits4, GRID, CLUSTER, block=8, **kw)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    got = st.sweep(digits4, GRID, CLUSTER, **kw)
+    assert {r.config["block"] for r in got} == {block}
+    assert all(_same(a, b) for a, b in zip(whole, got))
+    assert sweeps.grid_block(sweeps.prepare(digits4, GRID, CLUSTER, **kw), None, devices=4) == 2   # 8 over 4 devices
 
 
 def test_bad_devices(digits4):

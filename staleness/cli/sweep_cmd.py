@@ -78,7 +78,8 @@ def add(sub) -> None:
     p.add_argument("--devices", type=count, default=None, help="shard the configurations over this process's "
                    "first N local devices")
     p.add_argument("--block", type=count, default=None, help="configurations per device per compiled call "
-                   "(default min(8, grid size)); the numbers depend on it, not on devices or processes")
+                   "(default min(8, ⌈grid size / lanes⌉), lanes the devices or one CPU device's cores; with "
+                   "processes min(8, ⌈grid size / processes⌉)); the numbers depend on none of them")
     p.add_argument("--cpu-devices", type=count, default=None, help="make N virtual CPU devices (per process) "
                    "before JAX starts")
     p.add_argument("--metric", default=None, help="metric for time-to-target (default: the task's: accuracy, "

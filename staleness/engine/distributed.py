@@ -63,7 +63,8 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
         `jax.distributed` is initialized: no JAX operation may run before).
       coordinator: HOST:PORT of process 0; num_processes, process_id: the job.
       devices, block: this process's local devices and configurations per device per call
-        (`sweeps.replay_grid`; block the same on every process).
+        (`sweeps.replay_grid`; block the same on every process: default min(8, ⌈grid size /
+        num_processes⌉), whatever each process's devices or cores).
       init_timeout: seconds for every process to join; heartbeat_timeout: seconds without a
         heartbeat after which JAX fails the job; gather_timeout: seconds process 0 waits for
         the other processes' Results (after its own share is done).
@@ -83,6 +84,8 @@ def sweep_process(make_grid, *, coordinator: str, num_processes: int, process_id
 
         client = distributed.global_state.client
         grid = make_grid()
+        # the same block on every process whatever its devices or cores (the shares are its blocks)
+        block = block if block is not None else max(1, min(sweeps.DEFAULT_BLOCK, -(-len(grid) // num_processes)))
         block = sweeps.grid_block(grid, block)
         mine = share(len(grid), num_processes, process_id, block)
         t0 = time.perf_counter()

@@ -148,11 +148,22 @@ def resolve_devices(devices) -> list | None:
     return devs if len(devs) > 1 else None
 
 
-def grid_block(grid: Grid, block: int | None) -> int:
-    """Configurations per device per call: `block`, else min(DEFAULT_BLOCK, grid size)."""
+def grid_block(grid: Grid, block: int | None, devices=None, size: int | None = None) -> int:
+    """Configurations per device per call: `block`, else min(DEFAULT_BLOCK, ⌈size / lanes⌉),
+    size the configurations replayed (default: the grid's) and lanes the calls that run at
+    once: the devices, or on one CPU device its cores (`_layout`'s threads). A grid of 8 on
+    2 cores then runs as 2 calls of 4 side by side, not one call of 8 on one core (the
+    numbers do not depend on the block)."""
     if block is None:
-        return min(DEFAULT_BLOCK, len(grid))
+        devs = resolve_devices(devices) or [jax.local_devices()[0]]
+        lanes = len(devs) if len(devs) > 1 else _threads(devs[0], 1 << 30)
+        return max(1, min(DEFAULT_BLOCK, blocks_of(len(grid) if size is None else size, lanes)))
     return checks.at_least("block", block, 1, what=" (configurations per device per call)")
+
+
+def _threads(device, rounds: int) -> int:
+    """Host threads that run one device's calls side by side: its cores on a CPU device, else 1."""
+    return min(rounds, os.cpu_count() or 1) if device.platform == "cpu" else 1
 
 
 def blocks_of(num: int, block: int) -> int:
@@ -207,7 +218,7 @@ def _layout(grid: Grid, indices: list, devices, block: int) -> _Layout:
     width = len(devs) * block
     padded = indices + [indices[-1]] * (rounds * width - len(indices))
     spans = [list(range(r * width, (r + 1) * width)) for r in range(rounds)]
-    threads = min(rounds, os.cpu_count() or 1) if len(devs) == 1 and devs[0].platform == "cpu" else 1
+    threads = _threads(devs[0], rounds) if len(devs) == 1 else 1
     return _Layout(devs, Mesh(np.asarray(devs), (AXIS,)), padded, spans, threads)
 
 
@@ -336,7 +347,7 @@ def replay_grid(grid: Grid, indices=None, *, devices=None, progress: bool = Fals
     indices = list(range(len(grid))) if indices is None else [int(i) for i in indices]
     if not indices:
         return []
-    block = grid_block(grid, block)
+    block = grid_block(grid, block, devices, len(indices))
     lay = _layout(grid, indices, devices, block)
     compile0, t_start = compile_seconds(), time.perf_counter()
     program, carries, rates = _program(grid, lay, len(indices))

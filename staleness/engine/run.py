@@ -369,7 +369,8 @@ def sweep(task, policies, cluster, *, settings: _settings.SweepSettings | None =
         changes a number) to compile once for several grids whose configurations compile
         alike (the same optimizer, lr rules and gradients per update).
       devices: shard the configuration axis over local devices (`grid.resolve_devices`);
-        block: configurations per device per compiled call (default min(8, grid size));
+        block: configurations per device per compiled call (default min(8, ⌈grid size /
+        lanes⌉), lanes the devices, or on one CPU device its cores, so every core runs a call);
         the Results do not depend on either, nor on the processes.
       callbacks: as `replay`'s, one call per configuration and evaluation in grid order
         (`runner.Options`); a diverged configuration gets no more calls.
