@@ -2,6 +2,7 @@
 update; its reductions to asynchronous and synchronous DiLoCo, a timeline computed by hand,
 and goodput in every schedule's summary."""
 
+import json
 import jax
 import numpy as np
 import pytest
@@ -429,12 +430,28 @@ def test_a_real_diloco_run_that_loses_a_learner_replays_bitwise():
     assert replay_trace(res)[1].bitwise
 
 
-def test_a_real_windowed_run_refuses_checkpoints():
-    from staleness.runtime.spec import make_spec
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("policy", ["decoupled_diloco:4:quorum=2:grace=adaptive", "async_diloco:4:grace=0.5"])
+def test_a_real_windowed_run_checkpoints_at_a_close_and_resumes_replayably(tmp_path, policy):
+    """Checkpoints with a window were refused. A checkpoint due while a window is open (workers
+    held, arrivals buffered for a merge) is now taken at its close; the merge is one of the
+    policy's recorded calls, so the resumed run rebuilds the quorum's state. Its trace starts
+    with the first run's, up to the checkpoint, and replays bitwise."""
+    from staleness.runtime.replay import replay_trace
 
-    with pytest.raises(ValueError, match="checkpoint_every with a synchronization window .* not supported"):
-        make_spec("digits-mlp", "decoupled_diloco:4", num_workers=2, num_updates=2, checkpoint="/tmp/x",
-                  checkpoint_every=1)
+    task = st.tasks.get("digits-mlp", num_workers=4)
+    kw = dict(time_scale=0.01, inner_optimizer="adamw:lr=1e-3", worker_timeout=120, seed=1,
+              checkpoint=tmp_path / "ckpt")
+    first = st.runtime.run(task, policy, "0.5,0.75,1.5,3.3", num_updates=5, checkpoint_every=2, **kw)
+    saved = json.loads((tmp_path / "ckpt" / "server.json").read_text())["meta"]
+    k = len(saved["recorder"]["update_time"])
+    assert k in (2, 3, 4) and first.schedule.num_updates == 5
+    assert ("merge" in {c[0] for c in saved["policy"]["calls"]}) == ("decoupled" in policy)
+    res = st.runtime.run(task, policy, "0.5,0.75,1.5,3.3", num_updates=7, resume=True, **kw)
+    f0, f1 = first.schedule.columns, res.schedule.columns
+    rows = int(np.flatnonzero(f0["apply_version"] == k - 1)[-1]) + 1
+    assert all(np.array_equal(f1[c][:rows], f0[c][:rows]) for c in f0)
+    assert res.schedule.num_updates == 7 and replay_trace(res)[1].bitwise
 
 
 # -- SparseLoCo: top-k, quantization and error feedback --------------------------------------------

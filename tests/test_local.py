@@ -134,6 +134,63 @@ def test_real_runs_of_local_methods_replay_bitwise(digits4, policy, inner):
     assert replay_trace(res)[1].bitwise
 
 
+def _resumed(task, policy, tmp_path, cluster="0.5,0.75,1.5,3.3"):
+    """(first run, resumed run) of `policy`: 5 updates checkpointed every 2, then resumed to 7."""
+    kw = dict(time_scale=0.01, inner_optimizer="adamw:lr=1e-3", worker_timeout=120, seed=1,
+              checkpoint=tmp_path / "ckpt")
+    first = st.runtime.run(task, policy, cluster, num_updates=5, checkpoint_every=2, **kw)
+    return first, st.runtime.run(task, policy, cluster, num_updates=7, resume=True, **kw)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("policy", ["diloco:4", "async_diloco:4", "streaming_diloco:4",
+                                    "diloco:4:topk=0.1:error_feedback"])
+def test_a_resumed_local_update_run_keeps_its_workers_inner_states(digits4, tmp_path, policy):
+    """A checkpoint kept the server's state only: the resumed workers started with fresh inner
+    optimizers (and Streaming DiLoCo's own parameters, error-feedback buffers at zero), so the
+    resumed run's trace did not replay (diloco:4 on 2 workers: 0.022 apart, async 0.027,
+    streaming 0.012). Each worker's state after its last recorded push is kept now."""
+    from staleness.runtime.replay import replay_trace
+
+    first, res = _resumed(digits4, policy, tmp_path)
+    assert first.status == res.status == "complete" and res.schedule.num_updates == 7
+    f0, f1 = first.schedule.columns, res.schedule.columns
+    k = int(np.flatnonzero(f0["apply_version"] == 3)[-1]) + 1   # the trace up to the checkpoint (update 4)
+    assert all(np.array_equal(f1[c][:k], f0[c][:k]) for c in f0)
+    assert replay_trace(res)[1].bitwise
+
+
+def test_the_inner_state_a_checkpoint_keeps_is_the_one_after_the_last_recorded_push(digits4):
+    """A worker in flight at a checkpoint has already computed its next iteration's inner steps:
+    the checkpoint keeps the state before them (the resumed run restarts that iteration)."""
+    from staleness.runtime.numerics import Numerics
+    from staleness.runtime.spec import make_spec
+
+    spec = make_spec(digits4, "diloco:2", num_workers=4, num_updates=2, inner_optimizer="adamw:lr=1e-3")
+    num = Numerics(spec.task, spec.opt, spec.rule, spec.slots, jax.random.key(3), spec.local, spec.inner,
+                   spec.local_steps)
+    params = spec.task.init_params(jax.random.key(0))
+    dev = jax.devices()[0]
+    num.gradient(params, 1, 0, dev)
+    after0 = jax.tree.map(np.asarray, num._inner_states[1])
+    delta1 = num.gradient(params, 1, 1, dev)[1]                     # iteration 1 computed, not yet recorded
+    kept = num.inner_at({1: 0, 2: 5})                                # worker 2 never computed: left out
+    assert list(kept) == [1] and kept[1][0] == 0 and _max_diff(kept[1][1], after0) == 0
+    assert _max_diff(num.inner_at({1: 1})[1][1], num._inner_states[1]) == 0
+    fresh = Numerics(spec.task, spec.opt, spec.rule, spec.slots, jax.random.key(3), spec.local, spec.inner,
+                     spec.local_steps)
+    fresh.restore_inner(kept, {1: dev})
+    assert _max_diff(fresh.gradient(params, 1, 1, dev)[1], delta1) == 0   # iteration 1 again, as in the run
+
+
+def test_checkpoints_of_a_local_update_method_over_processes_are_refused(digits4):
+    from staleness.runtime.spec import make_spec
+
+    with pytest.raises(ValueError, match="inner states live in their processes"):
+        make_spec(digits4, "diloco:4", num_workers=4, num_updates=2, checkpoint="/tmp/x", checkpoint_every=1,
+                  processes=2)
+
+
 def test_inner_optimizer_is_refused_for_gradient_policies(digits4):
     with pytest.raises(ValueError, match="inner_optimizer is for local-update methods"):
         st.simulate(digits4, "asp", CLUSTER, num_updates=2, inner_optimizer="sgd")

@@ -104,14 +104,22 @@ def build(spec: RunSpec, devs: list, server_device, *, server_devices=None, stop
 
 # -- the serve loop, made once ---------------------------------------------------------------
 def _serve_loop(spec: RunSpec, config: dict, link, update, params, opt_state, *, zeros=None, row_bytes,
-                stop_event, progress) -> Server:
-    """The one place a `Server` is made: the run's serve loop with its checkpointer."""
+                stop_event, progress, inner_at=None) -> Server:
+    """The one place a `Server` is made: the run's serve loop with its checkpointer.
+    inner_at: `Numerics.inner_at` where the workers keep inner states (a local-update method,
+    workers in this process): the checkpoint keeps each worker's after its last recorded push."""
     evaluate = _evaluate(spec)
     on_checkpoint = None
     if spec.checkpoint is not None and spec.checkpoint_every is not None:
         def on_checkpoint(srv: Server) -> None:
             evaluate_snapshots(srv, evaluate, srv.rec.update_losses())
-            checkpoint.save(spec.checkpoint, srv.saved_state(), config)
+            state = srv.saved_state()
+            if inner_at is not None:
+                last: dict[int, int] = {}
+                for w, it in zip(srv.rec.column("worker"), srv.rec.column("iteration")):
+                    last[int(w)] = max(last.get(int(w), -1), int(it))
+                state.inner = inner_at(last)
+            checkpoint.save(spec.checkpoint, state, config)
 
     return Server(spec, link=link, update=update, params=params, opt_state=opt_state, zeros=zeros,
                   row_bytes=row_bytes, progress=progress, on_checkpoint=on_checkpoint, stop_event=stop_event)
@@ -150,10 +158,14 @@ def server(spec: RunSpec, devs: list, server_device, *, server_devices=None, sto
     pushed_to = placement.of(params) if placement is not None else server_device
     link = (LocalTransport(pushed_to, worker_devices) if threads
             else DispatchTransport(numerics, pushed_to, worker_devices))
+    keeps = spec.local is not None and not spec.local.learner   # workers' inner states, kept in `numerics`
     srv = _serve_loop(spec, config, link, numerics.update, params, opt_state, zeros=zeros_like(params),
-                      row_bytes=payload_bytes(spec.task, spec.policy), stop_event=stop_event, progress=progress)
+                      row_bytes=payload_bytes(spec.task, spec.policy), stop_event=stop_event, progress=progress,
+                      inner_at=numerics.inner_at if keeps else None)
     if saved is not None:
-        srv.restore(checkpoint.restore(saved, (params, opt_state), put))
+        state = checkpoint.restore(saved, (params, opt_state), put, numerics.inner_template(params) if keeps else None)
+        numerics.restore_inner(state.inner, dict(enumerate(worker_devices)))
+        srv.restore(state)
     workers = [(w, worker_loop, (w, link, numerics, worker_devices[w])) for w in range(spec.num_workers)
                if threads]
     return Built(srv, workers, config, _evaluate(spec), link if threads else None)

@@ -50,8 +50,10 @@ def save(path, state: ServerState, config: dict) -> None:
         "lost_for_real": _plain(state.lost_for_real),
         "elapsed": float(state.elapsed),
         "checked": int(state.checked),
+        "inner": [[int(w), int(state.inner[w][0])] for w in sorted(state.inner)],
     }
-    _one.save(path, (state.params, state.opt_state), meta, match={k: config.get(k) for k in MATCH_KEYS},
+    inner = tuple(state.inner[w][1] for w in sorted(state.inner))   # after the server's arrays
+    _one.save(path, (state.params, state.opt_state, inner), meta, match={k: config.get(k) for k in MATCH_KEYS},
               name=NAME)
 
 
@@ -74,22 +76,33 @@ def load(path, config: dict, num_updates: int) -> dict:
     return dict(meta, leaves=leaves)
 
 
-def restore(saved: dict, template, put) -> ServerState:
+def restore(saved: dict, template, put, inner=None) -> ServerState:
     """The `ServerState` of a loaded checkpoint: its arrays in the structure of
-    `template` ((params, opt_state)), placed with `put(tree)`."""
+    `template` ((params, opt_state)), placed with `put(tree)`; `inner`: one worker's inner
+    state (`Numerics.inner_template`) when the run's method keeps one, its workers' states
+    read back in that structure (NumPy, for `Numerics.restore_inner` to place)."""
     import jax
 
-    params, opt_state = put(_one.restore_tree(jax.device_get(template), saved["leaves"]))
+    n = len(jax.tree.leaves(template))
+    workers = [(int(w), int(it)) for w, it in saved.get("inner", [])]
+    if workers and inner is None:
+        raise ValueError("resume: the checkpoint holds workers' inner states, this run's method keeps none")
+    states = _one.restore_tree(tuple([jax.device_get(inner)] * len(workers)), saved["leaves"][n:])
+    params, opt_state = put(_one.restore_tree(jax.device_get(template), saved["leaves"][:n]))
     policy = saved["policy"]
     return ServerState(params=params, opt_state=opt_state, policy_start=float(policy["start"]),
                        policy_calls=[_call(c) for c in policy["calls"]],
                        recorder=Recorder.from_state(saved["recorder"]), rows=list(saved["rows"]),
                        epoch=[int(e) for e in saved["epoch"]], lost_for_real=[int(w) for w in saved["lost_for_real"]],
-                       elapsed=float(saved["elapsed"]), checked=int(saved["checked"]))
+                       elapsed=float(saved["elapsed"]), checked=int(saved["checked"]),
+                       inner={w: (it, st) for (w, it), st in zip(workers, states)})
 
 
 def _call(c: list) -> tuple:
-    """A policy call read back: ('push', worker, pull_version, now) or ('fail' | 'join', worker, now)."""
+    """A policy call read back: ('push', worker, pull_version, now), ('fail' | 'join', worker, now)
+    or ('merge', now)."""
+    if c[0] == "merge":
+        return "merge", float(c[1])
     kind, worker, *rest = c
     if kind == "push":
         return kind, int(worker), int(rest[0]), float(rest[1])

@@ -102,6 +102,8 @@ class Numerics:
         self.local = None if self.learner is not None else local
         self.inner, self.local_steps = inner, local_steps
         self._inner_states: dict[int, object] = {}   # worker -> its inner-optimizer state (its thread's)
+        self._inner_after: dict[int, dict[int, object]] = {}   # worker -> {iteration: the state after it}, the
+        #                                                        last two (`inner_at`: what a checkpoint keeps)
         self._scalar = None        # sharding of the update's small inputs (None: NumPy, placed by jit)
         self._tau: dict[int, object] = {}   # staleness -> its [1] int32 input, placed once
         self._one = np.ones(1, bool)
@@ -130,9 +132,7 @@ class Numerics:
         if self.local is not None:
             state = self._inner_states.get(worker)
             if state is None:   # a fresh inner state (and for Streaming DiLoCo own parameters: version 0)
-                state = jax.device_put(self.inner.init(params), device)
-                if self.local.layout is not None:   # Streaming DiLoCo's own parameters, or an error-feedback buffer
-                    state = (state, params if self.local.streaming else jax.tree.map(jnp.zeros_like, params))
+                state = jax.device_put(self.inner_template(params), device)
             if self.local.streaming:
                 loss, delta, inner, own = _streaming_delta_jit(task, params, state[1], state[0], key, np.int32(worker),
                                                                np.int32(iteration), local=self.local)
@@ -142,9 +142,43 @@ class Numerics:
                                                       np.int32(iteration), np.int32(self.local_steps[worker]),
                                                       local=self.local)
             self._inner_states[worker] = state
+            after = self._inner_after.setdefault(worker, {})   # only this worker's thread writes it
+            after[int(iteration)] = state
+            for old in [k for k in after if k < iteration - 1]:
+                del after[old]
             return loss, delta
         index = self._index(worker, iteration) if self.task.indexed else None
         return _gradient_jit(task, params, key, np.int32(worker), np.int32(iteration), index)
+
+    def inner_at(self, last: dict[int, int]) -> dict[int, tuple[int, object]]:
+        """What a checkpoint keeps of a local-update method's workers (their inner-optimizer
+        states, Streaming DiLoCo's own parameters, error-feedback buffers): {worker: (iteration,
+        its state after it)} at the newest iteration <= `last[worker]`, the worker's last
+        recorded push (a worker in flight at the checkpoint has already computed the next
+        one: a resumed run restarts that one, from the state before it). Workers without a
+        recorded push are left out (they start fresh)."""
+        out = {}
+        for w, it in last.items():
+            after = dict(self._inner_after.get(w, {}))
+            done = [k for k in after if k <= it]
+            if done:
+                out[w] = (max(done), after[max(done)])
+        return out
+
+    def inner_template(self, params):
+        """The structure of one worker's inner state (`inner_at`'s states), for a checkpoint's
+        arrays to be read back into."""
+        state = self.inner.init(params)
+        if self.local.layout is not None:   # Streaming DiLoCo's own parameters, or an error-feedback buffer
+            state = (state, params if self.local.streaming else jax.tree.map(jnp.zeros_like, params))
+        return state
+
+    def restore_inner(self, states: dict[int, tuple[int, object]], devices: dict) -> None:
+        """Continue from a checkpoint's `inner_at` states, each placed on its worker's device."""
+        for w, (it, state) in states.items():
+            state = jax.device_put(state, devices[w])
+            self._inner_states[w] = state
+            self._inner_after[w] = {int(it): state}
 
     def generate(self, versions: list, tokens: list, worker: int, iteration: int, device):
         """(behavior loss, rollout) of an actor's rollout whose tokens come from several
@@ -270,6 +304,7 @@ class Numerics:
                 placed = jax.device_put(params, d)
                 outs += [self.generate([placed] * n, list(range(n)), 0, 0, d) for n in (1, 2, 3)]
             self._inner_states.clear()   # a warm-up's inner steps are not the run's
+            self._inner_after.clear()
         if server_device is not None:
             put = server_device.put if hasattr(server_device, "put") else (
                 lambda tree: jax.device_put(tree, server_device))

@@ -54,7 +54,8 @@ class PolicyCalls:
     arguments) and a resumed run rebuilds the `SyncState` by making the same calls again (`replay`).
 
     start: the `now` of `init` (None until it was called); calls: [('push', worker,
-    pull_version, now) | ('fail', worker, now) | ('join', worker, now)].
+    pull_version, now) | ('fail', worker, now) | ('join', worker, now) | ('merge', now): a
+    merging window's close (`Policy.merge`)].
     """
 
     def __init__(self, policy, start: float | None = None, calls=()):
@@ -82,6 +83,11 @@ class PolicyCalls:
         self.calls.append(("join", worker, now))
         return out
 
+    def merge(self, state, now: float):
+        out = self.policy.merge(state, now)
+        self.calls.append(("merge", now))
+        return out
+
     def complete(self, state, now: float):
         """Not recorded: the server completes every update as it decides it, and
         `replay` does the same."""
@@ -94,7 +100,7 @@ class PolicyCalls:
         policy = self.policy
         state = policy.init(num_workers, self.start)
         for kind, *args in self.calls:
-            if kind not in ("push", "fail", "join"):
+            if kind not in ("push", "fail", "join", "merge"):
                 raise ValueError(f"resume: unknown policy call {(kind, *args)!r} in the checkpoint")
             if getattr(policy, kind)(state, *args).update:   # the server completes each update when it decides it
                 policy.complete(state, args[-1])
@@ -111,7 +117,8 @@ class ServerState:
     recorder: the trace so far. rows: evaluated history rows. epoch: [λ] membership
     epochs. lost_for_real: workers lost to a fault (they rejoin on resume). elapsed:
     seconds recorded (the resumed run's times continue from there). checked: rows whose
-    loss was checked for divergence.
+    loss was checked for divergence. inner: a local-update method's worker states
+    ({worker: (iteration, state)}, `runtime.numerics.Numerics.inner_at`).
     """
 
     params: Any
@@ -124,6 +131,7 @@ class ServerState:
     lost_for_real: list
     elapsed: float
     checked: int
+    inner: dict = dataclasses.field(default_factory=dict)
 
 
 class Server:
@@ -142,7 +150,8 @@ class Server:
       row_bytes: (pull, push) bytes one gradient moves on this transport (trace columns).
       progress: callable(dict) called about every `PROGRESS_SECONDS`, or None.
       on_checkpoint: callable(server) called every `spec.checkpoint_every` updates (it
-        reads `saved_state()`).
+        reads `saved_state()`), right after the update, or inside a synchronization window
+        at its close (`_quiet`).
       stop_event: a threading.Event that stops the run (status 'stopped') when set.
       clock: seconds (default `time.monotonic`).
     """
@@ -196,6 +205,7 @@ class Server:
         self.blocked = 0.0                      # seconds the loop spent in steps longer than a tick
         self._blocked_at = [0.0] * num_workers  # `blocked` when each worker was last released
         self._progress_mark = (0.0, 0, 0, 0.0)
+        self._due = False                       # a checkpoint is due (taken once `_quiet`)
 
     # -- saved state -------------------------------------------------------------
     def restore(self, saved: ServerState) -> None:
@@ -393,6 +403,22 @@ class Server:
             else:
                 self._join(w, now)
 
+    def _mark_due(self, before: int) -> None:
+        """A checkpoint falls due when the updates since `before` crossed a multiple of
+        `checkpoint_every` (not after the last update: the Result keeps that)."""
+        if (self.on_checkpoint is not None and self.checkpoint_every
+                and self.rec.num_updates // self.checkpoint_every > before // self.checkpoint_every
+                and self.rec.num_updates < self.num_updates):
+            self._due = True
+
+    def _quiet(self) -> bool:
+        """Whether a checkpoint can be taken now: no synchronization window open, no worker
+        held for one, no gradient buffered (always, without a window: right after the update
+        that made it due). A checkpoint due inside a window is taken at its close, so a
+        resumed run starts, as any, with every worker computing or released."""
+        w = self.window
+        return w is None or (self.close_at is None and not w.held and not w.pending and not self.pending_rows())
+
     def _close_window(self) -> None:
         """Close the open window when it is due: at its grace's end, or once no worker is in
         flight (none can join it); a merging window's update is applied, then the held
@@ -470,11 +496,7 @@ class Server:
                 if isinstance(ev, Arrival):
                     before = self.rec.num_updates
                     self._on_arrival(ev)
-                    if (self.on_checkpoint is not None and self.checkpoint_every
-                            and self.rec.num_updates // self.checkpoint_every > before // self.checkpoint_every
-                            and self.rec.num_updates < self.num_updates):
-                        self._settle()
-                        self.on_checkpoint(self)
+                    self._mark_due(before)
                 elif isinstance(ev, WorkerFailed):
                     raise WorkerError(ev.worker, ev.message) from ev.exception
                 elif isinstance(ev, WorkerLost):
@@ -484,7 +506,13 @@ class Server:
                     if 0 <= ev.worker < self.num_workers:
                         self._join(ev.worker, self.now())
                 if self.close_at is not None:
+                    before = self.rec.num_updates
                     self._close_window()
+                    self._mark_due(before)
+                if self._due and self._quiet():
+                    self._due = False
+                    self._settle()
+                    self.on_checkpoint(self)
                 took = perf() - t_busy
                 if took > TICK_SECONDS:   # the loop itself was blocked: not the workers' time
                     self.blocked += took

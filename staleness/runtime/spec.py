@@ -230,10 +230,11 @@ def make_spec(task, policy, cluster=None, *, settings: Settings | None = None, *
         raise ValueError("resume=True needs the checkpoint directory to resume from (checkpoint=...)")
     eval_every = s.eval_every if s.eval_every is not None else max(1, -(-num_updates // s.num_evals))
     _check_real(policy, cluster, num_workers)
-    if (policy.grace or policy.merges) and s.checkpoint_every is not None:
-        raise ValueError(f"policy {policy.describe()!r}: checkpoint_every with a synchronization window (grace, a "
-                         "quorum's merge) is not supported yet; run it without checkpoints")
     task, opt, local, inner, steps = _numerics(task, policy, cluster, s, num_workers, num_updates, seed, lr)
+    if local is not None and not local.learner and s.processes > 1 and s.checkpoint_every is not None:
+        raise ValueError(f"policy {policy.describe()!r}: checkpoint_every with workers in several processes is not "
+                         "supported for a local-update method yet (its workers' inner states live in their "
+                         "processes); run it in one process, or without checkpoints")
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
                    lr=opt.lr, seed=seed, num_updates=num_updates, max_time=s.max_time, eval_every=eval_every,
                    time_scale=s.time_scale, worker_timeout=s.worker_timeout, on_worker_failure=on_worker_failure,
