@@ -371,7 +371,8 @@ def sweep(task, policies, cluster, *, settings: _settings.SweepSettings | None =
       devices: shard the configuration axis over local devices (`grid.resolve_devices`);
         block: configurations per device per compiled call (default min(8, ⌈grid size /
         lanes⌉), lanes the devices, or on one CPU device its cores, so every core runs a call);
-        the Results do not depend on either, nor on the processes.
+        the Results do not depend on either, nor on the processes (an RL task's sharded
+        learner gradient rounds otherwise: README, 'Command line').
       callbacks: as `replay`'s, one call per configuration and evaluation in grid order
         (`runner.Options`); a diverged configuration gets no more calls.
         `Evaluation.run.index` is the position in grid order, `run.label` names the policy,
