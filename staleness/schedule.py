@@ -165,12 +165,16 @@ class Schedule:
         """Useful compute over the compute allocated: the compute seconds (end − start) of the
         applied gradients (or deltas, or rollouts) over λ × end_time. Time blocked at a gate or
         a synchronization window, on transfers, down after a failure, or computing what was
-        then lost or dropped is not useful. NaN for a run of no time."""
+        then lost or dropped is not useful; nor, for elastic learners (`Cluster.elastic`), the
+        share of their slices that were out or reconfiguring (the simulator's
+        meta['useful_seconds']: the applied rows' full-rate compute). NaN for a run of no time."""
         c = self.columns
         if not (math.isfinite(self.end_time) and self.end_time > 0):
             return math.nan
         ok = self.applied
-        return float(np.sum(c["end"][ok] - c["start"][ok]) / (self.num_workers * self.end_time))
+        useful = self.meta.get("useful_seconds")
+        done = float(useful) if useful is not None else float(np.sum(c["end"][ok] - c["start"][ok]))
+        return done / (self.num_workers * self.end_time)
 
     def staleness_histogram(self) -> np.ndarray:
         """counts[τ] of applied gradients with staleness τ."""

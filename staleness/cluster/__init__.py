@@ -31,6 +31,8 @@ Modifiers (each returns a new Cluster; ``Cluster.modifiers`` holds them as
     .server(bandwidth, latency=0.0)              the server's link, shared by concurrent transfers
     .allreduce('ring' | 'tree', bandwidth, latency=0.0)   synchronous rounds all-reduce
     .failures([(worker, fail_at, rejoin_at_or_None), ...])
+    .chaos(mtbf, repair, chips)          a chip's failure takes its learner down
+    .elastic(mtbf, repair, chips, slices, reconfig)   ... only its slice (the learner goes on)
 
 Membership (:mod:`staleness.cluster.membership`): a worker is up only when every
 layer has it up (``fail=3@10-50+fail=3@20-30`` keeps worker 3 down from 10 s to

@@ -16,6 +16,7 @@ that keep state (straggler episodes) keep it in the layer, explicitly, per worke
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable
@@ -25,7 +26,7 @@ import numpy as np
 from staleness.cluster.membership import Outages
 
 __all__ = ["CHUNK", "GROUP", "Layer", "Outages", "base_layer", "jitter", "stragglers", "periodic",
-           "latency", "links", "server", "allreduce", "failures"]
+           "latency", "links", "server", "allreduce", "failures", "chaos", "elastic", "elapsed"]
 
 #: Iterations per pre-drawn random block (a power of two: index with shifts).
 CHUNK = 64
@@ -84,6 +85,8 @@ class Layer:
       constant_seconds, base_compute_time: the bare workers' [W] seconds (None for
         traces) and the base's compute_time: a layer whose compute_time is still
         the base's may read the seconds directly (see :func:`jitter`).
+      useful(worker, a, b) -> the seconds of a worker's full compute done between a and b
+        (b - a, except inside :func:`elastic`'s learners, which lose slices).
     """
 
     def __init__(self, inner: Layer | None = None):
@@ -99,6 +102,7 @@ class Layer:
             self.outages = inner.outages
             self.constant_seconds = inner.constant_seconds
             self.base_compute_time = inner.base_compute_time
+            self.useful = inner.useful
 
 
 def base_layer(per_worker: list[float] | None = None,
@@ -125,7 +129,13 @@ def base_layer(per_worker: list[float] | None = None,
     layer.bandwidth = (math.inf,) * layer.num_workers
     layer.server = layer.allreduce = None
     layer.outages = ()
+    layer.useful = elapsed
     return layer
+
+
+def elapsed(worker: int, a: float, b: float) -> float:
+    """A worker's full-rate compute between a and b: all of it (`Layer.useful` of the base)."""
+    return b - a
 
 
 def _affected(workers, num_workers: int) -> list[bool] | None:
@@ -314,4 +324,92 @@ def chaos(inner: Layer, seed: int, stream: int, mtbf: float, repair: float, chip
     layer = Layer(inner)
     layer.outages = inner.outages + tuple(outages(w) for w in (range(inner.num_workers) if workers is None
                                                                 else workers))
+    return layer
+
+
+def elastic(inner: Layer, seed: int, stream: int, mtbf: float, repair: float, chips: int, slices: int,
+            reconfig: float, workers) -> Layer:
+    """Elastic learners: each worker (a learner of `chips` chips in `slices` equal slices, each
+    chip failing as a Poisson process of mean `mtbf` seconds between failures) loses a slice
+    for `repair` seconds when one of its chips fails, and goes on with the others: it computes
+    at the rate live slices / slices, and not at all for `reconfig` seconds after a slice
+    leaves or rejoins (the job reconfigures). Its compute times stretch accordingly (an
+    iteration is done once its full-rate seconds are); `useful` gives the full-rate seconds
+    done in an interval (what goodput counts). A slice down cannot fail again, so the next
+    failure is drawn at every change, at the rate of the live chips: one uniform draw each,
+    lazily (endless). No worker goes down: a learner of no live slice waits for one."""
+    uniform = _stream(seed, stream, inner.num_workers, "uniform")
+    per_slice = chips / slices
+    mask = _affected(workers, inner.num_workers)
+    ct, inner_useful = inner.compute_time, inner.useful
+    lines: dict[int, tuple[list, list, object]] = {}   # worker -> (segment starts, segments, generator)
+
+    def segments(w: int):
+        """(start, end, rate) of worker w's piecewise-constant compute rate, in time order."""
+        t, live, rejoins, k, blocked = 0.0, slices, [], 0, 0.0
+        while True:
+            nxt = math.inf
+            if live:   # draw k: with one slice and no reconfiguration, `chaos`'s failures exactly
+                nxt = t + -(mtbf / (live * per_slice)) * math.log1p(-uniform(w, k))
+                k += 1
+            event = min(nxt, rejoins[0] if rejoins else math.inf)
+            if blocked > t:
+                yield t, min(blocked, event), 0.0
+            if event > max(t, blocked):
+                yield max(t, blocked), event, live / slices
+            t = event
+            if nxt <= (rejoins[0] if rejoins else math.inf):
+                live -= 1
+                rejoins.append(t + repair)
+            else:
+                live += 1
+                rejoins.pop(0)
+            blocked = max(blocked, t + reconfig)
+
+    def covering(w: int, until: float):
+        """Worker w's segments, generated at least up to `until`."""
+        starts, segs, gen = lines.get(w) or lines.setdefault(w, ([], [], segments(w)))
+        while not segs or segs[-1][1] < until:
+            seg = next(gen)
+            starts.append(seg[0])
+            segs.append(seg)
+        return starts, segs
+
+    def stretched(w: int, s: float, t: float) -> float:
+        starts, segs = covering(w, s)
+        k = max(0, bisect.bisect_right(starts, s) - 1)
+        cur, left, span = s, t, 0.0   # span: seconds before `cur` (summed, so full rate throughout gives t)
+        while True:
+            if k == len(segs):
+                starts, segs = covering(w, segs[-1][1] + 1.0)
+            a, b, rate = segs[k]
+            if b > cur:
+                if rate > 0.0 and (b - cur) * rate >= left:
+                    return span + left / rate
+                left -= (b - cur) * rate
+                span += b - cur
+                cur = b
+            k += 1
+
+    def done(w: int, a: float, b: float) -> float:
+        if b <= a:
+            return 0.0
+        starts, segs = covering(w, b)
+        k = max(0, bisect.bisect_right(starts, a) - 1)
+        total = 0.0
+        while k < len(segs) and segs[k][0] < b:
+            lo, hi, rate = segs[k]
+            total += max(0.0, min(b, hi) - max(a, lo)) * rate
+            k += 1
+        return total
+
+    layer = Layer(inner)
+
+    def compute_time(w, i, s):
+        t = ct(w, i, s)
+        return t if mask is not None and not mask[w] else stretched(w, s, t)
+
+    def useful(w, a, b):
+        return inner_useful(w, a, b) if mask is not None and not mask[w] else done(w, a, b)
+    layer.compute_time, layer.useful = compute_time, useful
     return layer

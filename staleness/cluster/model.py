@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from staleness.infra import checks
 from staleness.infra.checks import format_number
 from staleness.cluster.bases import Gpus, Seconds, Trace
-from staleness.cluster.modifiers import AllReduce, Chaos, Failures, Jitter, Links, Network, Periodic, Server, Stragglers
+from staleness.cluster.modifiers import (AllReduce, Chaos, Elastic, Failures, Jitter, Links, Network, Periodic, Server,
+                                         Stragglers)
 from staleness.cluster.network import ALGORITHMS, parse_bandwidth, parse_latency
 from staleness.cluster.presets import PRESETS
 from staleness.cluster.sampler import ClusterSampler
@@ -224,6 +225,24 @@ class Cluster:
         m, r = checks.positive(fn, "mtbf", mtbf), checks.positive(fn, "repair", repair)
         checks.integer(fn, "chips", chips, low=1)
         return self.with_modifier(Chaos(m, r, int(chips), checks.worker_ids(fn, workers, self.num_workers)))
+
+    def elastic(self, mtbf: float, repair: float, chips: int, slices: int, reconfig: float = 0.0,
+                workers: Sequence[int] | None = None) -> Cluster:
+        """Random chip failures in elastic learners (`modifiers.Elastic`): every worker is a
+        learner of `chips` chips in `slices` slices, each chip with a mean time between failures
+        of `mtbf` seconds; a chip's failure takes its slice out for `repair` seconds and the
+        learner goes on at the rate of its live slices, stalled `reconfig` seconds at every
+        slice's leave and rejoin. A data-parallel job that survives its slices' failures is
+        one elastic learner of N chips."""
+        fn = "elastic"
+        m, r = checks.positive(fn, "mtbf", mtbf), checks.positive(fn, "repair", repair)
+        checks.integer(fn, "chips", chips, low=1)
+        checks.integer(fn, "slices", slices, low=1)
+        if slices > chips:
+            raise ValueError(f"{fn}: slices = {slices} must be <= chips = {chips} (at least a chip per slice)")
+        c = checks.finite(fn, "reconfig", reconfig, low=0.0)
+        return self.with_modifier(Elastic(m, r, int(chips), int(slices), c,
+                                          checks.worker_ids(fn, workers, self.num_workers)))
 
     def failures(self, events: Iterable[tuple[int, float, float | None]]) -> Cluster:
         """Workers that fail and possibly rejoin.

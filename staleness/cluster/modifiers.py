@@ -14,7 +14,7 @@ from staleness.infra.checks import format_number, format_workers
 from staleness.cluster import layers
 from staleness.cluster.network import format_bandwidth, format_latency
 
-__all__ = ["AllReduce", "Chaos", "Failures", "Jitter", "Links", "Network", "Periodic", "Server", "Stragglers"]
+__all__ = ["AllReduce", "Chaos", "Elastic", "Failures", "Jitter", "Links", "Network", "Periodic", "Server", "Stragglers"]
 
 
 @dataclass(frozen=True)
@@ -174,3 +174,29 @@ class Chaos:
 
     def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
         return layers.chaos(inner, seed, stream, self.mtbf, self.repair, self.chips, self.workers)
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """Elastic learners at scale: every worker is a learner of ``chips`` chips in ``slices``
+    equal slices, each chip failing with a mean time between failures of ``mtbf`` seconds; a
+    chip's failure takes its slice out for ``repair`` seconds while the learner goes on at
+    the rate of its live slices, stalled ``reconfig`` seconds at each slice's leave and
+    rejoin (`layers.elastic`). Nothing goes down; compute stretches, and goodput counts only
+    the full-rate compute (`ClusterSampler.useful`). ``workers``: the ids affected, None for all."""
+
+    mtbf: float
+    repair: float
+    chips: int
+    slices: int
+    reconfig: float
+    workers: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        text = (f"elastic={format_number(self.mtbf)}:{format_number(self.repair)}:{self.chips}:{self.slices}"
+                f":{format_number(self.reconfig)}")
+        return text if self.workers is None else f"{text}:{format_workers(self.workers)}"
+
+    def wrap(self, inner: layers.Layer, seed: int, stream: int) -> layers.Layer:
+        return layers.elastic(inner, seed, stream, self.mtbf, self.repair, self.chips, self.slices, self.reconfig,
+                              self.workers)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from staleness.cluster.layers import CHUNK, GROUP, Layer
+from staleness.cluster.layers import CHUNK, GROUP, Layer, elapsed
 from staleness.cluster.membership import events as membership_changes
 from staleness.cluster.network import allreduce_parts
 from staleness.infra import checks
@@ -33,6 +33,7 @@ class ClusterSampler:
       bandwidth: [W] bytes/s of each worker's own link (inf: unlimited).
       server: None, or (bandwidth bytes/s, latency s) of the server's shared link.
       allreduce: None, or (algorithm, bandwidth bytes/s, latency s) for synchronous rounds.
+      partial: whether some compute runs below full rate (elastic learners: `useful`).
     """
 
     def __init__(self, cluster, seed: int):
@@ -63,6 +64,8 @@ class ClusterSampler:
         self.compute_time = layer.compute_time
         self.push_delay = layer.push_latency
         self.pull_delay = layer.pull_latency
+        self.useful = layer.useful
+        self.partial = layer.useful is not elapsed   # some compute runs below full rate (`useful`)
 
     def compute_time(self, worker: int, iteration: int, start: float) -> float:  # noqa: F811
         """Compute seconds (finite, > 0) of ``worker``'s ``iteration``.
@@ -74,6 +77,11 @@ class ClusterSampler:
             straggler episodes and periodic windows are decided from it. Query
             each worker's iterations in order of start time.
         """
+        raise AssertionError("replaced in __init__")  # pragma: no cover
+
+    def useful(self, worker: int, start: float, end: float) -> float:  # noqa: F811
+        """Seconds of ``worker``'s full-rate compute between ``start`` and ``end``: end − start,
+        except for an elastic learner (`Cluster.elastic`) that lost slices or reconfigured."""
         raise AssertionError("replaced in __init__")  # pragma: no cover
 
     def push_delay(self, worker: int, iteration: int) -> float:  # noqa: F811

@@ -261,6 +261,17 @@ def _chaos(c: Cluster, v: Value) -> Cluster:
     return c.chaos(v.number(0, "mtbf"), v.number(1, "repair"), int(chips), v.workers(3))
 
 
+def _elastic(c: Cluster, v: Value) -> Cluster:
+    v.count(4, 6, "MTBF:REPAIR:CHIPS:SLICES[:RECONFIG[:WORKERS]], e.g. elastic=3.15e7:60:150000:600:5")
+    counts = []
+    for k, name in ((2, "chips"), (3, "slices")):
+        n = v.number(k, name)
+        if n != int(n) or n < 1:
+            raise v.bad(f"elastic {name} = {n:g} must be an integer >= 1")
+        counts.append(int(n))
+    return c.elastic(v.number(0, "mtbf"), v.number(1, "repair"), *counts, v.number(4, "reconfig", 0.0), v.workers(5))
+
+
 def _jitter(c: Cluster, v: Value) -> Cluster:
     v.count(1, 1, "SIGMA")
     return c.jitter(v.number(0, "sigma"))
@@ -287,6 +298,8 @@ register_modifier("server", _server, "BANDWIDTH [ ':' LATENCY ]", "shared server
 register_modifier("allreduce", _allreduce, "( 'ring' | 'tree' ) ':' BANDWIDTH [ ':' LATENCY ]", "collective cost")
 register_modifier("chaos", _chaos, "MTBF ':' REPAIR [ ':' CHIPS [ ':' WORKERS ] ]",
                   "chips fail (mean MTBF s apart), a learner of CHIPS is down REPAIR s per failure")
+register_modifier("elastic", _elastic, "MTBF ':' REPAIR ':' CHIPS ':' SLICES [ ':' RECONFIG [ ':' WORKERS ] ]",
+                  "chips fail, a learner of CHIPS loses a slice for REPAIR s and goes on (RECONFIG s stalls)")
 register_modifier("fail", _failures, "event ( ',' event )*", "several fail= layers combine (a union)",
                   aliases=("failures",))
 

@@ -240,8 +240,13 @@ def stream_schedule(policy, cluster, *, num_updates: int | None = None, max_time
 
     def finish(now: float) -> Schedule:
         _check_not_stalled(driver, policy)
-        return driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
-                                  end_time=float(now), meta=meta)
+        sched = driver.to_schedule(policy=policy, cluster=cluster.describe(), seed=int(seed),
+                                   end_time=float(now), meta=meta)
+        if sampler.partial:   # elastic learners: goodput counts their full-rate compute (`Schedule.goodput`)
+            c, ok = sched.columns, sched.applied
+            sched.meta["useful_seconds"] = float(sum(sampler.useful(int(w), float(a), float(b)) for w, a, b in
+                                                     zip(c["worker"][ok], c["start"][ok], c["end"][ok])))
+        return sched
 
     steady = next(sampler.membership(), None) is None
     return ScheduleStream(events, driver, finish, budgets, steady, cluster.describe(), int(seed), meta)
