@@ -117,6 +117,25 @@ QUICK = {
 }
 
 
+def sweep(*args, **kwargs) -> list:
+    """`st.sweep`, then JAX's compiled programs released: every row compiles its own (its policy
+    and task), and a process that keeps them all runs out of memory maps (about 2,000 per
+    program against vm.max_map_count 65,530: the whole script in one process died in its
+    lr_scaling section, LLVM 'Cannot allocate memory', then a segmentation fault)."""
+    out = st.sweep(*args, **kwargs)
+    release()
+    return out
+
+
+def release() -> None:
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def label(eta) -> str:
     return "∞" if eta is None else str(eta)
 
@@ -177,6 +196,7 @@ def tuned_lr(cfg: dict, objective: str, cache: dict, log, **extra) -> dict:
                  factors=cfg["factors"], seeds=cfg["tune_seeds"], extend=int(len(cfg["factors"]) > 1), metric="reward", max_time=None,
                  num_updates=cfg["updates"], lr_rule="constant", optimizer=None, inner_optimizer=None,
                  num_evals=cfg["num_evals"])
+        release()
         cache[key] = {"lr": t["lr"], "grid": t["grid"], "scores": t["scores"], "edge": t["edge"], "runs": t["runs"],
                       "within_noise": t["within_noise"], "wall_s": time.time() - t0}
         log(f"  tuned {objective}{' ' + json.dumps(extra) if extra else ''}: lr {t['lr']:.3g} (grid "
@@ -230,7 +250,7 @@ def eta_rows(cfg: dict, objective: str, etas, seeds, lr: float, log, **extra) ->
         pol, cl, lam = policy_of(cfg, eta)
         task = task_of(cfg, objective, lam, **extra)
         t0 = time.time()
-        rs = st.sweep(task, [pol], st.cluster.parse(cl), seeds=seeds, lrs=[lr], num_updates=cfg["updates"],
+        rs = sweep(task, [pol], st.cluster.parse(cl), seeds=seeds, lrs=[lr], num_updates=cfg["updates"],
                       num_evals=cfg["num_evals"])
         summ = [st.rollouts.summary(r.schedule, task, seed=r.config["seed"]) for r in rs]
         dg = [diag_means(r) for r in rs]
@@ -304,7 +324,7 @@ def section_lr_scaling(cfg, seeds, log, cache) -> dict:
         pol, cl, lam = policy_of(cfg, eta)
         task = task_of(cfg, cfg["objective"], lam)
         t0 = time.time()
-        rs = st.sweep(task, [pol], st.cluster.parse(cl), seeds=cfg["seeds"], lrs=cfg["lrs"], num_updates=cfg["updates"],
+        rs = sweep(task, [pol], st.cluster.parse(cl), seeds=cfg["seeds"], lrs=cfg["lrs"], num_updates=cfg["updates"],
                       num_evals=cfg["num_evals"])
         by = {f"{lr:g}": [final_reward(r) for r in rs if r.config["lr"] == lr] for lr in cfg["lrs"]}
         stal = [st.rollouts.summary(r.schedule, task, seed=r.config["seed"])["max_staleness"] for r in rs]
@@ -409,11 +429,11 @@ def section_inflight(cfg, seeds, log) -> dict:
     lr, scores = cfg["lr"], {}
     t0 = time.time()
     if lr is None:
-        tune = st.sweep(task, pols[:1], cluster, seeds=cfg["tune_seeds"], lrs=cfg["grid"], num_updates=cfg["updates"],
+        tune = sweep(task, pols[:1], cluster, seeds=cfg["tune_seeds"], lrs=cfg["grid"], num_updates=cfg["updates"],
                         num_evals=cfg["num_evals"])
         scores = {x: float(np.nanmean([final_reward(r) for r in tune if r.config["lr"] == x])) for x in cfg["grid"]}
         lr = max(scores, key=lambda k: -math.inf if math.isnan(scores[k]) else scores[k])
-    res = st.sweep(task, pols, cluster, seeds=seeds, lrs=[lr], num_updates=cfg["updates"], num_evals=cfg["num_evals"])
+    res = sweep(task, pols, cluster, seeds=seeds, lrs=[lr], num_updates=cfg["updates"], num_evals=cfg["num_evals"])
     rewards = {p: [final_reward(r) for r in res if r.config["policy"] == p] for p in pols}
     out["training"] = {"lr": lr, "tuning": {f"{k:g}": v for k, v in scores.items()}, "reward": rewards,
                        "wall_s": time.time() - t0}
