@@ -214,7 +214,9 @@ learners of 2,000 chips there, to keep it small). Decoupled DiLoCo's outer step 
 and the momentum folds once per round's worth of merged tokens. A full Nesterov step per merge
 (`optimizer="nesterov:0.9,lr=0.7"`) diverges as soon as merges hold fewer than every learner,
 as asynchronous DiLoCo did in section 3. The quorum and its window merge several deltas per
-step, at some cost in goodput (the paper's trade-off between K, the grace window and quality)."""),
+step, at some cost in goodput (the paper's trade-off between K, the grace window and quality).
+With `fragments=P` a learner pushes one fragment every H/P steps (as in Streaming DiLoCo) and
+each fragment is merged by its own quorum and window (the last row on the left: K = 2, P = 4)."""),
     ("code", '''import io
 
 import ipywidgets as widgets
@@ -226,7 +228,8 @@ LEARNERS = "1*8+jitter=0.05+chaos={m:g}:30:1000"
 SETTINGS = {"data parallel (bsp)": ("bsp", "1+chaos={m:g}:30:8000"), "DiLoCo, 8 learners": ("diloco:24", LEARNERS),
             "decoupled, K=1": ("decoupled_diloco:24", LEARNERS),
             "decoupled, K=2, 5 s": ("decoupled_diloco:24:quorum=2:grace=5", LEARNERS),
-            "decoupled, K=1, adaptive": ("decoupled_diloco:24:grace=adaptive", LEARNERS)}
+            "decoupled, K=1, adaptive": ("decoupled_diloco:24:grace=adaptive", LEARNERS),
+            "decoupled, K=2, 4 fragments": ("decoupled_diloco:24:quorum=2:fragments=4", LEARNERS)}
 goodput = {name: [st.simulate_schedule(p, c.format(m=m), max_time=HORIZON, seed=0).goodput() for m in MTBFS]
            for name, (p, c) in SETTINGS.items()}
 losses = {}

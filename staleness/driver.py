@@ -239,6 +239,8 @@ class Driver:
         self.ready = [now] * num_workers       # when each worker became ready for its next iteration
         self.epoch = [0] * num_workers
         self.buffer: list[int] = []
+        self.keys = getattr(policy, "merge_keys", 1)   # merging windows side by side (`SyncWindow`)
+        self.pushed_key = [0] * num_workers   # the merge key (fragment) of each worker's last push
 
     @classmethod
     def resume(cls, policy, num_workers: int, now: float, *, state, recorder: Recorder, epoch) -> "Driver":
@@ -273,12 +275,16 @@ class Driver:
         return tuple(self.release(w, now) for w in range(self.num_workers)
                      if state.live[w] and not state.blocked[w])
 
-    def _after(self, out, now: float, row, accepted: bool) -> Step:
+    def _after(self, out, now: float, row, accepted: bool, rows=None) -> Step:
         applied = None
         released = out.released
         if out.update:
-            applied = tuple(self.buffer)
-            self.buffer = []
+            applied = tuple(self.buffer if rows is None else rows)
+            if rows is None:
+                self.buffer = []
+            else:
+                merged = set(rows)
+                self.buffer = [r for r in self.buffer if r not in merged]
             self.rec.applied(applied, now)
             if not self.complete_later:
                 more = self.policy.complete(self.state, now).released
@@ -303,6 +309,7 @@ class Driver:
         out = self.policy.push(self.state, worker, f[1], now)
         row = self.rec.add(worker, f, start, end, now, not out.accepted, False, loss)
         self.ready[worker] = now
+        self.pushed_key[worker] = f[0] % self.keys
         if out.accepted:
             self.buffer.append(row)
         return self._after(out, now, row, out.accepted)
@@ -321,9 +328,13 @@ class Driver:
         out = self.policy.fail(self.state, worker, now)
         return self._after(out, now, row, False)
 
-    def merge(self, now: float) -> Step:
-        """A merging window closed at `now` (`Policy.merge`): the buffered rows make one update."""
-        return self._after(self.policy.merge(self.state, now), now, None, False)
+    def merge(self, now: float, key: int | None = None) -> Step:
+        """A merging window closed at `now` (`Policy.merge`): the buffered rows make one update
+        (key: those of that merge key, the pushes of iterations ≡ key mod `keys`; the fragment)."""
+        if key is None or self.keys == 1:
+            return self._after(self.policy.merge(self.state, now), now, None, False)
+        rows = [r for r in self.buffer if self.rec.rows[r][1] % self.keys == key]
+        return self._after(self.policy.merge(self.state, now, len(rows)), now, None, False, rows)
 
     def join(self, worker: int, now: float) -> Step:
         """`worker` (re)joins at `now` and pulls the newest version when its gate opens."""
@@ -345,6 +356,21 @@ class Driver:
                                     meta={"max_gap": self.state.max_gap, **meta})
 
 
+class _Open:
+    """One merge key's window (`SyncWindow`)."""
+
+    __slots__ = ("until", "open", "pending", "first", "last", "held", "arrived")
+
+    def __init__(self):
+        self.until = -math.inf    # the open window's last synchronization
+        self.open = False
+        self.pending = 0          # arrivals since the last close
+        self.first = 0.0          # the first of them
+        self.last = (0.0, 0.0)    # the newest arrival's step_seconds
+        self.held: list[int] = []
+        self.arrived: set[int] = set()   # a merging window's learners that arrived since the last close
+
+
 class SyncWindow:
     """A policy's synchronization window (`Policy.grace`: `policies.Window`, `policies.Quorum`),
     the same in the simulator and the real server: an arrival while none is open opens one
@@ -355,50 +381,80 @@ class SyncWindow:
     (`Policy.merges`) makes one update of its arrivals at its close (`Driver.merge`);
     otherwise each arrival was its own update.
 
+    Merge keys (`Policy.merge_keys`, Decoupled DiLoCo's fragments): one merging window per
+    key, side by side, each with its own quorum, arrivals, held learners and close; a push
+    counts toward its key's (`Driver.pushed_key`), and a close merges that key's rows only.
+    Without fragments there is one key, 0.
+
     When it closes: `arrivals(end)`, the times of the pushes in flight that arrive by `end`,
     given (the simulator knows them): at the last of them within the grace; None (the real
     server, which does not): at the grace's end, or earlier when no worker is in flight.
     step_seconds(w, now): (seconds of one inner step, seconds of its push's transfer) of the
     push of `w` that arrived at `now` (the adaptive window's estimates), or None."""
 
-    def __init__(self, policy, inflight: list, table, step_seconds=None, arrivals=None):
+    def __init__(self, policy, inflight: list, table, step_seconds=None, arrivals=None, pushed_key=None):
         self.grace, self.inflight, self.table = policy.grace, inflight, table
         self.quorum, self.merges, self.rule = policy.quorum, policy.merges, policy.window_seconds
         self.step_seconds, self.arrivals = step_seconds, arrivals
-        self.until = -math.inf    # the open window's last synchronization
-        self.open = False
-        self.pending = 0          # arrivals since the last close
-        self.first = 0.0          # the first of them
-        self.last = (0.0, 0.0)    # the newest arrival's step_seconds
-        self.held: list[int] = []
-        self.arrived: set[int] = set()   # a merging window's learners that arrived since the last close
+        keys = policy.merge_keys if self.merges else 1
+        if keys > 1 and pushed_key is None:
+            raise ValueError(f"SyncWindow: {keys} merge keys need the driver's pushed_key")
+        self.pushed_key = pushed_key
+        self.wins = [_Open() for _ in range(keys)]
 
-    def opens(self, now: float, arrived: int | None) -> float | None:
-        """A push of worker `arrived` arrived at `now` (None: a learner failed, the quorum may
-        now be met): the close time of the window that opens, or None (one is open, or the
+    @property
+    def held(self) -> list[int]:
+        """The workers every window holds."""
+        return [w for win in self.wins for w in win.held]
+
+    @property
+    def pending(self) -> int:
+        """Arrivals since their windows' last closes."""
+        return sum(win.pending for win in self.wins)
+
+    @property
+    def until(self) -> float:
+        return max(win.until for win in self.wins)
+
+    def opens(self, now: float, arrived: int | None) -> list[tuple[float, int]]:
+        """A push of worker `arrived` arrived at `now` (None: a learner failed, a quorum may
+        now be met): [(close time, key)] of the windows that open (none: one is open, or the
         quorum not met)."""
         if not self.merges:
-            if arrived is None or now <= self.until:
-                return None
+            win = self.wins[0]
+            if arrived is None or now <= win.until:
+                return []
+            return [(self._open(win, now), 0)]
+        out = []
+        if arrived is not None:
+            key = 0 if self.pushed_key is None else self.pushed_key[arrived]
+            win = self.wins[key]
+            win.first = now if not win.pending else win.first
+            win.pending += 1
+            win.arrived.add(arrived)
+            if self.step_seconds is not None:
+                win.last = self.step_seconds(arrived, now)
+            todo = [key]
         else:
-            if arrived is not None:
-                self.first = now if not self.pending else self.first
-                self.pending += 1
-                self.arrived.add(arrived)
-                if self.step_seconds is not None:
-                    self.last = self.step_seconds(arrived, now)
-            if self.open or not self.pending or self.pending < min(self.quorum, self.table.num_live):
-                return None
-            self.open = True
+            todo = range(len(self.wins))
+        for key in todo:
+            win = self.wins[key]
+            if win.open or not win.pending or win.pending < min(self.quorum, self.table.num_live):
+                continue
+            win.open = True
+            out.append((self._open(win, now), key))
+        return out
+
+    def _open(self, win: _Open, now: float) -> float:
         # the adaptive window's sync: the push's transfer and the merged version's way back
-        grace = self.grace if self.rule is None else self.rule(self.last[0], now - self.first, 2 * self.last[1])
+        grace = self.grace if self.rule is None else self.rule(win.last[0], now - win.first, 2 * win.last[1])
         if not grace or not self.in_flight():
-            self.until = now   # pushes of this very instant were queued before its close: they join it
+            win.until = now   # pushes of this very instant were queued before its close: they join it
         elif self.arrivals is None:
-            self.until = now + grace
+            win.until = now + grace
         else:
-            self.until = max([now, *self.arrivals(now + grace)])
-        return self.until
+            win.until = max([now, *self.arrivals(now + grace)])
+        return win.until
 
     def in_flight(self) -> bool:
         """Whether a worker is computing (one that is held or pending is not)."""
@@ -407,24 +463,32 @@ class SyncWindow:
     def hold(self, released, now: float) -> tuple:
         """The releases to start at `now`: none while a window is open or its quorum pending
         (they wait for its close), except, for a merging window, the learners that are not
-        in it (one that (re)joined starts at once: the quorum may need its arrival)."""
-        if (now > self.until) if not self.merges else not (self.open or self.pending):
+        in one (one that (re)joined starts at once: the quorum may need its arrival)."""
+        if not self.merges:
+            win = self.wins[0]
+            if now > win.until:
+                return released
+        elif not any(win.open or win.pending for win in self.wins):
             return released
         start = []
         for rel in released:
-            if self.merges and rel[0] not in self.arrived:
-                start.append(rel)
-                continue
-            self.inflight[rel[0]] = None   # not in flight while held: a failure then loses no computation
-            if rel[0] not in self.held:
-                self.held.append(rel[0])
+            w = rel[0]
+            if self.merges:
+                win = next((x for x in self.wins if w in x.arrived), None)
+                if win is None:
+                    start.append(rel)
+                    continue
+            self.inflight[w] = None   # not in flight while held: a failure then loses no computation
+            if w not in win.held:
+                win.held.append(w)
         return tuple(start)
 
-    def close(self, driver: Driver, now: float) -> tuple[Step | None, list]:
-        """The window closed at `now`: (a merging window's update: its `Step`, else None; the
+    def close(self, driver: Driver, now: float, key: int = 0) -> tuple[Step | None, list]:
+        """Window `key` closed at `now`: (a merging window's update: its `Step`, else None; the
         held workers, still live, released on the newest version)."""
-        merged = driver.merge(now) if self.merges else None
-        self.open, self.pending = False, 0
-        self.arrived.clear()
-        held, self.held = self.held, []
+        win = self.wins[key]
+        merged = driver.merge(now, key if len(self.wins) > 1 else None) if self.merges else None
+        win.open, win.pending = False, 0
+        win.arrived.clear()
+        held, win.held = win.held, []
         return merged, [driver.release(w, now) for w in held if driver.state.live[w]]

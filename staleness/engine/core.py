@@ -25,7 +25,8 @@ from staleness.engine import update as _update
 from staleness.tasks.optim import Optimizer, set_lr
 from staleness.engine.rollout import SEGMENT_VERSION
 
-__all__ = ["Carry", "Static", "Setup", "Variant", "keys", "init_carry", "grow_ring", "init_carry_batched", "gradient", "run_chunk",
+__all__ = ["Carry", "Static", "Setup", "Variant", "keys", "init_carry", "grow_ring", "init_carry_batched", "gradient",
+           "fragment_of", "run_chunk",
            "pad_chunk", "MIN_ROWS", "chunk_batched", "run_chunk_batched", "evaluate"]
 
 
@@ -75,8 +76,10 @@ def _state(task, seed, opt: Optimizer, inner: Optimizer | None, num_workers: int
     params = task.init_params(init_key)
     opt_state = opt.init(params)
     local = () if inner is None else _local.init_states(inner, params, num_workers, layout)
-    if layout == "streaming":   # Streaming DiLoCo: the workers' own parameters persist too, starting at version 0
-        local = (local, jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + a.shape).copy(), params))
+    if layout in ("streaming", "anchored"):   # Streaming DiLoCo: the workers' own parameters persist too,
+        # starting at version 0 (anchored: and the fragments each last merged, version 0's too)
+        own = lambda: jax.tree.map(lambda a: jnp.broadcast_to(a, (num_workers,) + a.shape).copy(), params)  # noqa
+        local = (local, own() if layout == "streaming" else (own(), own()))
     return params, opt_state, local
 
 
@@ -220,9 +223,10 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
         return params, opt_state, inner, jnp.where(mask, losses, jnp.nan), diag
     losses, grads, new_inner = _slots(task, local, static.slot_mode, consts, params, stale, worker, iteration, index,
                                       inner)
-    extra = {"fragment": update % local.fragments} if local is not None and local.streaming else {}
+    streaming = local is not None and local.streaming
+    extra = {"fragment": fragment_of(iteration, mask, local.fragments)} if streaming else {}
     tokens = consts["steps"][worker] if local is not None and local.weighted else None   # ∝ tokens processed
-    if local is not None and not local.streaming:   # the update's share of a round (`optim.clocked_nesterov`)
+    if local is not None:   # the update's share of a round (`optim.clocked_nesterov`)
         ones = jnp.ones_like(consts["steps"])
         extra["share"] = (_update.round_share(tokens, mask, consts["steps"]) if tokens is not None
                           else _update.round_share(ones[worker], mask, ones))
@@ -237,6 +241,13 @@ def _update_from(task, static: Static, consts, params, opt_state, inner, stale, 
         into = jnp.where(mask, worker, jax.tree.leaves(inner)[0].shape[0])   # out of range: dropped
         inner = jax.tree.map(lambda a, v: a.at[into].set(v, mode="drop"), inner, new_inner)
     return params, opt_state, inner, jnp.where(mask, losses, jnp.nan), {}
+
+
+def fragment_of(iteration, mask, fragments: int):
+    """The fragment one update of a fragmented method synchronizes: its merged iterations' mod P
+    (every real slot's is the same: in lockstep all are the round, and Decoupled DiLoCo's windows
+    merge one fragment each; `staleness.driver.SyncWindow`). `iteration`, `mask`: [C] of its slots."""
+    return jnp.max(jnp.where(mask, iteration, 0)) % fragments
 
 
 def _step(task, static: Static, consts, carry: Carry, x):

@@ -46,6 +46,8 @@ class Local(NamedTuple):
     topk: float = 1.0         # compressed pushes: the fraction of each tensor's values sent (by magnitude)
     qbits: int = 32           # ... quantized to these bits (`quantize`)
     ef: bool = False          # ... with error feedback: each worker's carry holds what compression left out
+    anchored: bool = False    # fragments merged by a quorum (Decoupled DiLoCo): a fragment's outer gradient is
+    #                           taken from the global fragment its worker last merged (`streaming_delta`)
 
     @property
     def streaming(self) -> bool:
@@ -54,8 +56,11 @@ class Local(NamedTuple):
     @property
     def layout(self) -> str | None:
         """What the per-worker carry holds besides the inner states: 'streaming' (the workers' own
-        parameters), 'feedback' (the error-feedback buffers) or None."""
-        return "streaming" if self.streaming else "feedback" if self.ef else None
+        parameters), 'anchored' (the workers' own parameters and the global fragments they last
+        merged), 'feedback' (the error-feedback buffers) or None."""
+        if self.streaming:
+            return "anchored" if self.anchored else "streaming"
+        return "feedback" if self.ef else None
 
     learner = False   # not asynchronous RL's learner step (`engine.rollout.Learner`)
     inflight = False  # no in-flight segments
@@ -160,13 +165,15 @@ def fragmented(tx, frag_keys: tuple) -> optax.GradientTransformationExtraArgs:
     def init(params):
         return tuple(tx.init(sub(params, p)) for p in range(len(frag_keys)))
 
+    inner = optax.with_extra_args_support(tx)
+
     def update(updates, state, params=None, *, fragment=0, **extra):
-        del extra
+        # other arguments (a merge's `share` of a round) go to the fragment's own `tx`
 
         def branch(p):
             def f(operands):
                 updates, state, params = operands
-                u, s = tx.update(sub(updates, p), state[p], sub(params, p))
+                u, s = inner.update(sub(updates, p), state[p], sub(params, p), **extra)
                 full = {k: (u[k] if k in u else jax.tree.map(jnp.zeros_like, updates[k])) for k in updates}
                 return full, state[:p] + (s,) + state[p + 1:]
             return f
@@ -181,11 +188,20 @@ def streaming_delta(task, local: Local, pulled, own, inner_state, data_key, work
     `own`, merging fragment (round − 1) mod P from the `pulled` global parameters τ steps
     in (own_p ← α·own_p + (1−α)·pulled_p; not in round 0), then the outer gradient of
     fragment round mod P, pulled_p − own_p (zero elsewhere), quantized to `local.bits`.
-    Returns (mean inner loss, Δ, inner state, own parameters)."""
+    Returns (mean inner loss, Δ, inner state, own parameters).
+
+    `local.anchored` (Decoupled DiLoCo's fragments, merged by a quorum): `own` is (own
+    parameters, anchor), the anchor holding each fragment as the worker last merged it
+    (anchor_p ← pulled_p at the merge), and the outer gradient is anchor_p − own_p. Other
+    learners' merges move the global fragment between two of this worker's, and pulled_p −
+    own_p would undo them; in lockstep (Streaming DiLoCo) anchor_p is pulled_p, bitwise."""
     inner, steps, p_count = local.inner, local.max_steps, local.fragments
     now, prev = round_ % p_count, (round_ - 1) % p_count
     merge_on = round_ >= 1
     base = round_ * steps
+    anchor = None
+    if local.anchored:
+        own, anchor = own
 
     def merge(own):
         out = dict(own)
@@ -205,12 +221,17 @@ def streaming_delta(task, local: Local, pulled, own, inner_state, data_key, work
 
     (own, state, total), _ = lax.scan(step, (own, inner_state, jnp.zeros((), jnp.float32)),
                                       jnp.arange(steps, dtype=jnp.int32))
+    if anchor is not None:   # the fragment merged this iteration is anchored at its pulled value
+        anchor = {k: jax.tree.map(lambda a, g: jnp.where(merge_on & (prev == p), g, a), anchor[k], pulled[k])
+                  for p, keys in enumerate(local.fragment_keys) for k in keys}
+        anchor = {k: anchor[k] for k in pulled}
+    base_of = pulled if anchor is None else anchor
     delta = {}
     for p, keys in enumerate(local.fragment_keys):
         for k in keys:
             delta[k] = jax.tree.map(lambda g, a: jnp.where(now == p, quantize(g - a, local.bits), jnp.zeros_like(a)),
-                                    pulled[k], own[k])
-    return total / steps, {k: delta[k] for k in pulled}, state, own
+                                    base_of[k], own[k])
+    return total / steps, {k: delta[k] for k in pulled}, state, (own if anchor is None else (own, anchor))
 
 
 def init_states(inner_opt, params, num_workers: int, layout: str | None = None):

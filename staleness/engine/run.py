@@ -153,7 +153,7 @@ def configure(schedule, task, *, optimizer, inner_optimizer, lr, rule, slot_mode
 def check_outer(opt: _optim.Optimizer, local, policy) -> None:
     """A clocked outer step reads each merge's share of a round, which only local-update
     merges give (`engine.update.round_share`): refuse it elsewhere before computing."""
-    if local is None or getattr(local, "learner", False) or local.streaming:
+    if local is None or getattr(local, "learner", False):
         _optim.refuse_share(opt, f"policy {policy.describe()!r}")
 
 

@@ -131,7 +131,7 @@ def streaming_diloco(steps: int = 50, fragments: int = 2, overlap: int = 0, alph
 
 def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float | str = 0.0, dynamic: bool = False,
                      tokens: bool = True, topk: float = 1.0, bits: int = 32, error_feedback: bool = False,
-                     gamma: float = 0.5, tau: int = 2) -> Policy:
+                     gamma: float = 0.5, tau: int = 2, fragments: int = 1, overlap: int = 0) -> Policy:
     """Decoupled DiLoCo (Douillard et al. 2026): independent learners take `steps` inner
     steps on their own clocks and push their deltas to a synchronizer, which merges once
     `quorum` learners have arrived, after waiting `grace` seconds for more (`Quorum`); the
@@ -144,6 +144,16 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float | str = 0.0,
       False: the plain mean.
     quorum = 1 and grace = 0 is `async_diloco(steps)`'s schedule; quorum = λ and grace = 0 is
     `diloco(steps)`'s round. topk, bits, error_feedback: compressed deltas, as for `diloco`.
+    fragments, overlap: the parameters synchronized one fragment at a time, as in
+      `streaming_diloco` (an iteration is steps / fragments inner steps, then a push of fragment
+      iteration mod P, merged τ = overlap steps into the next, replacing the learner's own), each
+      fragment by its own quorum and window: the windows of several fragments may be open at
+      once, and a merge takes one fragment's pushes (their tokens, its own outer step and clock:
+      `engine.local.fragmented`). A learner's outer gradient of a fragment is taken from the
+      fragment as it last merged it (`Streaming.anchored`). quorum = λ and grace = 0 is
+      `streaming_diloco(steps, fragments, overlap, bits=bits)` (with tokens: its weights are equal).
+      bits quantizes the sent fragments as streaming_diloco's do; topk, error_feedback and
+      dynamic are not implemented with fragments.
     The outer optimizer defaults to `clocked_nesterov:0.9,lr=0.7` (`tasks.optim`): DiLoCo's
     Nesterov step once per round's worth of merged tokens, each merge applied at once by its
     share of a round. Its merges of every learner are DiLoCo's steps bitwise; merges of one
@@ -169,7 +179,21 @@ def decoupled_diloco(steps: int = 50, quorum: int = 1, grace: float | str = 0.0,
     for name, value in (("dynamic", dynamic), ("tokens", tokens)):
         if not isinstance(value, bool):
             raise ValueError(f"decoupled_diloco: {name} = {value!r} must be True or False")
-    work, suffix = _compressed(steps, topk, bits, error_feedback, dynamic=dynamic, weighted=tokens)
+    checks.integer("decoupled_diloco", "fragments", fragments, low=1)
+    if fragments > 1:
+        if steps % fragments:
+            raise ValueError(f"decoupled_diloco: steps = {steps} must be a multiple of fragments = {fragments} "
+                             "(a fragment is pushed every steps / fragments inner steps)")
+        if dynamic or topk < 1 or error_feedback:
+            raise ValueError("decoupled_diloco: dynamic, topk and error_feedback are not implemented with "
+                             f"fragments = {fragments} (bits quantizes the fragments)")
+        work = Streaming(steps // fragments, False, fragments, overlap, 0.0, bits, weighted=tokens, anchored=True)
+        suffix = "".join(f":{k}={v}" for k, v, default in (("fragments", fragments, 1), ("overlap", overlap, 0),
+                                                           ("bits", bits, 32)) if v != default)
+    elif overlap:
+        raise ValueError(f"decoupled_diloco: overlap = {overlap!r} is the fragments' (fragments > 1)")
+    else:
+        work, suffix = _compressed(steps, topk, bits, error_feedback, dynamic=dynamic, weighted=tokens)
     window = ((":grace=adaptive" + (f":gamma={gamma:g}" if gamma != 0.5 else "") + (f":tau={tau}" if tau != 2 else ""))
               if adaptive else (f":grace={grace:g}" if grace else ""))
     spec = (f"decoupled_diloco:{steps}" + ("" if quorum == 1 else f":quorum={quorum}") + window

@@ -69,10 +69,10 @@ def fragment_keys(params, fragments: int) -> tuple[tuple[str, ...], ...]:
     """Streaming DiLoCo's fragments of a dict of parameters: its top-level modules in
     order, strided (module j in fragment j mod P), as in the paper's default."""
     if not isinstance(params, dict):
-        raise ValueError("streaming_diloco splits the parameters by their top-level modules: the task's params "
+        raise ValueError("fragments split the parameters by their top-level modules: the task's params "
                          f"must be a dict, not {type(params).__name__}")
     keys = list(params)
     if len(keys) < fragments:
-        raise ValueError(f"streaming_diloco: fragments = {fragments} but the model has only {len(keys)} top-level "
+        raise ValueError(f"fragments = {fragments} but the model has only {len(keys)} top-level "
                          f"modules ({', '.join(map(str, keys))}); use fewer fragments")
     return tuple(tuple(k for j, k in enumerate(keys) if j % fragments == p) for p in range(fragments))

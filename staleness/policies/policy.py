@@ -13,7 +13,7 @@ call it through `staleness.driver`)::
     out = policy.fail(state, worker, now)          # a worker died; its in-flight gradient is lost
     out = policy.join(state, worker, now)          # a worker (re)joins and pulls the newest version
     out = policy.complete(state, now)              # the oldest decided update's parameters now exist
-    out = policy.merge(state, now)                 # a merging window closed: its arrivals make one update
+    out = policy.merge(state, now[, count])        # a merging window closed: its arrivals make one update
 
 An update is decided by `push` (or `fail`) and completed by `complete`: the
 drivers call it at once (the server trains in no simulated time), except
@@ -101,6 +101,13 @@ class Policy:
         """Whether a window's arrivals make one update at its close (`merge`) rather than one
         each on arrival (`aggregations.Quorum`)."""
         return bool(_member(self.aggregation, Aggregation, "merges"))
+
+    @property
+    def merge_keys(self) -> int:
+        """How many merging windows run side by side, one per fragment (a push of iteration k is
+        fragment k mod P's: Decoupled DiLoCo's fragments, `work.iterations_per_sync`); 1 for a
+        window that does not merge (`Window`) or a policy without fragments."""
+        return int(self.work.iterations_per_sync) if self.merges else 1
 
     @property
     def window_seconds(self):
@@ -211,11 +218,14 @@ class Policy:
         state.table.note_gaps(released)
         return PushOutcome(False, False, tuple(released))
 
-    def merge(self, state: SyncState, now: float) -> PushOutcome:
-        """A merging window (`merges`) closed at `now`: the buffered gradients make one update."""
-        update = state.buffered > 0
+    def merge(self, state: SyncState, now: float, count: int | None = None) -> PushOutcome:
+        """A merging window (`merges`) closed at `now`: the buffered gradients make one update
+        (count: that many of them, the window's fragment's; the others stay buffered)."""
+        rest = 0 if count is None else state.buffered - count
+        update = state.buffered > rest
         if update:
             _close_round(state)
+            state.buffered = rest
         return PushOutcome(False, update, ())
 
     def join(self, state: SyncState, worker: int, now: float) -> PushOutcome:

@@ -206,12 +206,18 @@ class Streaming(LocalSteps):
     outer gradients are sent quantized to `bits` bits (32: not quantized; fewer:
     a sign and a (bits−1)-bit exponent per value, an E(bits−1)M0 float, scaled by
     the tensor's largest magnitude) and averaged in float32.
+
+    anchored: the fragments are merged by a quorum of free-running learners (Decoupled
+    DiLoCo's fragments): a learner's outer gradient of fragment p is taken from the global
+    fragment it last merged, not from the one it pulled (`engine.local.streaming_delta`); with
+    `weighted` the merge weighs each learner's delta by its tokens (as `LocalSteps`).
     """
 
     fragments: int = 1
     overlap: int = 0
     alpha: float = 0.0
     bits: int = 32
+    anchored: bool = dataclasses.field(default=False, kw_only=True)
 
     compiled_what: ClassVar[str] = "H and the fragment settings"
 
@@ -222,9 +228,11 @@ class Streaming(LocalSteps):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.compressed or self.error_feedback:
-            raise ValueError("streaming_diloco: quantize with its own bits=; topk and error feedback are not "
-                             "implemented for fragments")
+        if self.compressed or self.error_feedback or self.dynamic:
+            raise ValueError("streaming_diloco: quantize with its own bits=; topk, error feedback and dynamic "
+                             "local updates are not implemented for fragments")
+        if not isinstance(self.anchored, bool):
+            raise ValueError(f"streaming_diloco: anchored = {self.anchored!r} must be True or False")
         checks.integer("streaming_diloco", "fragments", self.fragments, low=1)
         checks.integer("streaming_diloco", "overlap", self.overlap, low=0)
         if self.overlap >= max(1, self.steps):
@@ -279,15 +287,18 @@ class Streaming(LocalSteps):
     def numerics_options(self, shapes) -> dict:
         """The engine's local steps with fragments of the parameter pytree `shapes`, the
         overlap, the mixing factor and the bits, compiled into the replay (unmasked)."""
-        return {"masked": False, "fragments": self.fragments, "overlap": self.overlap, "alpha": self.alpha,
-                "bits": self.bits, "fragment_keys": payload.fragment_keys(shapes, self.fragments)}
+        out = {"masked": False, "fragments": self.fragments, "overlap": self.overlap, "alpha": self.alpha,
+               "bits": self.bits, "fragment_keys": payload.fragment_keys(shapes, self.fragments)}
+        out.update({k: True for k in ("weighted", "anchored") if getattr(self, k)})
+        return out
 
     def replay_settings(self) -> tuple:
-        return (self.steps, self.fragments, self.overlap, self.alpha, self.bits)
+        return (self.steps, self.fragments, self.overlap, self.alpha, self.bits, self.weighted, self.anchored)
 
     def describe(self) -> str:
         return (f"streaming:{self.steps}:fragments={self.fragments}:overlap={self.overlap}:"
-                f"alpha={self.alpha:g}:bits={self.bits}")
+                f"alpha={self.alpha:g}:bits={self.bits}" + (":weighted" if self.weighted else "")
+                + (":anchored" if self.anchored else ""))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -679,10 +679,12 @@ class CollectiveLink(ServerLink):
         self._lost.append(WorkerLost(worker, reason))
 
     # -- the serve loop's update ------------------------------------------------------
-    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None, workers=None):
+    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None, workers=None,
+               iterations=None):
         """The parameters the round's step computed (this process's replicas): `grads`
         are the round's `RoundGradient`s (one per worker), all of one round, every
-        worker's, staleness 0 (`workers`: as `Numerics.update`'s; a round weighs none)."""
+        worker's, staleness 0 (`workers`, `iterations`: as `Numerics.update`'s; a round
+        weighs none and has no fragments)."""
         rounds = {g.round for g in grads}
         if len(rounds) != 1 or len(grads) != self.num_workers or any(staleness):
             raise RuntimeError(f"collective sync: update {update} of {len(grads)} gradients of rounds "

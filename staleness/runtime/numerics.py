@@ -170,7 +170,9 @@ class Numerics:
         arrays to be read back into."""
         state = self.inner.init(params)
         if self.local.layout is not None:   # Streaming DiLoCo's own parameters, or an error-feedback buffer
-            state = (state, params if self.local.streaming else jax.tree.map(jnp.zeros_like, params))
+            layout = self.local.layout
+            state = (state, params if layout == "streaming" else (params, params) if layout == "anchored"
+                     else jax.tree.map(jnp.zeros_like, params))
         return state
 
     def restore_inner(self, states: dict[int, tuple[int, object]], devices: dict) -> None:
@@ -227,19 +229,22 @@ class Numerics:
                 self._tau[s] = tau
         return tau
 
-    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None, workers=None):
+    def update(self, params, opt_state, grads: list, staleness: list[int], update: int, zeros=None, workers=None,
+               iterations=None):
         """Apply one server update from `grads` (1..slots gradients, in push order).
 
         staleness: [c] of the gradients; update: the update index (version before it).
         zeros: a params-shaped zero pytree used to pad to `slots` (needed when c < slots).
         workers: [c] the gradients' workers: a local-update method whose deltas are weighted
           by tokens (`Local.weighted`, Decoupled DiLoCo) weights them by their inner steps.
+        iterations: [c] the gradients' iterations: a fragmented method's update synchronizes
+          fragment iteration mod P (`engine.core.fragment_of`; None: `update` mod P, lockstep).
         Returns (params, opt_state).
         """
         if self.learner is not None:   # the pushes are rollouts: the learner's version on them
             return self._learner_update(params, opt_state, grads, staleness, update, zeros)
         weights = counts = round_counts = None
-        if self.local is not None and not self.local.streaming:   # tokens (∝ inner steps) or one per delta
+        if self.local is not None:   # tokens (∝ inner steps) or one per delta
             if self.local.weighted and workers is None:
                 raise ValueError("Numerics.update: a token-weighted update needs its gradients' workers")
             pad = self.slots - len(grads)
@@ -250,12 +255,12 @@ class Numerics:
             weights = counts if self.local.weighted else None   # as the replay's (`engine.core`)
         if self.slots == 1:
             return _server_update_jit(params, opt_state, grads[0], self._tau1(staleness[0]), self._one,
-                                      self._fragment(update), weights, counts, round_counts, tx=self.opt.tx,
-                                      rule=self.rule)
+                                      self._fragment(update, iterations), weights, counts, round_counts,
+                                      tx=self.opt.tx, rule=self.rule)
         pad, tau, mask = self._padded(staleness, update, "gradients")
         stacked = _stack_jit(*grads, *([zeros] * pad))
-        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update), weights, counts,
-                                  round_counts, tx=self.opt.tx, rule=self.rule)
+        return _server_update_jit(params, opt_state, stacked, tau, mask, self._fragment(update, iterations), weights,
+                                  counts, round_counts, tx=self.opt.tx, rule=self.rule)
 
     def _learner_update(self, params, opt_state, rollouts: list, staleness: list[int], update: int, zeros=None):
         """The learner's version on the pushed `rollouts` (padded to `slots` with empty
@@ -276,9 +281,12 @@ class Numerics:
         pad = self.slots - c
         return pad, np.asarray(list(staleness) + [0] * pad, np.int32), np.asarray([True] * c + [False] * pad)
 
-    def _fragment(self, update: int):
-        """Streaming DiLoCo: the fragment update `update` synchronizes (else None)."""
-        return np.int32(update % self.local.fragments) if self.local is not None and self.local.streaming else None
+    def _fragment(self, update: int, iterations=None):
+        """Streaming DiLoCo: the fragment an update synchronizes, its iterations' mod P (`engine.core.fragment_of`;
+        else None)."""
+        if self.local is None or not self.local.streaming:
+            return None
+        return np.int32((update if iterations is None else max(iterations)) % self.local.fragments)
 
     def push_shape(self, params_shape):
         """What a worker pushes beside its loss, as ShapeDtypeStructs (a transport that

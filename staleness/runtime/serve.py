@@ -54,12 +54,13 @@ class PolicyCalls:
     arguments) and a resumed run rebuilds the `SyncState` by making the same calls again (`replay`).
 
     start: the `now` of `init` (None until it was called); calls: [('push', worker,
-    pull_version, now) | ('fail', worker, now) | ('join', worker, now) | ('merge', now): a
+    pull_version, now) | ('fail', worker, now) | ('join', worker, now) | ('merge', now[, count]): a
     merging window's close (`Policy.merge`)].
     """
 
     def __init__(self, policy, start: float | None = None, calls=()):
         self.policy = policy
+        self.merge_keys = getattr(policy, "merge_keys", 1)   # read by the driver
         self.start = start
         self.calls = [tuple(c) for c in calls]
 
@@ -83,9 +84,9 @@ class PolicyCalls:
         self.calls.append(("join", worker, now))
         return out
 
-    def merge(self, state, now: float):
-        out = self.policy.merge(state, now)
-        self.calls.append(("merge", now))
+    def merge(self, state, now: float, count: int | None = None):
+        out = self.policy.merge(state, now, count)
+        self.calls.append(("merge", now) if count is None else ("merge", now, count))
         return out
 
     def complete(self, state, now: float):
@@ -103,7 +104,7 @@ class PolicyCalls:
             if kind not in ("push", "fail", "join", "merge"):
                 raise ValueError(f"resume: unknown policy call {(kind, *args)!r} in the checkpoint")
             if getattr(policy, kind)(state, *args).update:   # the server completes each update when it decides it
-                policy.complete(state, args[-1])
+                policy.complete(state, args[0] if kind == "merge" else args[-1])
         return state
 
 
@@ -183,7 +184,7 @@ class Server:
 
         self.driver: Driver | None = None       # the control plane (made at `start`)
         self.window: SyncWindow | None = None   # a policy's synchronization window (made at `start`)
-        self.close_at: float | None = None      # when the open window closes
+        self.close_at: dict[int, float] = {}    # when each open window closes, by merge key (`SyncWindow`)
         self._span = [(0.0, 0.0)] * num_workers   # each worker's last computation (an adaptive window's estimates)
         self.rec = Recorder()                   # the trace (the driver's, from `start`)
         self.row_bytes = (int(row_bytes[0]), int(row_bytes[1]))
@@ -289,8 +290,8 @@ class Server:
         else:
             step = d.push(w, now, start, end, loss)
         self._span[w] = (start, end)
-        if self.window is not None and (until := self.window.opens(now, w)) is not None:
-            self.close_at = until
+        if self.window is not None:
+            self.close_at.update((key, until) for until, key in self.window.opens(now, w))
         if m.segments and step.row is not None:   # an in-flight rollout's switches
             self.rec.segments[step.row] = [(int(k), int(v)) for k, v in m.segments]
         if step.accepted:
@@ -304,8 +305,10 @@ class Server:
         grads = [g for g, _ in held]
         staleness = [v - pv for _, pv in held]
         workers = [self.rec.rows[r][0] for r in rows]   # a token-weighted merge weighs them (`Numerics.update`)
+        # fragments: an update synchronizes its members' fragment, iteration mod P (`Numerics.update`)
+        more = {"iterations": [self.rec.rows[r][1] for r in rows]} if self.policy.work.iterations_per_sync > 1 else {}
         self.params, self.opt_state = self.update(self.params, self.opt_state, grads, staleness, v, self.zeros,
-                                                  workers)
+                                                  workers, **more)
         u = v + 1
         if self.spec.inflight:   # actors mid-rollout on an older version take it between two tokens
             self.link.publish(u, self.params, [w for w, f in enumerate(self.driver.inflight)
@@ -328,8 +331,8 @@ class Server:
         if d.state.num_live == 0:
             raise WorkerLostError(w, f"{reason}; no live worker is left")
         self._do(step, now)
-        if self.window is not None and (until := self.window.opens(now, None)) is not None:
-            self.close_at = until   # fewer live learners: the quorum may be met now
+        if self.window is not None:   # fewer live learners: a quorum may be met now
+            self.close_at.update((key, until) for until, key in self.window.opens(now, None))
 
     def _join(self, w: int, now: float) -> None:
         if self.driver.state.live[w]:
@@ -417,20 +420,22 @@ class Server:
         that made it due). A checkpoint due inside a window is taken at its close, so a
         resumed run starts, as any, with every worker computing or released."""
         w = self.window
-        return w is None or (self.close_at is None and not w.held and not w.pending and not self.pending_rows())
+        return w is None or (not self.close_at and not w.held and not w.pending and not self.pending_rows())
 
     def _close_window(self) -> None:
-        """Close the open window when it is due: at its grace's end, or once no worker is in
-        flight (none can join it); a merging window's update is applied, then the held
-        workers restart on the newest version."""
-        now = self.now()
-        if self.close_at is None or (now < self.close_at and self.window.in_flight()):
-            return
-        self.close_at = None
-        merged, held = self.window.close(self.driver, now)
-        if merged is not None:
-            self._do(merged, now)
-        self._send(held)
+        """Close the open windows that are due: at their grace's end, or once no worker is in
+        flight (none can join them); a merging window's update is applied, then its held
+        workers restart on the newest version. Windows of several merge keys (fragments) close
+        in the order of their close times."""
+        for key, at in sorted(self.close_at.items(), key=lambda kv: (kv[1], kv[0])):
+            now = self.now()
+            if now < at and self.window.in_flight():
+                continue
+            del self.close_at[key]
+            merged, held = self.window.close(self.driver, now, key)
+            if merged is not None:
+                self._do(merged, now)
+            self._send(held)
 
     def _housekeeping(self) -> None:
         interrupts.check()   # a Ctrl-C that a callback swallowed (or one before serving) stops the run here
@@ -467,7 +472,7 @@ class Server:
             def step_seconds(w, now):   # (seconds of one of `w`'s inner steps, its push's transfer)
                 start, end = self._span[w]
                 return (end - start) / (1 if steps is None else steps[w]), now - end
-            self.window = SyncWindow(self.policy, d.inflight, d.state.table, step_seconds)
+            self.window = SyncWindow(self.policy, d.inflight, d.state.table, step_seconds, pushed_key=d.pushed_key)
         self.rec = d.rec
         self.rec.row_bytes = self.row_bytes
         if self.spec.inflight and self.rec.segments is None:
@@ -488,7 +493,8 @@ class Server:
         perf = time.perf_counter
         try:
             while self.rec.num_updates < self.num_updates:
-                wait = TICK_SECONDS if self.close_at is None else min(TICK_SECONDS, max(0.0, self.close_at - self.now()))
+                wait = (TICK_SECONDS if not self.close_at
+                        else min(TICK_SECONDS, max(0.0, min(self.close_at.values()) - self.now())))
                 ev = self.link.poll(wait)
                 t_busy = perf()
                 if self.membership:   # a failure due by now comes before this push
@@ -505,7 +511,7 @@ class Server:
                 elif isinstance(ev, WorkerJoined):  # its process was restarted and rejoined
                     if 0 <= ev.worker < self.num_workers:
                         self._join(ev.worker, self.now())
-                if self.close_at is not None:
+                if self.close_at:
                     before = self.rec.num_updates
                     self._close_window()
                     self._mark_due(before)

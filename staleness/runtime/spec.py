@@ -235,6 +235,10 @@ def make_spec(task, policy, cluster=None, *, settings: Settings | None = None, *
         raise ValueError(f"policy {policy.describe()!r}: checkpoint_every with workers in several processes is not "
                          "supported for a local-update method yet (its workers' inner states live in their "
                          "processes); run it in one process, or without checkpoints")
+    if policy.merge_keys > 1 and s.checkpoint_every is not None:
+        raise ValueError(f"policy {policy.describe()!r}: checkpoint_every with fragments merged by their own windows "
+                         "is not supported yet (a checkpoint waits until no window is open or pending, which with "
+                         "several fragments may never come); run it without checkpoints")
     return RunSpec(task=task, policy=policy, cluster=cluster, num_workers=num_workers, opt=opt, rule=rule,
                    lr=opt.lr, seed=seed, num_updates=num_updates, max_time=s.max_time, eval_every=eval_every,
                    time_scale=s.time_scale, worker_timeout=s.worker_timeout, on_worker_failure=on_worker_failure,

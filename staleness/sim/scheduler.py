@@ -561,7 +561,8 @@ class _Independent(_EventLoop):
                 return (end - start) / (1 if _steps is None else _steps[w]), now - end
             def arrivals(end, _at=self.arrive_at, _inflight=driver.inflight):   # O(λ): the pushes in flight by `end`
                 return [a for w, a in enumerate(_at) if _inflight[w] is not None and a <= end]
-            self.window = SyncWindow(driver.policy, driver.inflight, driver.state.table, step_seconds, arrivals)
+            self.window = SyncWindow(driver.policy, driver.inflight, driver.state.table, step_seconds, arrivals,
+                                     driver.pushed_key)
         self.handlers.update({_PUSH: self.on_push, _CLOSE: self.on_close, _TRAINED: self.on_trained})
 
     def queue(self, w: int, it: int, ep: int, start: float, end: float) -> None:
@@ -586,8 +587,9 @@ class _Independent(_EventLoop):
     def lost(self, w: int, t: float, row) -> None:
         if self.nbytes is not None and row is not None and t < self.span[w][0 if self.overlap else 1]:
             self.rec.set_bytes(row, self.nbytes[0], 0)   # its push had not left yet: only the pull's bytes moved
-        if self.window is not None and (until := self.window.opens(t, arrived=None)) is not None:
-            self.push_event(until, _CLOSE)   # fewer live learners: the quorum may be met now
+        if self.window is not None:
+            for until, key in self.window.opens(t, arrived=None):
+                self.push_event(until, _CLOSE, key)   # fewer live learners: a quorum may be met now
 
     def on_push(self, t, s, w, ep):
         if ep != self.epoch[w] or s != self.due[w]:
@@ -596,12 +598,13 @@ class _Independent(_EventLoop):
         self.pushed += 1
         if self.learner is not None:
             self.learner.pushed(self.rec, step.row, *self.span[w])
-        if self.window is not None and (until := self.window.opens(t, w)) is not None:
-            self.push_event(until, _CLOSE)
+        if self.window is not None:
+            for until, key in self.window.opens(t, w):
+                self.push_event(until, _CLOSE, key)
         return self.released(step, t)
 
     def on_close(self, t, s, a, b):
-        merged, held = self.window.close(self.driver, t)
+        merged, held = self.window.close(self.driver, t, a)
         return held if merged is None else list(merged.released) + held
 
     def on_trained(self, t, s, a, b):
