@@ -412,10 +412,6 @@ class SyncWindow:
         """Arrivals since their windows' last closes."""
         return sum(win.pending for win in self.wins)
 
-    @property
-    def until(self) -> float:
-        return max(win.until for win in self.wins)
-
     def opens(self, now: float, arrived: int | None) -> list[tuple[float, int]]:
         """A push of worker `arrived` arrived at `now` (None: a learner failed, a quorum may
         now be met): [(close time, key)] of the windows that open (none: one is open, or the
