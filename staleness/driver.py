@@ -309,7 +309,7 @@ class Driver:
         out = self.policy.push(self.state, worker, f[1], now)
         row = self.rec.add(worker, f, start, end, now, not out.accepted, False, loss)
         self.ready[worker] = now
-        self.pushed_key[worker] = f[0] % self.keys
+        self.pushed_key[worker] = self.key_of(f[0])
         if out.accepted:
             self.buffer.append(row)
         return self._after(out, now, row, out.accepted)
@@ -328,12 +328,16 @@ class Driver:
         out = self.policy.fail(self.state, worker, now)
         return self._after(out, now, row, False)
 
+    def key_of(self, iteration: int) -> int:
+        """The merge key (fragment) of a push of `iteration` (`Policy.merge_keys`)."""
+        return iteration % self.keys
+
     def merge(self, now: float, key: int | None = None) -> Step:
         """A merging window closed at `now` (`Policy.merge`): the buffered rows make one update
-        (key: those of that merge key, the pushes of iterations ≡ key mod `keys`; the fragment)."""
+        (key: those of that merge key, `key_of` their iterations; the fragment)."""
         if key is None or self.keys == 1:
             return self._after(self.policy.merge(self.state, now), now, None, False)
-        rows = [r for r in self.buffer if self.rec.rows[r][1] % self.keys == key]
+        rows = [r for r in self.buffer if self.key_of(self.rec.rows[r][1]) == key]
         return self._after(self.policy.merge(self.state, now, len(rows)), now, None, False, rows)
 
     def join(self, worker: int, now: float) -> Step:
@@ -483,7 +487,7 @@ class SyncWindow:
         """Window `key` closed at `now`: (a merging window's update: its `Step`, else None; the
         held workers, still live, released on the newest version)."""
         win = self.wins[key]
-        merged = driver.merge(now, key if len(self.wins) > 1 else None) if self.merges else None
+        merged = driver.merge(now, key) if self.merges else None
         win.open, win.pending = False, 0
         win.arrived.clear()
         held, win.held = win.held, []

@@ -222,9 +222,9 @@ def streaming_delta(task, local: Local, pulled, own, inner_state, data_key, work
     (own, state, total), _ = lax.scan(step, (own, inner_state, jnp.zeros((), jnp.float32)),
                                       jnp.arange(steps, dtype=jnp.int32))
     if anchor is not None:   # the fragment merged this iteration is anchored at its pulled value
-        anchor = {k: jax.tree.map(lambda a, g: jnp.where(merge_on & (prev == p), g, a), anchor[k], pulled[k])
-                  for p, keys in enumerate(local.fragment_keys) for k in keys}
-        anchor = {k: anchor[k] for k in pulled}
+        merged = {k: merge_on & (prev == p) for p, keys in enumerate(local.fragment_keys) for k in keys}
+        anchor = {k: jax.tree.map(lambda a, g, on=merged[k]: jnp.where(on, g, a), anchor[k], pulled[k])
+                  for k in pulled}
     base_of = pulled if anchor is None else anchor
     delta = {}
     for p, keys in enumerate(local.fragment_keys):
